@@ -1,0 +1,36 @@
+//! cairn-storage: the partition log engine and the small durable files around it.
+//!
+//! Layout:
+//! - [`log`]: [`log::PartitionLog`], one partition's append-only log of record-framed batches in
+//!   segment files (`<base offset, 20 digits>.log` + `.index`), with open-time recovery.
+//! - [`record`]: the on-disk record envelope around each batch and the pure recovery scan that
+//!   decides where the valid data in a `.log` ends (no file calls).
+//! - [`index`]: the per-segment index (offset/timestamp -> file position).
+//! - [`offsets`]: stored consumer offsets of one partition.
+//! - [`atomic_file`]: checksummed whole-file writes (temp + fsync + rename + dir fsync) for
+//!   metadata.
+//! - [`io`]: the only module that calls the filesystem for segment data.
+//!
+//! Architecture invariant: no sockets, no clocks (timestamps are passed in), no tokio.
+//! One writer per partition: `PartitionLog` takes `&mut self` for every write.
+
+pub mod atomic_file;
+pub mod index;
+pub mod io;
+pub mod log;
+pub mod offsets;
+pub mod record;
+
+/// Storage failures. IO errors carry the path they happened on.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("io error on {path}: {source}")]
+    Io { path: std::path::PathBuf, source: std::io::Error },
+    /// Verification failed below what recovery may truncate: the partition must be refused,
+    /// its files are left untouched.
+    #[error("damaged data in {path} at byte {position}: {reason}")]
+    Damaged { path: std::path::PathBuf, position: u64, reason: String },
+    /// A caller-side precondition failed (e.g. batch larger than a segment may hold).
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+}

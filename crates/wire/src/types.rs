@@ -1,0 +1,88 @@
+//! Value types shared by requests and replies.
+
+/// A stream/topic/group/user reference: numeric id or name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Identifier {
+    /// Wire kind 1, value length 4.
+    Numeric(u32),
+    /// Wire kind 2, 1..=255 bytes of UTF-8.
+    Name(String),
+}
+
+/// Who polls / owns an offset. Wire: `[kind u8][Identifier]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Consumer {
+    /// Kind 1.
+    Consumer(Identifier),
+    /// Kind 2.
+    Group(Identifier),
+}
+
+/// Poll strategy. Wire: `[kind u8][value u64]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollingStrategy {
+    Offset(u64),
+    /// Append timestamp in µs since the Unix epoch.
+    Timestamp(u64),
+    First,
+    Last,
+    Next,
+}
+
+/// How a send picks its partition. Wire: `[kind u8][len u8][value]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Partitioning {
+    Balanced,
+    PartitionId(u32),
+    /// 1..=255 bytes.
+    MessagesKey(Vec<u8>),
+}
+
+/// One key/value entry of an option block (request side), values kept raw with their kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptionEntry {
+    pub key: String,
+    /// TLV kind of the value (1..=15).
+    pub value_kind: u8,
+    pub value: Vec<u8>,
+}
+
+/// User permissions as on the wire (§6.0 Permissions).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Permissions {
+    pub global: GlobalPermissions,
+    pub streams: Vec<(u32, StreamPermissions)>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GlobalPermissions {
+    pub manage_servers: bool,
+    pub read_servers: bool,
+    pub manage_users: bool,
+    pub read_users: bool,
+    pub manage_streams: bool,
+    pub read_streams: bool,
+    pub manage_topics: bool,
+    pub read_topics: bool,
+    pub poll_messages: bool,
+    pub send_messages: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamPermissions {
+    pub manage_stream: bool,
+    pub read_stream: bool,
+    pub manage_topics: bool,
+    pub read_topics: bool,
+    pub poll_messages: bool,
+    pub send_messages: bool,
+    pub topics: Vec<(u32, TopicPermissions)>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopicPermissions {
+    pub manage_topic: bool,
+    pub read_topic: bool,
+    pub poll_messages: bool,
+    pub send_messages: bool,
+}
