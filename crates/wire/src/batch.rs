@@ -5,6 +5,9 @@
 //! base offset and append timestamp ([`stamp`]), and on poll copies whole batches or a
 //! sub-range ([`slice_into`]) with a recomputed header. Frames are never modified.
 
+use crate::codes;
+use xxhash_rust::xxh3;
+
 pub const BATCH_HEADER_SIZE: usize = 256;
 pub const FRAME_HEADER_SIZE: usize = 48;
 
@@ -69,37 +72,212 @@ pub enum BatchError {
 }
 
 impl BatchError {
+    /// The Iggy status code to answer the send with.
     pub fn status(&self) -> u32 {
-        todo!()
+        match self {
+            BatchError::InvalidMessageChecksum { .. } => codes::INVALID_MESSAGE_CHECKSUM,
+            BatchError::InvalidBatchChecksum => codes::INVALID_BATCH_CHECKSUM,
+            BatchError::InvalidMessagesCount(_) => codes::INVALID_MESSAGES_COUNT,
+            BatchError::EmptyPayload { .. } => codes::EMPTY_MESSAGE_PAYLOAD,
+            BatchError::PayloadTooBig { .. } => codes::TOO_BIG_MESSAGE_PAYLOAD,
+            BatchError::UserHeadersTooBig { .. } => codes::TOO_BIG_USER_HEADERS,
+            BatchError::BatchTooBig { .. } => codes::INVALID_MESSAGES_SIZE,
+            BatchError::TooManyMessages { .. } => codes::TOO_MANY_MESSAGES,
+            BatchError::InvalidReservedField => codes::INVALID_RESERVED_FIELD,
+            BatchError::Malformed(_) => codes::INVALID_FORMAT,
+        }
     }
 }
 
+/// Batch header field offsets (§7.2).
+const PARTITION_ID_AT: usize = 0;
+const BASE_OFFSET_AT: usize = 8;
+const BASE_TIMESTAMP_AT: usize = 16;
+const ORIGIN_TIMESTAMP_AT: usize = 24;
+const BATCH_LENGTH_AT: usize = 32;
+const BATCH_CHECKSUM_AT: usize = 40;
+const MESSAGE_COUNT_AT: usize = 48;
+const BATCH_RESERVED_AT: usize = 52;
+
+/// Frame header field offsets (§7.3).
+const FRAME_CHECKSUM_LEN: usize = 8;
+const OFFSET_DELTA_AT: usize = 24;
+const USER_HEADERS_LENGTH_AT: usize = 32;
+const PAYLOAD_LENGTH_AT: usize = 36;
+const FRAME_RESERVED_AT: usize = 40;
+
 /// Read the batch header (no checks beyond length >= 256).
 pub fn header(batch: &[u8]) -> Option<BatchHeader> {
-    let _ = batch;
-    todo!()
+    if batch.len() < BATCH_HEADER_SIZE {
+        return None;
+    }
+    Some(BatchHeader {
+        partition_id: read_u64(batch, PARTITION_ID_AT)?,
+        base_offset: read_u64(batch, BASE_OFFSET_AT)?,
+        base_timestamp: read_u64(batch, BASE_TIMESTAMP_AT)?,
+        origin_timestamp: read_u64(batch, ORIGIN_TIMESTAMP_AT)?,
+        batch_length: read_u64(batch, BATCH_LENGTH_AT)?,
+        batch_checksum: read_u64(batch, BATCH_CHECKSUM_AT)?,
+        message_count: read_u32(batch, MESSAGE_COUNT_AT)?,
+    })
 }
 
 /// Fully validate a batch as received from a client: lengths, tiling, counts (both the
 /// header's and `expected_count` from the request metadata), reserved bytes, limits, every
 /// frame checksum, and the batch checksum (computed with the first three fields as sent).
+///
+/// The cheap checks (sizes, counts, reserved bytes, frame layout) all run before any byte is
+/// hashed, so an oversized or badly laid out batch costs no hashing. Each frame's
+/// `offset_delta` must equal its index: stored offsets are `base_offset + offset_delta`, and
+/// the checksum forbids the server from rewriting a frame, so a batch with other deltas could
+/// never be served with the offsets the server assigns.
 pub fn validate(batch: &[u8], expected_count: u32, limits: &BatchLimits) -> Result<BatchHeader, BatchError> {
-    let _ = (batch, expected_count, limits);
-    todo!()
+    let head = header(batch).ok_or(BatchError::Malformed("batch is shorter than its 256-byte header"))?;
+    if batch.len() as u64 > u64::from(limits.batch_bytes_max) {
+        return Err(BatchError::BatchTooBig {
+            bytes: batch.len() as u64,
+            max: limits.batch_bytes_max,
+        });
+    }
+    if head.batch_length != batch.len() as u64 {
+        return Err(BatchError::Malformed(
+            "batch_length does not match the batch size",
+        ));
+    }
+    if head.message_count > limits.batch_messages_max {
+        return Err(BatchError::TooManyMessages {
+            count: head.message_count,
+            max: limits.batch_messages_max,
+        });
+    }
+    if head.message_count != expected_count {
+        return Err(BatchError::InvalidMessagesCount(
+            "batch header and request metadata disagree on the count",
+        ));
+    }
+    if head.message_count == 0 {
+        return Err(BatchError::InvalidMessagesCount(
+            "a batch must carry at least one message",
+        ));
+    }
+    if !header_reserved_is_zero(batch) {
+        return Err(BatchError::InvalidReservedField);
+    }
+
+    let mut frames =
+        Vec::with_capacity((head.message_count as usize).min(batch.len() / (FRAME_HEADER_SIZE + 1)));
+    let mut walker = FrameWalker::new(batch);
+    for frame in walker.by_ref() {
+        let index = u32::try_from(frames.len())
+            .map_err(|_| BatchError::InvalidMessagesCount("more frames than message_count"))?;
+        if index >= head.message_count {
+            return Err(BatchError::InvalidMessagesCount("more frames than message_count"));
+        }
+        if !frame.reserved_is_zero {
+            return Err(BatchError::InvalidReservedField);
+        }
+        if frame.payload_length == 0 {
+            return Err(BatchError::EmptyPayload { index });
+        }
+        if frame.payload_length > limits.message_payload_bytes_max {
+            return Err(BatchError::PayloadTooBig {
+                index,
+                bytes: frame.payload_length,
+                max: limits.message_payload_bytes_max,
+            });
+        }
+        if frame.user_headers_length > limits.user_headers_bytes_max {
+            return Err(BatchError::UserHeadersTooBig {
+                index,
+                bytes: frame.user_headers_length,
+                max: limits.user_headers_bytes_max,
+            });
+        }
+        if frame.offset_delta != index {
+            return Err(BatchError::InvalidMessagesCount(
+                "offset_delta must equal the frame index",
+            ));
+        }
+        frames.push(frame);
+    }
+    if walker.overran {
+        return Err(BatchError::InvalidMessagesCount(
+            "a frame runs past the end of the batch",
+        ));
+    }
+    if frames.len() != head.message_count as usize {
+        return Err(BatchError::InvalidMessagesCount(
+            "fewer frames than message_count",
+        ));
+    }
+
+    for (index, frame) in (0u32..).zip(&frames) {
+        let computed = batch
+            .get(frame.start + FRAME_CHECKSUM_LEN..frame.end)
+            .map(xxh3::xxh3_64);
+        if computed.is_none() || computed != read_u64(batch, frame.start) {
+            return Err(BatchError::InvalidMessageChecksum { index });
+        }
+    }
+    if checksum_of(batch, &frames) != head.batch_checksum {
+        return Err(BatchError::InvalidBatchChecksum);
+    }
+    Ok(head)
+}
+
+/// Check the layout a reader relies on, without hashing: a full header, `batch_length` equal
+/// to the slice length, zero reserved bytes (header and frames), and frames that tile the batch
+/// exactly `message_count` times. This is what a strict client applies to a poll reply (§7.4),
+/// so it is the invariant every stored and sliced batch keeps.
+pub fn check_layout(batch: &[u8]) -> Result<BatchHeader, BatchError> {
+    let head = header(batch).ok_or(BatchError::Malformed("batch is shorter than its 256-byte header"))?;
+    if head.batch_length != batch.len() as u64 {
+        return Err(BatchError::Malformed(
+            "batch_length does not match the batch size",
+        ));
+    }
+    if !header_reserved_is_zero(batch) {
+        return Err(BatchError::InvalidReservedField);
+    }
+    let mut walker = FrameWalker::new(batch);
+    let mut count: u64 = 0;
+    for frame in walker.by_ref() {
+        if !frame.reserved_is_zero {
+            return Err(BatchError::InvalidReservedField);
+        }
+        count += 1;
+    }
+    if walker.overran {
+        return Err(BatchError::InvalidMessagesCount(
+            "a frame runs past the end of the batch",
+        ));
+    }
+    if count != u64::from(head.message_count) {
+        return Err(BatchError::InvalidMessagesCount(
+            "frame count differs from message_count",
+        ));
+    }
+    Ok(head)
 }
 
 /// Stamp partition id, base offset and append timestamp into a validated batch and recompute
 /// the batch checksum.
 pub fn stamp(batch: &mut [u8], partition_id: u64, base_offset: u64, base_timestamp: u64) {
-    let _ = (batch, partition_id, base_offset, base_timestamp);
-    todo!()
+    if batch.len() < BATCH_HEADER_SIZE {
+        return;
+    }
+    write_u64(batch, PARTITION_ID_AT, partition_id);
+    write_u64(batch, BASE_OFFSET_AT, base_offset);
+    write_u64(batch, BASE_TIMESTAMP_AT, base_timestamp);
+    let checksum = compute_checksum(batch);
+    write_u64(batch, BATCH_CHECKSUM_AT, checksum);
 }
 
 /// The batch checksum over the header fields and every frame's 8-byte checksum (§7.3).
 /// `batch` must have passed layout validation.
 pub fn compute_checksum(batch: &[u8]) -> u64 {
-    let _ = batch;
-    todo!()
+    let frames: Vec<Frame> = FrameWalker::new(batch).collect();
+    checksum_of(batch, &frames)
 }
 
 /// Append to `out` the messages of the stored (stamped) `batch` with offset >= `from_offset`,
@@ -107,7 +285,160 @@ pub fn compute_checksum(batch: &[u8]) -> u64 {
 /// base_timestamp and origin_timestamp, copies the chosen frames byte for byte and gets a new
 /// message_count, batch_length and batch checksum. Returns the number of messages appended
 /// (0 appends nothing).
+///
+/// A batch whose frames do not tile it exactly is treated as unreadable and appends nothing,
+/// so a damaged stored batch can never produce a reply the client would reject.
 pub fn slice_into(batch: &[u8], from_offset: u64, max_messages: u32, out: &mut Vec<u8>) -> u32 {
-    let _ = (batch, from_offset, max_messages, out);
-    todo!()
+    let Some(head) = header(batch) else { return 0 };
+    if max_messages == 0 {
+        return 0;
+    }
+    let mut walker = FrameWalker::new(batch);
+    let frames: Vec<Frame> = walker.by_ref().collect();
+    if walker.overran || frames.len() != head.message_count as usize {
+        return 0;
+    }
+    let chosen: Vec<&Frame> = frames
+        .iter()
+        .filter(|frame| head.base_offset.saturating_add(u64::from(frame.offset_delta)) >= from_offset)
+        .take(max_messages as usize)
+        .collect();
+    if chosen.is_empty() {
+        return 0;
+    }
+    if chosen.len() == frames.len() {
+        out.extend_from_slice(batch);
+        return head.message_count;
+    }
+
+    let start = out.len();
+    out.extend_from_slice(&batch[..BATCH_HEADER_SIZE]);
+    let mut batch_length = BATCH_HEADER_SIZE as u64;
+    for frame in &chosen {
+        out.extend_from_slice(&batch[frame.start..frame.end]);
+        batch_length += (frame.end - frame.start) as u64;
+    }
+    // `chosen` is a strict subset of a u32-counted batch, so its length fits.
+    let count = chosen.len() as u32;
+    let sliced = &mut out[start..];
+    sliced[BATCH_RESERVED_AT..BATCH_HEADER_SIZE].fill(0);
+    write_u64(sliced, BATCH_LENGTH_AT, batch_length);
+    sliced[MESSAGE_COUNT_AT..MESSAGE_COUNT_AT + 4].copy_from_slice(&count.to_le_bytes());
+    let checksum = compute_checksum(sliced);
+    write_u64(sliced, BATCH_CHECKSUM_AT, checksum);
+    count
+}
+
+/// Where one frame sits in its batch, and the header fields validation needs.
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    /// Offset of the frame's first byte (its checksum) within the batch.
+    start: usize,
+    /// One past its last byte.
+    end: usize,
+    offset_delta: u32,
+    user_headers_length: u32,
+    payload_length: u32,
+    reserved_is_zero: bool,
+}
+
+/// Walks the frames after the batch header. It stops at the end of the batch, or at the first
+/// frame that would run past it (setting `overran`), so no frame it yields is out of bounds.
+struct FrameWalker<'a> {
+    batch: &'a [u8],
+    position: usize,
+    overran: bool,
+}
+
+impl<'a> FrameWalker<'a> {
+    fn new(batch: &'a [u8]) -> Self {
+        FrameWalker {
+            batch,
+            position: BATCH_HEADER_SIZE,
+            overran: false,
+        }
+    }
+
+    fn read_frame(&self) -> Option<Frame> {
+        let start = self.position;
+        let header = self.batch.get(start..start.checked_add(FRAME_HEADER_SIZE)?)?;
+        let user_headers_length = read_u32(header, USER_HEADERS_LENGTH_AT)?;
+        let payload_length = read_u32(header, PAYLOAD_LENGTH_AT)?;
+        let body_len = u64::from(user_headers_length) + u64::from(payload_length);
+        let end = usize::try_from(body_len)
+            .ok()?
+            .checked_add(start + FRAME_HEADER_SIZE)?;
+        if end > self.batch.len() {
+            return None;
+        }
+        Some(Frame {
+            start,
+            end,
+            offset_delta: read_u32(header, OFFSET_DELTA_AT)?,
+            user_headers_length,
+            payload_length,
+            reserved_is_zero: read_u64(header, FRAME_RESERVED_AT)? == 0,
+        })
+    }
+}
+
+impl Iterator for FrameWalker<'_> {
+    type Item = Frame;
+
+    fn next(&mut self) -> Option<Frame> {
+        if self.overran || self.position >= self.batch.len() {
+            return None;
+        }
+        match self.read_frame() {
+            Some(frame) => {
+                self.position = frame.end;
+                Some(frame)
+            }
+            None => {
+                self.overran = true;
+                None
+            }
+        }
+    }
+}
+
+/// Streaming XXH3-64 over batch bytes 0..40 (partition_id, base_offset, base_timestamp,
+/// origin_timestamp, batch_length: consecutive u64 LE fields), message_count, then each
+/// frame's stored checksum in order.
+fn checksum_of(batch: &[u8], frames: &[Frame]) -> u64 {
+    let mut hasher = xxh3::Xxh3Default::new();
+    hasher.update(batch.get(..BATCH_CHECKSUM_AT).unwrap_or(&[]));
+    hasher.update(batch.get(MESSAGE_COUNT_AT..MESSAGE_COUNT_AT + 4).unwrap_or(&[]));
+    for frame in frames {
+        hasher.update(
+            batch
+                .get(frame.start..frame.start + FRAME_CHECKSUM_LEN)
+                .unwrap_or(&[]),
+        );
+    }
+    hasher.digest()
+}
+
+/// Bytes 52..256 of the batch header: the client's decoder rejects anything but zeros.
+fn header_reserved_is_zero(batch: &[u8]) -> bool {
+    batch
+        .get(BATCH_RESERVED_AT..BATCH_HEADER_SIZE)
+        .is_some_and(|reserved| reserved.iter().all(|&b| b == 0))
+}
+
+fn read_u32(bytes: &[u8], at: usize) -> Option<u32> {
+    let raw: [u8; 4] = bytes.get(at..at.checked_add(4)?)?.try_into().ok()?;
+    Some(u32::from_le_bytes(raw))
+}
+
+fn read_u64(bytes: &[u8], at: usize) -> Option<u64> {
+    let raw: [u8; 8] = bytes.get(at..at.checked_add(8)?)?.try_into().ok()?;
+    Some(u64::from_le_bytes(raw))
+}
+
+/// Callers only write header fields after checking the batch holds a full header.
+fn write_u64(bytes: &mut [u8], at: usize, value: u64) {
+    if let Some(slot) = bytes.get_mut(at..at + 8) {
+        slot.copy_from_slice(&value.to_le_bytes());
+    }
 }

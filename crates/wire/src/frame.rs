@@ -78,32 +78,144 @@ impl RequestHeader {
     /// Applies the codec's rules: client != 0, operation != 0, Register needs session 0 and
     /// request 0, operations other than 1 and 2 need session > 0 and request > 0.
     pub fn parse(header: &[u8; HEADER_SIZE], max_frame_bytes: u32) -> Result<RequestHeader, HeaderError> {
-        let _ = (header, max_frame_bytes);
-        todo!()
+        let command = header[offset::COMMAND];
+        if command != COMMAND_REQUEST {
+            return Err(HeaderError::NotARequest { command });
+        }
+        // The size is checked before anything else is believed: it decides how many more
+        // bytes the connection will read and buffer.
+        let size = read_u32(header, offset::SIZE);
+        if (size as usize) < HEADER_SIZE {
+            return Err(HeaderError::SizeTooSmall { size });
+        }
+        if size > max_frame_bytes {
+            return Err(HeaderError::SizeTooLarge {
+                size,
+                max: max_frame_bytes,
+            });
+        }
+        let parsed = RequestHeader {
+            client: read_u128(header, offset::REQUEST_CLIENT),
+            request_checksum: read_u128(header, offset::REQUEST_CHECKSUM),
+            request: read_u64(header, offset::REQUEST_ID),
+            operation: header[offset::REQUEST_OPERATION],
+            session: read_u64(header, offset::REQUEST_SESSION),
+            code: read_u32(header, offset::REQUEST_CODE),
+            size,
+        };
+        if parsed.client == 0 {
+            return Err(HeaderError::Invalid("client id is 0"));
+        }
+        match parsed.operation {
+            0 => Err(HeaderError::Invalid("operation is 0 (reserved)")),
+            operation::REGISTER if parsed.session != 0 || parsed.request != 0 => {
+                Err(HeaderError::Invalid("register needs session 0 and request 0"))
+            }
+            // Reads may come before login (the heartbeat Ping), so no session is required.
+            operation::REGISTER | operation::NON_REPLICATED => Ok(parsed),
+            _ if parsed.session == 0 || parsed.request == 0 => Err(HeaderError::Invalid(
+                "replicated operations need a session and a request id",
+            )),
+            _ => Ok(parsed),
+        }
     }
 
     /// Body length = size - 256.
     pub fn body_len(&self) -> usize {
-        self.size as usize - HEADER_SIZE
+        // `parse` guarantees size >= 256; saturate for hand-built values.
+        (self.size as usize).saturating_sub(HEADER_SIZE)
     }
 }
 
 /// Build the reply header for `request` with the given status and body length.
 /// Echoes request_checksum, client, request and operation; command = 8.
 pub fn reply_header(request: &RequestHeader, status: u32, body_len: u32) -> [u8; HEADER_SIZE] {
-    let _ = (request, status, body_len);
-    todo!()
+    let mut header = [0u8; HEADER_SIZE];
+    // A body that cannot be described by a u32 size is a caller bug; saturating keeps the
+    // header well-formed rather than wrapping to a tiny size.
+    let size = body_len.saturating_add(HEADER_SIZE as u32);
+    put(&mut header, offset::SIZE, &size.to_le_bytes());
+    header[offset::COMMAND] = COMMAND_REPLY;
+    put(
+        &mut header,
+        offset::REPLY_CHECKSUM,
+        &request.request_checksum.to_le_bytes(),
+    );
+    put(&mut header, offset::REPLY_CLIENT, &request.client.to_le_bytes());
+    put(
+        &mut header,
+        offset::REPLY_REQUEST_ID,
+        &request.request.to_le_bytes(),
+    );
+    // The echoed operation decides whether the client expects a result section.
+    header[offset::REPLY_OPERATION] = request.operation;
+    put(&mut header, offset::REPLY_STATUS, &status.to_le_bytes());
+    header
 }
 
 /// Build an eviction frame (header only). `versions` = (max, min) only for reason 14.
 pub fn eviction(client: u128, reason: EvictionReason, versions: Option<(u32, u32)>) -> [u8; HEADER_SIZE] {
-    let _ = (client, reason, versions);
-    todo!()
+    let mut header = [0u8; HEADER_SIZE];
+    put(&mut header, offset::SIZE, &(HEADER_SIZE as u32).to_le_bytes());
+    header[offset::COMMAND] = COMMAND_EVICTION;
+    put(&mut header, offset::EVICTION_CLIENT, &client.to_le_bytes());
+    // The client only trusts the version window for reason 14; elsewhere it must stay zero.
+    if let (EvictionReason::IncompatibleProtocol, Some((max, min))) = (reason, versions) {
+        put(&mut header, offset::EVICTION_VERSION_MAX, &max.to_le_bytes());
+        put(&mut header, offset::EVICTION_VERSION_MIN, &min.to_le_bytes());
+    }
+    header[offset::EVICTION_REASON] = reason as u8;
+    header
 }
 
 /// Does a successful reply to `operation` start with a result section (§5)?
 /// Operation 1 only when the body is non-empty (the caller always sends a body for login).
 pub fn is_result_framed(operation: u8) -> bool {
-    let _ = operation;
-    todo!()
+    // 138 (DeleteSegments) and 160 (SendMessages) are outside the client's metadata set.
+    matches!(operation, 1 | 64..=68 | 128..=137 | 139..=149 | 161 | 162)
+}
+
+/// Byte offsets inside the 256-byte headers (§2.1-§2.4).
+mod offset {
+    pub const SIZE: usize = 48;
+    pub const COMMAND: usize = 60;
+    pub const REQUEST_CLIENT: usize = 128;
+    pub const REQUEST_CHECKSUM: usize = 144;
+    pub const REQUEST_ID: usize = 168;
+    pub const REQUEST_OPERATION: usize = 176;
+    pub const REQUEST_SESSION: usize = 184;
+    pub const REQUEST_CODE: usize = 196;
+    pub const REPLY_CHECKSUM: usize = 128;
+    pub const REPLY_CLIENT: usize = 160;
+    pub const REPLY_REQUEST_ID: usize = 200;
+    pub const REPLY_OPERATION: usize = 208;
+    pub const REPLY_STATUS: usize = 216;
+    pub const EVICTION_CLIENT: usize = 128;
+    pub const EVICTION_VERSION_MAX: usize = 144;
+    pub const EVICTION_VERSION_MIN: usize = 148;
+    pub const EVICTION_REASON: usize = 255;
+}
+
+// The header is a fixed-size array and every offset below is a constant well inside it, so
+// these reads cannot fail; they copy into fixed arrays to stay free of panicking conversions.
+fn read_array<const N: usize>(header: &[u8; HEADER_SIZE], at: usize) -> [u8; N] {
+    let mut out = [0u8; N];
+    out.copy_from_slice(&header[at..at + N]);
+    out
+}
+
+fn read_u32(header: &[u8; HEADER_SIZE], at: usize) -> u32 {
+    u32::from_le_bytes(read_array(header, at))
+}
+
+fn read_u64(header: &[u8; HEADER_SIZE], at: usize) -> u64 {
+    u64::from_le_bytes(read_array(header, at))
+}
+
+fn read_u128(header: &[u8; HEADER_SIZE], at: usize) -> u128 {
+    u128::from_le_bytes(read_array(header, at))
+}
+
+fn put(header: &mut [u8; HEADER_SIZE], at: usize, bytes: &[u8]) {
+    header[at..at + bytes.len()].copy_from_slice(bytes);
 }

@@ -9,6 +9,7 @@
 //!   result-section rule.
 //! - [`batch`]: the message-batch layout, its validation on send, stamping and slicing.
 //! - [`codes`]: the Iggy error codes Cairn answers with.
+//! - `reader` (private): the bounds-checked cursor every request decoder reads through.
 //!
 //! Architecture invariant: this crate does no IO, reads no clock and holds no state. Every
 //! length read from the wire is bounded against the input before it is used.
@@ -19,3 +20,8 @@ pub mod command;
 pub mod frame;
 pub mod reply;
 pub mod types;
+
+mod reader;
+
+#[cfg(test)]
+mod tests;

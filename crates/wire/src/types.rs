@@ -86,3 +86,54 @@ pub struct TopicPermissions {
     pub poll_messages: bool,
     pub send_messages: bool,
 }
+
+impl std::fmt::Display for Identifier {
+    /// The numeric id or the name, as the HTTP API and logs show it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Identifier::Numeric(id) => write!(f, "{id}"),
+            Identifier::Name(name) => f.write_str(name),
+        }
+    }
+}
+
+/// TLV value kinds (§6.0) that option values use.
+pub mod value_kind {
+    pub const RAW: u8 = 1;
+    pub const STRING: u8 = 2;
+    pub const BOOL: u8 = 3;
+    pub const UINT32: u8 = 11;
+    pub const UINT64: u8 = 12;
+}
+
+/// The value of a String-kind option entry, or `None` for any other kind. Option values are
+/// kept raw by the decoder; these helpers are how the server reads the kinds it supports.
+pub fn option_str(entry: &OptionEntry) -> Option<&str> {
+    (entry.value_kind == value_kind::STRING)
+        .then(|| std::str::from_utf8(&entry.value).ok())
+        .flatten()
+}
+
+/// The value of a Uint64-kind option entry (8 bytes, little-endian).
+pub fn option_u64(entry: &OptionEntry) -> Option<u64> {
+    if entry.value_kind != value_kind::UINT64 {
+        return None;
+    }
+    entry.value.as_slice().try_into().ok().map(u64::from_le_bytes)
+}
+
+/// The value of a Uint32-kind option entry (4 bytes, little-endian).
+pub fn option_u32(entry: &OptionEntry) -> Option<u32> {
+    if entry.value_kind != value_kind::UINT32 {
+        return None;
+    }
+    entry.value.as_slice().try_into().ok().map(u32::from_le_bytes)
+}
+
+/// The value of a Bool-kind option entry (one byte, any non-zero value is true).
+pub fn option_bool(entry: &OptionEntry) -> Option<bool> {
+    match (entry.value_kind, entry.value.as_slice()) {
+        (value_kind::BOOL, [byte]) => Some(*byte != 0),
+        _ => None,
+    }
+}
