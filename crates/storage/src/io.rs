@@ -1,1 +1,217 @@
-//! TODO
+//! The one door to the filesystem.
+//!
+//! Every file operation of the storage engine (segment logs, indexes, atomic metadata files)
+//! goes through the [`Disk`] trait, so a test or simulator can substitute a disk that loses
+//! unsynced writes, tears the last one, or fails a barrier. [`RealDisk`] is the production
+//! implementation over `std::fs`.
+//!
+//! The trait is deliberately small and positional: writers say where bytes go
+//! (`write_all_at`) instead of relying on a shared file cursor, so a failed write can be
+//! retried or cut back at a known position.
+//!
+//! Errors carry the path they happened on ([`StorageError::Io`]).
+
+use crate::StorageError;
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// Filesystem operations the engine needs. Implementations must be usable from any thread.
+pub trait Disk: Send + Sync + fmt::Debug {
+    /// Create `dir` and its missing parents.
+    fn create_dir_all(&self, dir: &Path) -> Result<(), StorageError>;
+    /// The names of the entries of `dir` (names that are not UTF-8 are skipped).
+    fn list_dir(&self, dir: &Path) -> Result<Vec<String>, StorageError>;
+    /// The length of the file at `path`, or `None` if it does not exist.
+    fn file_len(&self, path: &Path) -> Result<Option<u64>, StorageError>;
+    /// The whole file, or `None` if it does not exist. A file longer than `len_bytes_max` is
+    /// refused with `Damaged` before anything is read (the caller's plausibility bound).
+    fn read_all(&self, path: &Path, len_bytes_max: u64) -> Result<Option<Vec<u8>>, StorageError>;
+    /// Open an existing file for positional reads.
+    fn open_read(&self, path: &Path) -> Result<Box<dyn ReadFile>, StorageError>;
+    /// Create a new, empty file for positional writes; fails if it exists.
+    fn create_new(&self, path: &Path) -> Result<Box<dyn WriteFile>, StorageError>;
+    /// Open an existing file for positional writes.
+    fn open_write(&self, path: &Path) -> Result<Box<dyn WriteFile>, StorageError>;
+    /// Create or replace `path` with `bytes` and make its contents stable (fsync).
+    fn write_synced(&self, path: &Path, bytes: &[u8]) -> Result<(), StorageError>;
+    /// Rename `from` over `to` (atomic within a directory).
+    fn rename(&self, from: &Path, to: &Path) -> Result<(), StorageError>;
+    /// Remove a file. Returns whether it existed.
+    fn remove_file(&self, path: &Path) -> Result<bool, StorageError>;
+    /// Make the directory's entries (creations, renames, removals) stable.
+    fn sync_dir(&self, dir: &Path) -> Result<(), StorageError>;
+}
+
+/// A file open for positional reads.
+pub trait ReadFile: Send + Sync + fmt::Debug {
+    /// Fill `buf` from `position_bytes`; an early end of file is an error.
+    fn read_exact_at(&self, position_bytes: u64, buf: &mut [u8]) -> Result<(), StorageError>;
+}
+
+/// A file open for positional writes.
+pub trait WriteFile: Send + Sync + fmt::Debug {
+    /// Write all of `bytes` at `position_bytes` (a single logical write).
+    fn write_all_at(&mut self, position_bytes: u64, bytes: &[u8]) -> Result<(), StorageError>;
+    /// Truncate or extend to `len_bytes`.
+    fn set_len(&mut self, len_bytes: u64) -> Result<(), StorageError>;
+    /// Make the written data stable (fdatasync). A failure is final for what it covered: the
+    /// caller must not retry on the same descriptor and then treat the data as stable.
+    fn sync_data(&mut self) -> Result<(), StorageError>;
+}
+
+/// [`Disk`] over `std::fs`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RealDisk;
+
+fn io_error(path: &Path, source: std::io::Error) -> StorageError {
+    StorageError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl Disk for RealDisk {
+    fn create_dir_all(&self, dir: &Path) -> Result<(), StorageError> {
+        fs::create_dir_all(dir).map_err(|e| io_error(dir, e))
+    }
+
+    fn list_dir(&self, dir: &Path) -> Result<Vec<String>, StorageError> {
+        let mut names = Vec::new();
+        for entry in fs::read_dir(dir).map_err(|e| io_error(dir, e))? {
+            let entry = entry.map_err(|e| io_error(dir, e))?;
+            if let Ok(name) = entry.file_name().into_string() {
+                names.push(name);
+            }
+        }
+        // Directory order is filesystem-defined; sort so every caller sees one order.
+        names.sort();
+        Ok(names)
+    }
+
+    fn file_len(&self, path: &Path) -> Result<Option<u64>, StorageError> {
+        match fs::metadata(path) {
+            Ok(metadata) => Ok(Some(metadata.len())),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_error(path, e)),
+        }
+    }
+
+    fn read_all(&self, path: &Path, len_bytes_max: u64) -> Result<Option<Vec<u8>>, StorageError> {
+        let file = match File::open(path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_error(path, e)),
+        };
+        let len_bytes = file.metadata().map_err(|e| io_error(path, e))?.len();
+        if len_bytes > len_bytes_max {
+            return Err(StorageError::Damaged {
+                path: path.to_path_buf(),
+                position: len_bytes_max,
+                reason: format!("file of {len_bytes} bytes exceeds the plausible maximum of {len_bytes_max}"),
+            });
+        }
+        let len = usize::try_from(len_bytes).map_err(|_| StorageError::Invalid("file too large".into()))?;
+        let mut bytes = vec![0u8; len];
+        file.read_exact_at(&mut bytes, 0).map_err(|e| io_error(path, e))?;
+        Ok(Some(bytes))
+    }
+
+    fn open_read(&self, path: &Path) -> Result<Box<dyn ReadFile>, StorageError> {
+        let file = File::open(path).map_err(|e| io_error(path, e))?;
+        Ok(Box::new(RealFile {
+            path: path.to_path_buf(),
+            file,
+        }))
+    }
+
+    fn create_new(&self, path: &Path) -> Result<Box<dyn WriteFile>, StorageError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path);
+        let file = file.map_err(|e| io_error(path, e))?;
+        Ok(Box::new(RealFile {
+            path: path.to_path_buf(),
+            file,
+        }))
+    }
+
+    fn open_write(&self, path: &Path) -> Result<Box<dyn WriteFile>, StorageError> {
+        let file = OpenOptions::new().read(true).write(true).open(path);
+        let file = file.map_err(|e| io_error(path, e))?;
+        Ok(Box::new(RealFile {
+            path: path.to_path_buf(),
+            file,
+        }))
+    }
+
+    fn write_synced(&self, path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(|e| io_error(path, e))?;
+        file.write_all(bytes).map_err(|e| io_error(path, e))?;
+        file.sync_all().map_err(|e| io_error(path, e))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> Result<(), StorageError> {
+        fs::rename(from, to).map_err(|e| io_error(from, e))
+    }
+
+    fn remove_file(&self, path: &Path) -> Result<bool, StorageError> {
+        match fs::remove_file(path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io_error(path, e)),
+        }
+    }
+
+    fn sync_dir(&self, dir: &Path) -> Result<(), StorageError> {
+        let handle = File::open(dir).map_err(|e| io_error(dir, e))?;
+        handle.sync_all().map_err(|e| io_error(dir, e))
+    }
+}
+
+#[derive(Debug)]
+struct RealFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl ReadFile for RealFile {
+    fn read_exact_at(&self, position_bytes: u64, buf: &mut [u8]) -> Result<(), StorageError> {
+        self.file
+            .read_exact_at(buf, position_bytes)
+            .map_err(|e| io_error(&self.path, e))
+    }
+}
+
+impl WriteFile for RealFile {
+    fn write_all_at(&mut self, position_bytes: u64, bytes: &[u8]) -> Result<(), StorageError> {
+        self.file
+            .write_all_at(bytes, position_bytes)
+            .map_err(|e| io_error(&self.path, e))
+    }
+
+    fn set_len(&mut self, len_bytes: u64) -> Result<(), StorageError> {
+        self.file.set_len(len_bytes).map_err(|e| io_error(&self.path, e))
+    }
+
+    fn sync_data(&mut self) -> Result<(), StorageError> {
+        self.file.sync_data().map_err(|e| io_error(&self.path, e))
+    }
+}
+
+/// The directory holding `path` (`.` for a bare file name), for directory syncs.
+pub fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    }
+}

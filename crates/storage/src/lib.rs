@@ -9,10 +9,18 @@
 //! - [`offsets`]: stored consumer offsets of one partition.
 //! - [`atomic_file`]: checksummed whole-file writes (temp + fsync + rename + dir fsync) for
 //!   metadata.
-//! - [`io`]: the only module that calls the filesystem for segment data.
+//! - [`io`]: the only module that calls the filesystem: the [`io::Disk`] trait and its
+//!   `std::fs` implementation. `PartitionLog::open_on` / `ConsumerOffsets::open_on` take any
+//!   `Disk`, so tests can inject faults (failed barriers, lost unsynced writes).
 //!
 //! Architecture invariant: no sockets, no clocks (timestamps are passed in), no tokio.
 //! One writer per partition: `PartitionLog` takes `&mut self` for every write.
+//! Decisions are pure and tested without files: [`record::scan`] (where valid data ends and
+//! whether the rest is a torn tail or damage), [`log::rotation_needed`],
+//! [`log::parse_entry_name`]; the code around them only reads, then applies.
+//!
+//! Limits: [`record::BATCH_BYTES_MAX`] is the plausibility ceiling recovery applies to a
+//! stored batch; the server's admission limit must not exceed it.
 
 pub mod atomic_file;
 pub mod index;
@@ -25,11 +33,18 @@ pub mod record;
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
     #[error("io error on {path}: {source}")]
-    Io { path: std::path::PathBuf, source: std::io::Error },
+    Io {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     /// Verification failed below what recovery may truncate: the partition must be refused,
     /// its files are left untouched.
     #[error("damaged data in {path} at byte {position}: {reason}")]
-    Damaged { path: std::path::PathBuf, position: u64, reason: String },
+    Damaged {
+        path: std::path::PathBuf,
+        position: u64,
+        reason: String,
+    },
     /// A caller-side precondition failed (e.g. batch larger than a segment may hold).
     #[error("invalid argument: {0}")]
     Invalid(String),

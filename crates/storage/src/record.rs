@@ -1,1 +1,882 @@
-//! TODO
+//! The record envelope around every stored batch, and the pure recovery scan.
+//!
+//! A `.log` file is a sequence of records, back to back, with no file header:
+//!
+//! ```text
+//! [record header, 64 B][stamped batch, batch_length B][record header][batch]...
+//! ```
+//!
+//! The batch bytes are the client batch after [`cairn_wire::batch::stamp`], byte for byte
+//! (256-byte batch header + frames), so a whole batch can be served to a poll without
+//! re-encoding. The envelope carries what the batch itself cannot prove: that the bytes are
+//! whole, that they belong to this partition, and that no record before them went missing.
+//!
+//! # Record header (little-endian, 64 bytes, no padding)
+//!
+//! | Off | Size | Field             | Fault it detects |
+//! |-----|------|-------------------|------------------|
+//! | 0   | 4    | `magic` = `"CRNR"`| a position that is not a record start (misdirected read, garbage, zeros) |
+//! | 4   | 1    | `version` = 1     | a file written by an incompatible format version |
+//! | 5   | 1    | `kind` = 1 (batch)| an unknown record kind (reserved for gap / marker records) |
+//! | 6   | 2    | reserved, zero    | garbage in the header; room for later flags |
+//! | 8   | 8    | `checksum`        | torn write and bit flips anywhere in header bytes 16..64 or the batch: XXH3-64 (seed 0) over header bytes 16..64, then the batch bytes |
+//! | 16  | 8    | `parent_checksum` | a lost, duplicated or reordered record: the `checksum` of the previous record of this partition (0 before the first record; across segments, the last checksum of the previous segment) |
+//! | 24  | 8    | `op`              | a lost or replayed record: per-partition record sequence number, 1 for the first record, +1 per record (a later replication issue puts the VSR op here) |
+//! | 32  | 4    | `view`            | (replication) the view the record was written in; 0 for now |
+//! | 36  | 4    | `partition_id`    | a foreign record: a checksum-valid record of another partition (misdirected write, files copied between directories) |
+//! | 40  | 8    | `base_offset`     | a lost or reordered record: must equal the previous record's `base_offset + message_count` |
+//! | 48  | 4    | `message_count`   | offset continuity (with `base_offset`); must match the batch header |
+//! | 52  | 4    | `batch_length`    | where the record ends; bounded by the remaining bytes and [`BATCH_BYTES_MAX`] before use |
+//! | 56  | 8    | `timestamp_us`    | must match the batch's stamped `base_timestamp`; serves timestamp lookups |
+//!
+//! Bytes 0..8 are not covered by the checksum, so each is checked against its only legal value.
+//!
+//! # Scan classification
+//!
+//! [`scan`] walks records from the start of a `.log` and verifies each one: header shape,
+//! bounds, checksum, then the chain (partition, offset continuity, parent checksum, op, batch
+//! header agreement). The valid prefix is every record up to the first one that fails. What
+//! follows the valid prefix is classified by this rule:
+//!
+//! 1. **Clean**: the valid prefix is the whole input.
+//! 2. **Damaged**: the first failing record *verifies* (its checksum matches) but breaks the
+//!    chain: a foreign partition, a non-continuing offset, a wrong parent or op, a batch header
+//!    that disagrees with the envelope. A whole, checksum-valid record is never the product of a
+//!    torn write, so it is never adopted and never cut away.
+//! 3. **Damaged**: the first failing record does not verify, and a *probe* of the bytes after it
+//!    finds a record that does verify and could belong after the valid prefix (this partition,
+//!    `base_offset >=` the next expected offset). A torn write only ever leaves one partial record
+//!    at the very end, so a whole record after the failure means damage in the middle (a bit
+//!    flip, a lost range), not a torn tail.
+//! 4. **Damaged**: the probe ran out of its hashing budget before deciding (adversarial residue).
+//!    A probe that cannot decide refuses; it never truncates.
+//! 5. **TornTail** otherwise: the failing record (a partial header, a length that overruns the
+//!    input, a checksum mismatch) has nothing verifiable after it.
+//!
+//! # Cost
+//!
+//! Recovery is linear in the input. The walk hashes every byte at most once. The probe tests
+//! every byte position after the failure with constant-time checks (magic, shape, partition,
+//! offset, a length bounded by the remaining bytes and by [`BATCH_BYTES_MAX`]); only candidates
+//! that pass are hashed, and the total hashed bytes are capped by [`probe_budget_bytes`]. A length
+//! field is never used before it is bounded, so header-shaped residue claiming huge sizes costs a
+//! few comparisons per byte.
+//!
+//! Known limits of the rule:
+//! - Until a durable frontier exists, a bit flip in the *last* record of a log is
+//!   indistinguishable from a torn write and is classified TornTail (durability contract,
+//!   scenario 8). With a frontier, a failure below it becomes Damaged.
+//! - A torn record whose payload happens to embed a whole, valid record of this partition with
+//!   a future offset is classified Damaged: a false refusal, never a false truncation.
+
+use cairn_wire::batch::{self, BATCH_HEADER_SIZE};
+use std::fmt;
+use xxhash_rust::xxh3::Xxh3;
+
+pub const RECORD_HEADER_SIZE: usize = 64;
+pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"CRNR");
+pub const RECORD_VERSION: u8 = 1;
+/// The record holds one stamped message batch.
+pub const RECORD_KIND_BATCH: u8 = 1;
+
+/// Plausibility ceiling on a stored batch (header + frames). Recovery never trusts a larger
+/// `batch_length`, and `append` refuses larger batches so that everything written can be
+/// recovered. The server's admission limit (`BatchLimits::batch_bytes_max`) must not exceed it.
+pub const BATCH_BYTES_MAX: u32 = 256 * 1024 * 1024;
+
+/// Hashing allowance of a probe beyond twice the probed region (see [`probe_budget_bytes`]).
+pub const PROBE_BUDGET_SLACK_BYTES: u64 = 1024 * 1024;
+
+const OFFSET_MAGIC: usize = 0;
+const OFFSET_VERSION: usize = 4;
+const OFFSET_KIND: usize = 5;
+const OFFSET_RESERVED: usize = 6;
+const OFFSET_CHECKSUM: usize = 8;
+const OFFSET_PARENT_CHECKSUM: usize = 16;
+const OFFSET_OP: usize = 24;
+const OFFSET_VIEW: usize = 32;
+const OFFSET_PARTITION_ID: usize = 36;
+const OFFSET_BASE_OFFSET: usize = 40;
+const OFFSET_MESSAGE_COUNT: usize = 48;
+const OFFSET_BATCH_LENGTH: usize = 52;
+const OFFSET_TIMESTAMP: usize = 56;
+/// The checksum covers the header from here on (everything after the checksum field).
+const CHECKSUM_COVERAGE_START: usize = OFFSET_CHECKSUM + 8;
+
+// The layout tiles the header exactly: each field starts where the previous one ends.
+const _: () = assert!(OFFSET_VERSION == OFFSET_MAGIC + 4);
+const _: () = assert!(OFFSET_KIND == OFFSET_VERSION + 1);
+const _: () = assert!(OFFSET_RESERVED == OFFSET_KIND + 1);
+const _: () = assert!(OFFSET_CHECKSUM == OFFSET_RESERVED + 2);
+const _: () = assert!(OFFSET_PARENT_CHECKSUM == OFFSET_CHECKSUM + 8);
+const _: () = assert!(OFFSET_OP == OFFSET_PARENT_CHECKSUM + 8);
+const _: () = assert!(OFFSET_VIEW == OFFSET_OP + 8);
+const _: () = assert!(OFFSET_PARTITION_ID == OFFSET_VIEW + 4);
+const _: () = assert!(OFFSET_BASE_OFFSET == OFFSET_PARTITION_ID + 4);
+const _: () = assert!(OFFSET_MESSAGE_COUNT == OFFSET_BASE_OFFSET + 8);
+const _: () = assert!(OFFSET_BATCH_LENGTH == OFFSET_MESSAGE_COUNT + 4);
+const _: () = assert!(OFFSET_TIMESTAMP == OFFSET_BATCH_LENGTH + 4);
+const _: () = assert!(OFFSET_TIMESTAMP + 8 == RECORD_HEADER_SIZE);
+// Every record fits a u32 index position when it starts a segment.
+const _: () = assert!((RECORD_HEADER_SIZE as u64) + (BATCH_BYTES_MAX as u64) <= u32::MAX as u64);
+const _: () = assert!(BATCH_HEADER_SIZE as u64 <= BATCH_BYTES_MAX as u64);
+
+/// The decoded fields of a record header (magic, version, kind and reserved bytes have a single
+/// legal value each and are not stored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordHeader {
+    pub checksum: u64,
+    pub parent_checksum: u64,
+    pub op: u64,
+    pub view: u32,
+    pub partition_id: u32,
+    pub base_offset: u64,
+    pub message_count: u32,
+    pub batch_length_bytes: u32,
+    pub timestamp_us: u64,
+}
+
+impl RecordHeader {
+    /// The encoded header, `checksum` written as is.
+    pub fn encode(&self) -> [u8; RECORD_HEADER_SIZE] {
+        let mut bytes = [0u8; RECORD_HEADER_SIZE];
+        put_u32(&mut bytes, OFFSET_MAGIC, RECORD_MAGIC);
+        bytes[OFFSET_VERSION] = RECORD_VERSION;
+        bytes[OFFSET_KIND] = RECORD_KIND_BATCH;
+        put_u64(&mut bytes, OFFSET_CHECKSUM, self.checksum);
+        put_u64(&mut bytes, OFFSET_PARENT_CHECKSUM, self.parent_checksum);
+        put_u64(&mut bytes, OFFSET_OP, self.op);
+        put_u32(&mut bytes, OFFSET_VIEW, self.view);
+        put_u32(&mut bytes, OFFSET_PARTITION_ID, self.partition_id);
+        put_u64(&mut bytes, OFFSET_BASE_OFFSET, self.base_offset);
+        put_u32(&mut bytes, OFFSET_MESSAGE_COUNT, self.message_count);
+        put_u32(&mut bytes, OFFSET_BATCH_LENGTH, self.batch_length_bytes);
+        put_u64(&mut bytes, OFFSET_TIMESTAMP, self.timestamp_us);
+        bytes
+    }
+
+    /// Compute the checksum over `self` and `batch`, store it, and return the encoded header.
+    pub fn seal(&mut self, batch: &[u8]) -> [u8; RECORD_HEADER_SIZE] {
+        debug_assert_eq!(batch.len() as u64, u64::from(self.batch_length_bytes));
+        let mut bytes = self.encode();
+        self.checksum = compute_checksum(&bytes, batch);
+        put_u64(&mut bytes, OFFSET_CHECKSUM, self.checksum);
+        debug_assert_eq!(decode(&bytes), Ok(*self));
+        bytes
+    }
+
+    /// Size of the whole record (header + batch).
+    pub fn record_size_bytes(&self) -> u64 {
+        RECORD_HEADER_SIZE as u64 + u64::from(self.batch_length_bytes)
+    }
+}
+
+/// Decode a header, checking the fields that have a single legal value. Does not verify the
+/// checksum (that needs the batch bytes) nor bound `batch_length_bytes`.
+pub fn decode(bytes: &[u8]) -> Result<RecordHeader, Fault> {
+    let Some(bytes) = bytes.get(..RECORD_HEADER_SIZE) else {
+        return Err(Fault::ShortHeader);
+    };
+    if get_u32(bytes, OFFSET_MAGIC) != RECORD_MAGIC {
+        return Err(Fault::BadMagic);
+    }
+    if bytes[OFFSET_VERSION] != RECORD_VERSION {
+        return Err(Fault::BadVersion(bytes[OFFSET_VERSION]));
+    }
+    if bytes[OFFSET_KIND] != RECORD_KIND_BATCH {
+        return Err(Fault::BadKind(bytes[OFFSET_KIND]));
+    }
+    if bytes[OFFSET_RESERVED..OFFSET_CHECKSUM] != [0, 0] {
+        return Err(Fault::NonZeroReserved);
+    }
+    Ok(RecordHeader {
+        checksum: get_u64(bytes, OFFSET_CHECKSUM),
+        parent_checksum: get_u64(bytes, OFFSET_PARENT_CHECKSUM),
+        op: get_u64(bytes, OFFSET_OP),
+        view: get_u32(bytes, OFFSET_VIEW),
+        partition_id: get_u32(bytes, OFFSET_PARTITION_ID),
+        base_offset: get_u64(bytes, OFFSET_BASE_OFFSET),
+        message_count: get_u32(bytes, OFFSET_MESSAGE_COUNT),
+        batch_length_bytes: get_u32(bytes, OFFSET_BATCH_LENGTH),
+        timestamp_us: get_u64(bytes, OFFSET_TIMESTAMP),
+    })
+}
+
+/// XXH3-64 over the header bytes after the checksum field, then the batch bytes.
+pub fn compute_checksum(header: &[u8; RECORD_HEADER_SIZE], batch: &[u8]) -> u64 {
+    let mut hasher = Xxh3::new();
+    hasher.update(&header[CHECKSUM_COVERAGE_START..]);
+    hasher.update(batch);
+    hasher.digest()
+}
+
+/// Where a partition's record chain stands: what the next record must carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chain {
+    pub partition_id: u32,
+    /// `base_offset` of the next record.
+    pub next_offset: u64,
+    /// `parent_checksum` of the next record (the previous record's checksum, 0 at the start).
+    pub parent_checksum: u64,
+    /// `op` of the next record (>= 1).
+    pub next_op: u64,
+}
+
+impl Chain {
+    /// The chain of a partition that has never held a record.
+    pub fn genesis(partition_id: u32) -> Chain {
+        Chain {
+            partition_id,
+            next_offset: 0,
+            parent_checksum: 0,
+            next_op: 1,
+        }
+    }
+
+    /// The chain after `header` was appended. `header` must continue `self`.
+    pub fn advance(&self, header: &RecordHeader) -> Chain {
+        debug_assert_eq!(header.base_offset, self.next_offset);
+        debug_assert_eq!(header.op, self.next_op);
+        debug_assert!(header.message_count > 0);
+        Chain {
+            partition_id: self.partition_id,
+            next_offset: self.next_offset + u64::from(header.message_count),
+            parent_checksum: header.checksum,
+            next_op: self.next_op + 1,
+        }
+    }
+}
+
+/// Why a record failed verification.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// Fewer than 64 bytes left.
+    ShortHeader,
+    BadMagic,
+    BadVersion(u8),
+    BadKind(u8),
+    NonZeroReserved,
+    /// `batch_length` below the batch header size or above [`BATCH_BYTES_MAX`].
+    ImplausibleLength(u32),
+    /// The record claims more bytes than remain.
+    Overrun {
+        record_size_bytes: u64,
+        remaining_bytes: u64,
+    },
+    ChecksumMismatch,
+    // The faults below belong to checksum-valid records: never a torn write.
+    ForeignPartition {
+        found: u32,
+        expected: u32,
+    },
+    OffsetDiscontinuity {
+        found: u64,
+        expected: u64,
+    },
+    ParentMismatch {
+        found: u64,
+        expected: u64,
+    },
+    OpMismatch {
+        found: u64,
+        expected: u64,
+    },
+    EmptyRecord,
+    OffsetOverflow,
+    BatchHeaderMismatch(&'static str),
+}
+
+impl Fault {
+    /// Whether the record verified (checksum matched) and only its place in the chain is wrong.
+    pub fn record_verified(&self) -> bool {
+        matches!(
+            self,
+            Fault::ForeignPartition { .. }
+                | Fault::OffsetDiscontinuity { .. }
+                | Fault::ParentMismatch { .. }
+                | Fault::OpMismatch { .. }
+                | Fault::EmptyRecord
+                | Fault::OffsetOverflow
+                | Fault::BatchHeaderMismatch(_)
+        )
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::ShortHeader => write!(f, "partial record header"),
+            Fault::BadMagic => write!(f, "bad record magic"),
+            Fault::BadVersion(v) => write!(f, "unknown record version {v}"),
+            Fault::BadKind(k) => write!(f, "unknown record kind {k}"),
+            Fault::NonZeroReserved => write!(f, "non-zero reserved header bytes"),
+            Fault::ImplausibleLength(len) => write!(f, "implausible batch length {len}"),
+            Fault::Overrun {
+                record_size_bytes,
+                remaining_bytes,
+            } => {
+                write!(
+                    f,
+                    "record of {record_size_bytes} bytes overruns the {remaining_bytes} remaining"
+                )
+            }
+            Fault::ChecksumMismatch => write!(f, "record checksum mismatch"),
+            Fault::ForeignPartition { found, expected } => {
+                write!(f, "record of partition {found} in partition {expected}")
+            }
+            Fault::OffsetDiscontinuity { found, expected } => {
+                write!(f, "record base offset {found}, expected {expected}")
+            }
+            Fault::ParentMismatch { found, expected } => {
+                write!(
+                    f,
+                    "record parent checksum {found:#018x}, expected {expected:#018x}"
+                )
+            }
+            Fault::OpMismatch { found, expected } => write!(f, "record op {found}, expected {expected}"),
+            Fault::EmptyRecord => write!(f, "record holds no messages"),
+            Fault::OffsetOverflow => write!(f, "record offsets overflow u64"),
+            Fault::BatchHeaderMismatch(field) => {
+                write!(f, "batch header {field} disagrees with the record header")
+            }
+        }
+    }
+}
+
+/// One verified record, as found by [`scan`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScannedRecord {
+    /// Byte position of the record header in the scanned input.
+    pub position_bytes: u64,
+    pub base_offset: u64,
+    pub message_count: u32,
+    pub timestamp_us: u64,
+    /// Header + batch.
+    pub size_bytes: u64,
+}
+
+/// What follows the valid prefix (see the module doc for the rule).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tail {
+    /// The input ends exactly after the last valid record.
+    Clean,
+    /// Recoverable: the bytes from the end of the valid prefix on are a torn write.
+    Torn { fault: Fault },
+    /// Not recoverable by truncation: refuse, keep the bytes.
+    Damaged { position_bytes: u64, reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanResult {
+    /// Length of the valid prefix (a record boundary).
+    pub valid_len_bytes: u64,
+    /// Every record of the valid prefix, in order.
+    pub records: Vec<ScannedRecord>,
+    /// The chain after the valid prefix.
+    pub end: Chain,
+    pub tail: Tail,
+}
+
+/// Walk the records of `bytes` (a whole `.log`), verifying each against the chain, starting
+/// at `start`. Pure: no IO, linear cost, never panics on any input.
+pub fn scan(bytes: &[u8], start: Chain) -> ScanResult {
+    let mut records = Vec::new();
+    let mut chain = start;
+    let mut position: usize = 0;
+    let tail = loop {
+        debug_assert!(position <= bytes.len());
+        let rest = &bytes[position..];
+        if rest.is_empty() {
+            break Tail::Clean;
+        }
+        match verify(rest, &chain) {
+            Ok(header) => {
+                records.push(ScannedRecord {
+                    position_bytes: position as u64,
+                    base_offset: header.base_offset,
+                    message_count: header.message_count,
+                    timestamp_us: header.timestamp_us,
+                    size_bytes: header.record_size_bytes(),
+                });
+                chain = chain.advance(&header);
+                // `verify` bounded the record by `rest`, so this stays within `bytes`.
+                position += RECORD_HEADER_SIZE + header.batch_length_bytes as usize;
+            }
+            Err(fault) if fault.record_verified() => {
+                break Tail::Damaged {
+                    position_bytes: position as u64,
+                    reason: format!("checksum-valid record does not continue the log: {fault}"),
+                };
+            }
+            Err(fault) => {
+                break classify_unverified(bytes, position, &chain, fault);
+            }
+        }
+    };
+    ScanResult {
+        valid_len_bytes: position as u64,
+        records,
+        end: chain,
+        tail,
+    }
+}
+
+/// The most a probe hashes after a failure at `position` in an input of `len` bytes: twice the
+/// probed region plus a constant, so recovery stays within a small factor of reading once.
+pub fn probe_budget_bytes(len_bytes: u64, position_bytes: u64) -> u64 {
+    debug_assert!(position_bytes <= len_bytes);
+    2 * (len_bytes - position_bytes) + PROBE_BUDGET_SLACK_BYTES
+}
+
+/// Verify the record at the start of `rest` as the next record of `chain`. Returns the header;
+/// the record spans `header.record_size_bytes()` bytes of `rest`.
+pub fn verify(rest: &[u8], chain: &Chain) -> Result<RecordHeader, Fault> {
+    let header = verify_envelope(rest)?;
+    verify_chain(
+        &header,
+        &rest[RECORD_HEADER_SIZE..header.record_size_bytes() as usize],
+        chain,
+    )?;
+    Ok(header)
+}
+
+/// Shape, bounds and checksum of the record at the start of `rest` (no chain checks).
+/// On success the whole record lies within `rest`.
+pub fn verify_envelope(rest: &[u8]) -> Result<RecordHeader, Fault> {
+    let header = decode(rest)?;
+    let record_size_bytes = bounded_record_size(&header, rest.len() as u64)?;
+    let header_bytes: &[u8; RECORD_HEADER_SIZE] = rest[..RECORD_HEADER_SIZE]
+        .try_into()
+        .map_err(|_| Fault::ShortHeader)?;
+    let batch = &rest[RECORD_HEADER_SIZE..record_size_bytes as usize];
+    if compute_checksum(header_bytes, batch) != header.checksum {
+        return Err(Fault::ChecksumMismatch);
+    }
+    Ok(header)
+}
+
+/// The record size, once `batch_length` is known plausible and within `remaining_bytes`.
+fn bounded_record_size(header: &RecordHeader, remaining_bytes: u64) -> Result<u64, Fault> {
+    let batch_length = header.batch_length_bytes;
+    if (batch_length as usize) < BATCH_HEADER_SIZE || batch_length > BATCH_BYTES_MAX {
+        return Err(Fault::ImplausibleLength(batch_length));
+    }
+    let record_size_bytes = header.record_size_bytes();
+    if record_size_bytes > remaining_bytes {
+        return Err(Fault::Overrun {
+            record_size_bytes,
+            remaining_bytes,
+        });
+    }
+    Ok(record_size_bytes)
+}
+
+/// The checks on a checksum-valid record: it must be the next record of `chain`, and its batch
+/// header must agree with the envelope.
+fn verify_chain(header: &RecordHeader, batch_bytes: &[u8], chain: &Chain) -> Result<(), Fault> {
+    if header.partition_id != chain.partition_id {
+        return Err(Fault::ForeignPartition {
+            found: header.partition_id,
+            expected: chain.partition_id,
+        });
+    }
+    if header.base_offset != chain.next_offset {
+        return Err(Fault::OffsetDiscontinuity {
+            found: header.base_offset,
+            expected: chain.next_offset,
+        });
+    }
+    if header.parent_checksum != chain.parent_checksum {
+        return Err(Fault::ParentMismatch {
+            found: header.parent_checksum,
+            expected: chain.parent_checksum,
+        });
+    }
+    if header.op != chain.next_op {
+        return Err(Fault::OpMismatch {
+            found: header.op,
+            expected: chain.next_op,
+        });
+    }
+    if header.message_count == 0 {
+        return Err(Fault::EmptyRecord);
+    }
+    if header
+        .base_offset
+        .checked_add(u64::from(header.message_count))
+        .is_none()
+    {
+        return Err(Fault::OffsetOverflow);
+    }
+    let Some(batch_header) = batch::header(batch_bytes) else {
+        return Err(Fault::BatchHeaderMismatch("length"));
+    };
+    if batch_header.partition_id != u64::from(header.partition_id) {
+        return Err(Fault::BatchHeaderMismatch("partition_id"));
+    }
+    if batch_header.base_offset != header.base_offset {
+        return Err(Fault::BatchHeaderMismatch("base_offset"));
+    }
+    if batch_header.base_timestamp != header.timestamp_us {
+        return Err(Fault::BatchHeaderMismatch("base_timestamp"));
+    }
+    if batch_header.batch_length != u64::from(header.batch_length_bytes) {
+        return Err(Fault::BatchHeaderMismatch("batch_length"));
+    }
+    if batch_header.message_count != header.message_count {
+        return Err(Fault::BatchHeaderMismatch("message_count"));
+    }
+    Ok(())
+}
+
+/// Decide whether an unverifiable record at `position` is a torn tail or damage, by probing the
+/// bytes after it for a record that verifies and could follow `chain`.
+fn classify_unverified(bytes: &[u8], position: usize, chain: &Chain, fault: Fault) -> Tail {
+    debug_assert!(!fault.record_verified());
+    match probe(bytes, position, chain) {
+        Probe::NothingFound => Tail::Torn { fault },
+        Probe::Found { position_bytes } => Tail::Damaged {
+            position_bytes: position as u64,
+            reason: format!(
+                "record fails verification ({fault}) and a valid record follows at byte {position_bytes}"
+            ),
+        },
+        Probe::BudgetExhausted => Tail::Damaged {
+            position_bytes: position as u64,
+            reason: format!(
+                "record fails verification ({fault}) and the probe for valid records after it ran out of budget"
+            ),
+        },
+    }
+}
+
+enum Probe {
+    NothingFound,
+    Found { position_bytes: u64 },
+    BudgetExhausted,
+}
+
+/// Look for a checksum-valid record of this partition with `base_offset >= chain.next_offset`
+/// starting at any byte after `failure_position`. Every position costs O(1) until a candidate
+/// passes the cheap checks; hashing is capped by [`probe_budget_bytes`].
+fn probe(bytes: &[u8], failure_position: usize, chain: &Chain) -> Probe {
+    let len_bytes = bytes.len() as u64;
+    let budget_bytes = probe_budget_bytes(len_bytes, failure_position as u64);
+    let mut hashed_bytes: u64 = 0;
+    let magic = RECORD_MAGIC.to_le_bytes();
+    let mut position = failure_position + 1;
+    while position + RECORD_HEADER_SIZE <= bytes.len() {
+        let candidate = &bytes[position..];
+        if candidate[..4] == magic
+            && let Some(record_size_bytes) = plausible_candidate(candidate, chain)
+        {
+            hashed_bytes += record_size_bytes;
+            if hashed_bytes > budget_bytes {
+                return Probe::BudgetExhausted;
+            }
+            if verify_envelope(candidate).is_ok() {
+                return Probe::Found {
+                    position_bytes: position as u64,
+                };
+            }
+        }
+        position += 1;
+    }
+    Probe::NothingFound
+}
+
+/// Constant-time filter: the size of the record a candidate claims, if it could be a record of
+/// this partition that belongs after `chain` and fits in the input.
+fn plausible_candidate(candidate: &[u8], chain: &Chain) -> Option<u64> {
+    let header = decode(candidate).ok()?;
+    if header.partition_id != chain.partition_id
+        || header.base_offset < chain.next_offset
+        || header.message_count == 0
+    {
+        return None;
+    }
+    bounded_record_size(&header, candidate.len() as u64).ok()
+}
+
+fn put_u32(bytes: &mut [u8], at: usize, value: u32) {
+    bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
+}
+
+fn put_u64(bytes: &mut [u8], at: usize, value: u64) {
+    bytes[at..at + 8].copy_from_slice(&value.to_le_bytes());
+}
+
+/// Callers pass slices of at least `RECORD_HEADER_SIZE` bytes and in-header offsets.
+fn get_u32(bytes: &[u8], at: usize) -> u32 {
+    let mut raw = [0u8; 4];
+    raw.copy_from_slice(&bytes[at..at + 4]);
+    u32::from_le_bytes(raw)
+}
+
+fn get_u64(bytes: &[u8], at: usize) -> u64 {
+    let mut raw = [0u8; 8];
+    raw.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A batch with a stamped-looking header and `count` opaque frame bytes: enough for the
+    /// envelope and batch-header agreement checks, which never parse frames.
+    fn fake_batch(
+        partition_id: u32,
+        base_offset: u64,
+        count: u32,
+        timestamp_us: u64,
+        body_bytes: usize,
+    ) -> Vec<u8> {
+        let length = BATCH_HEADER_SIZE + body_bytes;
+        let mut batch = vec![0u8; length];
+        batch[0..8].copy_from_slice(&u64::from(partition_id).to_le_bytes());
+        batch[8..16].copy_from_slice(&base_offset.to_le_bytes());
+        batch[16..24].copy_from_slice(&timestamp_us.to_le_bytes());
+        batch[32..40].copy_from_slice(&(length as u64).to_le_bytes());
+        batch[48..52].copy_from_slice(&count.to_le_bytes());
+        for (i, byte) in batch[BATCH_HEADER_SIZE..].iter_mut().enumerate() {
+            *byte = (i as u8).wrapping_mul(31).wrapping_add(count as u8);
+        }
+        batch
+    }
+
+    fn push_record(log: &mut Vec<u8>, chain: &mut Chain, count: u32, body_bytes: usize) -> RecordHeader {
+        let timestamp_us = 1_000 + chain.next_op;
+        let batch = fake_batch(
+            chain.partition_id,
+            chain.next_offset,
+            count,
+            timestamp_us,
+            body_bytes,
+        );
+        let mut header = RecordHeader {
+            checksum: 0,
+            parent_checksum: chain.parent_checksum,
+            op: chain.next_op,
+            view: 0,
+            partition_id: chain.partition_id,
+            base_offset: chain.next_offset,
+            message_count: count,
+            batch_length_bytes: batch.len() as u32,
+            timestamp_us,
+        };
+        log.extend_from_slice(&header.seal(&batch));
+        log.extend_from_slice(&batch);
+        *chain = chain.advance(&header);
+        header
+    }
+
+    fn sample_log(records: usize) -> (Vec<u8>, Vec<u64>, Chain) {
+        let mut log = Vec::new();
+        let mut chain = Chain::genesis(7);
+        let mut ends = Vec::new();
+        for i in 0..records {
+            push_record(&mut log, &mut chain, 1 + (i as u32 % 3), 40 + i * 7);
+            ends.push(log.len() as u64);
+        }
+        (log, ends, chain)
+    }
+
+    #[test]
+    fn header_round_trip() {
+        let header = RecordHeader {
+            checksum: 1,
+            parent_checksum: 2,
+            op: 3,
+            view: 4,
+            partition_id: 5,
+            base_offset: 6,
+            message_count: 7,
+            batch_length_bytes: 8,
+            timestamp_us: 9,
+        };
+        assert_eq!(decode(&header.encode()), Ok(header));
+        assert_eq!(decode(&header.encode()[..63]), Err(Fault::ShortHeader));
+    }
+
+    #[test]
+    fn clean_log() {
+        let (log, ends, chain) = sample_log(5);
+        let result = scan(&log, Chain::genesis(7));
+        assert_eq!(result.tail, Tail::Clean);
+        assert_eq!(result.valid_len_bytes, log.len() as u64);
+        assert_eq!(result.records.len(), 5);
+        assert_eq!(result.end, chain);
+        assert_eq!(result.records[1].position_bytes, ends[0]);
+        assert_eq!(scan(&[], Chain::genesis(7)).tail, Tail::Clean);
+    }
+
+    #[test]
+    fn every_truncation_is_a_torn_tail() {
+        let (log, ends, _) = sample_log(4);
+        for cut in 0..log.len() {
+            let result = scan(&log[..cut], Chain::genesis(7));
+            let expected_valid = ends
+                .iter()
+                .copied()
+                .filter(|&end| end <= cut as u64)
+                .max()
+                .unwrap_or(0);
+            assert_eq!(result.valid_len_bytes, expected_valid, "cut at {cut}");
+            if expected_valid == cut as u64 {
+                assert_eq!(result.tail, Tail::Clean);
+            } else {
+                assert!(
+                    matches!(result.tail, Tail::Torn { .. }),
+                    "cut at {cut}: {:?}",
+                    result.tail
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bit_flip_in_the_middle_is_damage_and_in_the_last_record_a_torn_tail() {
+        let (log, ends, _) = sample_log(4);
+        for position in 0..log.len() {
+            let mut flipped = log.clone();
+            flipped[position] ^= 0x10;
+            let result = scan(&flipped, Chain::genesis(7));
+            let record = ends.iter().position(|&end| end > position as u64).unwrap();
+            let record_start = if record == 0 { 0 } else { ends[record - 1] };
+            assert_eq!(result.valid_len_bytes, record_start, "flip at {position}");
+            if record == ends.len() - 1 {
+                assert!(
+                    matches!(result.tail, Tail::Torn { .. }),
+                    "flip at {position}: {:?}",
+                    result.tail
+                );
+            } else {
+                assert!(
+                    matches!(result.tail, Tail::Damaged { position_bytes, .. } if position_bytes == record_start),
+                    "flip at {position}: {:?}",
+                    result.tail
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn checksum_valid_records_that_do_not_continue_are_damage() {
+        let (log, _, chain) = sample_log(3);
+        let cases: Vec<Chain> = vec![
+            Chain {
+                partition_id: 8,
+                ..chain
+            },
+            Chain {
+                next_offset: chain.next_offset + 1,
+                ..chain
+            },
+            Chain {
+                next_offset: chain.next_offset - 1,
+                ..chain
+            },
+            Chain {
+                parent_checksum: chain.parent_checksum ^ 1,
+                ..chain
+            },
+            Chain {
+                next_op: chain.next_op + 1,
+                ..chain
+            },
+        ];
+        for mut bad_chain in cases {
+            let mut tampered = log.clone();
+            push_record(&mut tampered, &mut bad_chain, 2, 30);
+            let result = scan(&tampered, Chain::genesis(7));
+            assert_eq!(result.valid_len_bytes, log.len() as u64);
+            assert!(
+                matches!(result.tail, Tail::Damaged { position_bytes, .. } if position_bytes == log.len() as u64),
+                "{bad_chain:?}: {:?}",
+                result.tail
+            );
+        }
+    }
+
+    #[test]
+    fn residue_claiming_huge_lengths_is_a_torn_tail() {
+        let (mut log, _, chain) = sample_log(2);
+        let valid = log.len() as u64;
+        for i in 0..20_000u64 {
+            let header = RecordHeader {
+                checksum: i,
+                parent_checksum: chain.parent_checksum,
+                op: chain.next_op,
+                view: 0,
+                partition_id: 7,
+                base_offset: chain.next_offset + i,
+                message_count: 1,
+                batch_length_bytes: if i % 2 == 0 { u32::MAX } else { 100_000_000 },
+                timestamp_us: 0,
+            };
+            log.extend_from_slice(&header.encode());
+        }
+        let result = scan(&log, Chain::genesis(7));
+        assert_eq!(result.valid_len_bytes, valid);
+        assert!(matches!(result.tail, Tail::Torn { .. }), "{:?}", result.tail);
+    }
+
+    #[test]
+    fn residue_of_fitting_candidates_exhausts_the_budget_and_refuses() {
+        let (mut log, _, chain) = sample_log(1);
+        let valid = log.len();
+        // A region of headers each claiming a batch that fits the remaining bytes: every
+        // candidate must be hashed, so the probe budget (not the input) bounds the work.
+        let region_bytes = 4 * 1024 * 1024;
+        log.resize(valid + region_bytes, 0);
+        let mut position = valid;
+        while position + RECORD_HEADER_SIZE <= log.len() {
+            let remaining = (log.len() - position - RECORD_HEADER_SIZE) as u32;
+            let header = RecordHeader {
+                checksum: 0,
+                parent_checksum: 0,
+                op: 0,
+                view: 0,
+                partition_id: 7,
+                base_offset: chain.next_offset,
+                message_count: 1,
+                batch_length_bytes: remaining.max(BATCH_HEADER_SIZE as u32),
+                timestamp_us: 0,
+            };
+            log[position..position + RECORD_HEADER_SIZE].copy_from_slice(&header.encode());
+            position += RECORD_HEADER_SIZE;
+        }
+        let result = scan(&log, Chain::genesis(7));
+        assert_eq!(result.valid_len_bytes, valid as u64);
+        assert!(matches!(result.tail, Tail::Damaged { .. }), "{:?}", result.tail);
+    }
+
+    proptest! {
+        #[test]
+        fn scan_never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            let result = scan(&bytes, Chain::genesis(0));
+            prop_assert!(result.valid_len_bytes <= bytes.len() as u64);
+        }
+
+        #[test]
+        fn scan_never_panics_on_mutated_logs(
+            cut in 0usize..4096,
+            flips in proptest::collection::vec((0usize..4096, any::<u8>()), 0..4),
+            garbage in proptest::collection::vec(any::<u8>(), 0..256),
+        ) {
+            let (mut log, _, _) = sample_log(6);
+            for (position, mask) in flips {
+                let len = log.len();
+                log[position % len] ^= mask;
+            }
+            log.truncate(cut.min(log.len()));
+            log.extend_from_slice(&garbage);
+            let result = scan(&log, Chain::genesis(7));
+            prop_assert!(result.valid_len_bytes <= log.len() as u64);
+            let records_bytes: u64 = result.records.iter().map(|r| r.size_bytes).sum();
+            prop_assert_eq!(records_bytes, result.valid_len_bytes);
+        }
+    }
+}
