@@ -1,0 +1,571 @@
+//! The catalog: streams, topics, partitions, users and tokens, and their persistence.
+//!
+//! The catalog's metadata (names, ids, settings) lives in one checksummed document,
+//! `<data_dir>/metadata`, replaced atomically on every change (`cairn_storage::atomic_file`).
+//! Message data lives in the partitions' own directories:
+//! `<data_dir>/streams/<stream id>/topics/<topic id>/partitions/<partition id>/`.
+//!
+//! Ordering rules that keep the two consistent across a crash:
+//! - create: partition directories first, metadata second. A crash in between leaves an orphan
+//!   directory that no metadata names; the next create of that id clears it (nothing in it was
+//!   ever acknowledged).
+//! - delete: metadata first, directories second. A crash in between leaves an orphan directory,
+//!   removed at boot, so deleted data never comes back.
+
+use crate::auth::{PersonalAccessToken, User};
+use cairn_storage::StorageError;
+use cairn_storage::log::{LogConfig, PartitionLog};
+use cairn_storage::offsets::ConsumerOffsets;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Most partitions one topic may have (the SDK's validators use the same bound).
+pub const PARTITIONS_PER_TOPIC_MAX: u32 = 1000;
+
+/// Persisted form of the catalog (the `metadata` document).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetadataDoc {
+    pub format_version: u32,
+    pub next_stream_id: u32,
+    pub streams: Vec<StreamDoc>,
+    pub next_user_id: u32,
+    pub users: Vec<User>,
+    pub next_token_id: u64,
+    pub tokens: Vec<PersonalAccessToken>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamDoc {
+    pub id: u32,
+    pub name: String,
+    pub created_at_us: u64,
+    pub next_topic_id: u32,
+    pub topics: Vec<TopicDoc>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicDoc {
+    pub id: u32,
+    pub name: String,
+    pub created_at_us: u64,
+    /// µs; 0 = never.
+    pub message_expiry_us: u64,
+    /// 1 none, 2 gzip (stored as sent; Cairn does not compress).
+    pub compression: u8,
+    /// 0 = server default, u64::MAX = unlimited.
+    pub max_topic_size_bytes: u64,
+    /// Partition ids are 0..partitions.len(), in order.
+    pub partitions: Vec<PartitionDoc>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartitionDoc {
+    pub id: u32,
+    pub created_at_us: u64,
+}
+
+pub const METADATA_FORMAT_VERSION: u32 = 1;
+
+/// A partition at run time. Its log and offsets sit behind one mutex: the single writer.
+pub struct Partition {
+    pub id: u32,
+    pub created_at_us: u64,
+    pub dir: PathBuf,
+    pub state: Mutex<PartitionState>,
+}
+
+pub enum PartitionState {
+    Serving(Box<PartitionData>),
+    /// Open failed (damage or IO): every request to it gets the refusal status; files are
+    /// left as they were.
+    Refused {
+        reason: String,
+    },
+    /// Deleted or its topic/stream deleted: late holders of the `Arc` must not write.
+    Deleted,
+}
+
+pub struct PartitionData {
+    pub log: PartitionLog,
+    pub offsets: ConsumerOffsets,
+}
+
+pub struct Topic {
+    pub doc: TopicDoc,
+    pub partitions: Vec<Arc<Partition>>,
+    /// Round-robin cursor for balanced sends that the server resolves itself.
+    pub balanced_cursor: AtomicU32,
+}
+
+pub struct Stream {
+    pub id: u32,
+    pub name: String,
+    pub created_at_us: u64,
+    pub next_topic_id: u32,
+    pub topics: BTreeMap<u32, Topic>,
+}
+
+/// The whole catalog. Guarded by one `RwLock` in the server; partitions have their own locks.
+pub struct Catalog {
+    pub data_dir: PathBuf,
+    pub log_config: LogConfig,
+    pub next_stream_id: u32,
+    pub streams: BTreeMap<u32, Stream>,
+    pub next_user_id: u32,
+    pub users: Vec<User>,
+    pub next_token_id: u64,
+    pub tokens: Vec<PersonalAccessToken>,
+}
+
+pub fn metadata_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("metadata")
+}
+
+pub fn stream_dir(data_dir: &Path, stream_id: u32) -> PathBuf {
+    data_dir.join("streams").join(stream_id.to_string())
+}
+
+pub fn topic_dir(data_dir: &Path, stream_id: u32, topic_id: u32) -> PathBuf {
+    stream_dir(data_dir, stream_id)
+        .join("topics")
+        .join(topic_id.to_string())
+}
+
+pub fn partition_dir(data_dir: &Path, stream_id: u32, topic_id: u32, partition_id: u32) -> PathBuf {
+    topic_dir(data_dir, stream_id, topic_id)
+        .join("partitions")
+        .join(partition_id.to_string())
+}
+
+fn offsets_dir(partition_dir: &Path) -> PathBuf {
+    partition_dir.join("offsets")
+}
+
+/// Errors from catalog changes, mapped to statuses by the handler.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("metadata encoding failed: {0}")]
+    Encode(String),
+}
+
+impl Partition {
+    fn open(dir: PathBuf, doc: PartitionDoc, log_config: LogConfig) -> Partition {
+        let state = match Self::open_data(&dir, doc.id, log_config) {
+            Ok(data) => PartitionState::Serving(Box::new(data)),
+            Err(error) => {
+                tracing::error!(
+                    partition_dir = %dir.display(),
+                    %error,
+                    "partition refused: it will not serve reads or writes; its files are left untouched"
+                );
+                PartitionState::Refused {
+                    reason: error.to_string(),
+                }
+            }
+        };
+        Partition {
+            id: doc.id,
+            created_at_us: doc.created_at_us,
+            dir,
+            state: Mutex::new(state),
+        }
+    }
+
+    fn open_data(
+        dir: &Path,
+        partition_id: u32,
+        log_config: LogConfig,
+    ) -> Result<PartitionData, StorageError> {
+        let log = PartitionLog::open(dir, partition_id, log_config)?;
+        let offsets = ConsumerOffsets::open(&offsets_dir(dir))?;
+        Ok(PartitionData { log, offsets })
+    }
+
+    /// Create the files of a new partition. An orphan directory left by an interrupted
+    /// create (never named by metadata, never acknowledged) is cleared first.
+    fn create(dir: PathBuf, doc: PartitionDoc, log_config: LogConfig) -> Result<Partition, StorageError> {
+        if dir.exists() {
+            tracing::warn!(partition_dir = %dir.display(), "removing orphan partition directory left by an interrupted create");
+            remove_dir(&dir)?;
+        }
+        let log = PartitionLog::create(&dir, doc.id, log_config)?;
+        let offsets = ConsumerOffsets::open(&offsets_dir(&dir))?;
+        Ok(Partition {
+            id: doc.id,
+            created_at_us: doc.created_at_us,
+            dir,
+            state: Mutex::new(PartitionState::Serving(Box::new(PartitionData { log, offsets }))),
+        })
+    }
+
+    /// Mark deleted (late writers see it) and remove the files.
+    fn destroy(&self) -> Result<(), StorageError> {
+        let mut state = lock(&self.state);
+        *state = PartitionState::Deleted;
+        drop(state);
+        remove_dir(&self.dir)
+    }
+}
+
+/// Lock a std mutex; a poisoned lock means a writer panicked mid-update, which is a bug:
+/// carrying on could publish half-applied state, so the poison propagates as a panic.
+pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => panic!("partition lock poisoned by an earlier panic: {poisoned}"),
+    }
+}
+
+fn remove_dir(dir: &Path) -> Result<(), StorageError> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(StorageError::Io {
+            path: dir.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+impl Topic {
+    pub fn partitions_count(&self) -> u32 {
+        self.partitions.len() as u32
+    }
+}
+
+impl Catalog {
+    /// Load the catalog from `data_dir` (or start empty), opening every partition.
+    /// Returns `Ok(None)` for the metadata when none existed (first start).
+    pub fn load(data_dir: &Path, log_config: LogConfig) -> Result<(Catalog, bool), CatalogError> {
+        std::fs::create_dir_all(data_dir).map_err(|source| StorageError::Io {
+            path: data_dir.to_path_buf(),
+            source,
+        })?;
+        let (doc, first_start) = match cairn_storage::atomic_file::read(&metadata_path(data_dir))? {
+            Some(bytes) => {
+                let doc: MetadataDoc = serde_json::from_slice(&bytes).map_err(|e| StorageError::Damaged {
+                    path: metadata_path(data_dir),
+                    position: e.column() as u64,
+                    reason: format!("metadata document does not decode: {e}"),
+                })?;
+                if doc.format_version != METADATA_FORMAT_VERSION {
+                    return Err(StorageError::Damaged {
+                        path: metadata_path(data_dir),
+                        position: 0,
+                        reason: format!("unsupported metadata format version {}", doc.format_version),
+                    }
+                    .into());
+                }
+                (doc, false)
+            }
+            None => (
+                MetadataDoc {
+                    format_version: METADATA_FORMAT_VERSION,
+                    ..MetadataDoc::default()
+                },
+                true,
+            ),
+        };
+        let mut streams = BTreeMap::new();
+        for stream_doc in doc.streams {
+            let mut topics = BTreeMap::new();
+            for topic_doc in stream_doc.topics {
+                let partitions = topic_doc
+                    .partitions
+                    .iter()
+                    .map(|p| {
+                        let dir = partition_dir(data_dir, stream_doc.id, topic_doc.id, p.id);
+                        Arc::new(Partition::open(dir, *p, log_config))
+                    })
+                    .collect();
+                topics.insert(
+                    topic_doc.id,
+                    Topic {
+                        doc: topic_doc,
+                        partitions,
+                        balanced_cursor: AtomicU32::new(0),
+                    },
+                );
+            }
+            streams.insert(
+                stream_doc.id,
+                Stream {
+                    id: stream_doc.id,
+                    name: stream_doc.name,
+                    created_at_us: stream_doc.created_at_us,
+                    next_topic_id: stream_doc.next_topic_id,
+                    topics,
+                },
+            );
+        }
+        let catalog = Catalog {
+            data_dir: data_dir.to_path_buf(),
+            log_config,
+            next_stream_id: doc.next_stream_id,
+            streams,
+            next_user_id: doc.next_user_id,
+            users: doc.users,
+            next_token_id: doc.next_token_id,
+            tokens: doc.tokens,
+        };
+        catalog.remove_orphans()?;
+        Ok((catalog, first_start))
+    }
+
+    /// Remove stream/topic/partition directories that metadata no longer names (a delete
+    /// interrupted after its metadata was saved). Deleted data must never come back.
+    fn remove_orphans(&self) -> Result<(), StorageError> {
+        let streams_dir = self.data_dir.join("streams");
+        for stream_entry in read_numeric_dirs(&streams_dir)? {
+            let Some(stream) = self.streams.get(&stream_entry.0) else {
+                tracing::warn!(dir = %stream_entry.1.display(), "removing directory of a deleted stream");
+                remove_dir(&stream_entry.1)?;
+                continue;
+            };
+            for topic_entry in read_numeric_dirs(&stream_entry.1.join("topics"))? {
+                let Some(topic) = stream.topics.get(&topic_entry.0) else {
+                    tracing::warn!(dir = %topic_entry.1.display(), "removing directory of a deleted topic");
+                    remove_dir(&topic_entry.1)?;
+                    continue;
+                };
+                for partition_entry in read_numeric_dirs(&topic_entry.1.join("partitions"))? {
+                    if partition_entry.0 >= topic.partitions_count() {
+                        tracing::warn!(dir = %partition_entry.1.display(), "removing directory of a deleted partition");
+                        remove_dir(&partition_entry.1)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn doc(&self) -> MetadataDoc {
+        MetadataDoc {
+            format_version: METADATA_FORMAT_VERSION,
+            next_stream_id: self.next_stream_id,
+            streams: self
+                .streams
+                .values()
+                .map(|s| StreamDoc {
+                    id: s.id,
+                    name: s.name.clone(),
+                    created_at_us: s.created_at_us,
+                    next_topic_id: s.next_topic_id,
+                    topics: s.topics.values().map(|t| t.doc.clone()).collect(),
+                })
+                .collect(),
+            next_user_id: self.next_user_id,
+            users: self.users.clone(),
+            next_token_id: self.next_token_id,
+            tokens: self.tokens.clone(),
+        }
+    }
+
+    /// Persist the metadata document atomically.
+    pub fn save(&self) -> Result<(), CatalogError> {
+        let bytes =
+            serde_json::to_vec_pretty(&self.doc()).map_err(|e| CatalogError::Encode(e.to_string()))?;
+        cairn_storage::atomic_file::write(&metadata_path(&self.data_dir), &bytes)?;
+        Ok(())
+    }
+
+    pub fn stream_by_name(&self, name: &str) -> Option<&Stream> {
+        self.streams.values().find(|s| s.name == name)
+    }
+
+    /// Create a stream; the caller has checked the name is free.
+    pub fn create_stream(&mut self, name: String, now_us: u64) -> Result<u32, CatalogError> {
+        let id = self.next_stream_id;
+        debug_assert!(!self.streams.contains_key(&id));
+        let dir = stream_dir(&self.data_dir, id);
+        if dir.exists() {
+            tracing::warn!(dir = %dir.display(), "removing orphan stream directory left by an interrupted create");
+            remove_dir(&dir)?;
+        }
+        self.next_stream_id += 1;
+        self.streams.insert(
+            id,
+            Stream {
+                id,
+                name,
+                created_at_us: now_us,
+                next_topic_id: 0,
+                topics: BTreeMap::new(),
+            },
+        );
+        self.save()?;
+        Ok(id)
+    }
+
+    /// Delete a stream with all its topics: metadata first, then files.
+    pub fn delete_stream(&mut self, stream_id: u32) -> Result<(), CatalogError> {
+        let Some(stream) = self.streams.remove(&stream_id) else {
+            return Ok(());
+        };
+        self.save()?;
+        for topic in stream.topics.values() {
+            for partition in &topic.partitions {
+                partition.destroy()?;
+            }
+        }
+        remove_dir(&stream_dir(&self.data_dir, stream_id))?;
+        Ok(())
+    }
+
+    /// Create a topic with `partitions_count` partitions: files first, then metadata.
+    pub fn create_topic(
+        &mut self,
+        stream_id: u32,
+        mut doc: TopicDoc,
+        partitions_count: u32,
+    ) -> Result<u32, CatalogError> {
+        let data_dir = self.data_dir.clone();
+        let log_config = self.log_config;
+        let Some(stream) = self.streams.get_mut(&stream_id) else {
+            return Err(CatalogError::Encode(format!("stream {stream_id} vanished")));
+        };
+        let topic_id = stream.next_topic_id;
+        doc.id = topic_id;
+        let dir = topic_dir(&data_dir, stream_id, topic_id);
+        if dir.exists() {
+            tracing::warn!(dir = %dir.display(), "removing orphan topic directory left by an interrupted create");
+            remove_dir(&dir)?;
+        }
+        let mut partitions = Vec::with_capacity(partitions_count as usize);
+        for partition_id in 0..partitions_count {
+            let p_doc = PartitionDoc {
+                id: partition_id,
+                created_at_us: doc.created_at_us,
+            };
+            let p_dir = partition_dir(&data_dir, stream_id, topic_id, partition_id);
+            partitions.push(Arc::new(Partition::create(p_dir, p_doc, log_config)?));
+            doc.partitions.push(p_doc);
+        }
+        debug_assert_eq!(doc.partitions.len(), partitions.len());
+        stream.next_topic_id += 1;
+        stream.topics.insert(
+            topic_id,
+            Topic {
+                doc,
+                partitions,
+                balanced_cursor: AtomicU32::new(0),
+            },
+        );
+        self.save()?;
+        Ok(topic_id)
+    }
+
+    pub fn delete_topic(&mut self, stream_id: u32, topic_id: u32) -> Result<(), CatalogError> {
+        let Some(stream) = self.streams.get_mut(&stream_id) else {
+            return Ok(());
+        };
+        let Some(topic) = stream.topics.remove(&topic_id) else {
+            return Ok(());
+        };
+        self.save()?;
+        for partition in &topic.partitions {
+            partition.destroy()?;
+        }
+        remove_dir(&topic_dir(&self.data_dir, stream_id, topic_id))?;
+        Ok(())
+    }
+
+    /// Add `count` partitions with the next ids.
+    pub fn create_partitions(
+        &mut self,
+        stream_id: u32,
+        topic_id: u32,
+        count: u32,
+        now_us: u64,
+    ) -> Result<(), CatalogError> {
+        let data_dir = self.data_dir.clone();
+        let log_config = self.log_config;
+        let Some(topic) = self
+            .streams
+            .get_mut(&stream_id)
+            .and_then(|s| s.topics.get_mut(&topic_id))
+        else {
+            return Ok(());
+        };
+        let first = topic.partitions_count();
+        for partition_id in first..first + count {
+            let p_doc = PartitionDoc {
+                id: partition_id,
+                created_at_us: now_us,
+            };
+            let p_dir = partition_dir(&data_dir, stream_id, topic_id, partition_id);
+            topic
+                .partitions
+                .push(Arc::new(Partition::create(p_dir, p_doc, log_config)?));
+            topic.doc.partitions.push(p_doc);
+        }
+        self.save()
+    }
+
+    /// Remove the last `count` partitions: metadata first, then files.
+    pub fn delete_partitions(
+        &mut self,
+        stream_id: u32,
+        topic_id: u32,
+        count: u32,
+    ) -> Result<(), CatalogError> {
+        let Some(topic) = self
+            .streams
+            .get_mut(&stream_id)
+            .and_then(|s| s.topics.get_mut(&topic_id))
+        else {
+            return Ok(());
+        };
+        let keep = topic.partitions.len().saturating_sub(count as usize);
+        let removed: Vec<Arc<Partition>> = topic.partitions.drain(keep..).collect();
+        topic.doc.partitions.truncate(keep);
+        self.save()?;
+        for partition in removed {
+            partition.destroy()?;
+        }
+        Ok(())
+    }
+}
+
+/// Subdirectories of `dir` whose names are decimal ids. A missing `dir` has none.
+fn read_numeric_dirs(dir: &Path) -> Result<Vec<(u32, PathBuf)>, StorageError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(StorageError::Io {
+                path: dir.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| StorageError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        if let Some(id) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) {
+            found.push((id, entry.path()));
+        }
+    }
+    Ok(found)
+}
+
+/// Next round-robin partition for a balanced send resolved by the server.
+pub fn next_balanced(topic: &Topic) -> Option<u32> {
+    let count = topic.partitions_count();
+    if count == 0 {
+        return None;
+    }
+    Some(topic.balanced_cursor.fetch_add(1, Ordering::Relaxed) % count)
+}

@@ -1,0 +1,252 @@
+//! The TCP shell: accept connections, read frames, run the handler, write replies.
+//!
+//! One task per connection, lockstep like the 0.11 client: read one request frame, answer it,
+//! read the next. The frame size is checked against the limit from the header alone, before
+//! the body is read into memory. Handlers run on blocking threads (file IO, argon2).
+//! A semaphore bounds connections; one shutdown signal stops the accept loop and every
+//! connection between frames.
+
+use crate::handler::{self, Server, Session};
+use bytes::BytesMut;
+use cairn_wire::codes;
+use cairn_wire::command::Command;
+use cairn_wire::frame::{self, EvictionReason, HEADER_SIZE, HeaderError, RequestHeader};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+
+/// Accept connections until `shutdown` flips to true, then wait for every connection task
+/// to finish its current request.
+pub async fn serve(server: Arc<Server>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+    let permits = Arc::new(Semaphore::new(server.config.max_connections as usize));
+    let mut connections = JoinSet::new();
+    loop {
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            _ = shutdown.changed() => break,
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.changed() => break,
+        };
+        let (socket, peer) = match accepted {
+            Ok(pair) => pair,
+            Err(error) => {
+                // Running out of file descriptors and the like: log and keep accepting.
+                tracing::warn!(%error, "accept failed");
+                continue;
+            }
+        };
+        let server = server.clone();
+        let shutdown = shutdown.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            server.clients_connected.fetch_add(1, Ordering::Relaxed);
+            let session = server.new_session(peer.to_string());
+            if let Err(error) = Connection::new(server.clone(), socket, session, shutdown)
+                .run()
+                .await
+            {
+                tracing::debug!(%peer, %error, "connection closed");
+            }
+            server.clients_connected.fetch_sub(1, Ordering::Relaxed);
+        });
+        // Reap finished connection tasks so the set does not grow without bound.
+        while connections.try_join_next().is_some() {}
+    }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
+}
+
+struct Connection {
+    server: Arc<Server>,
+    socket: TcpStream,
+    session: Option<Session>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Connection {
+    fn new(
+        server: Arc<Server>,
+        socket: TcpStream,
+        session: Session,
+        shutdown: watch::Receiver<bool>,
+    ) -> Connection {
+        Connection {
+            server,
+            socket,
+            session: Some(session),
+            shutdown,
+        }
+    }
+
+    async fn run(mut self) -> std::io::Result<()> {
+        loop {
+            let mut header = [0u8; HEADER_SIZE];
+            tokio::select! {
+                read = self.socket.read_exact(&mut header) => {
+                    if let Err(error) = read {
+                        // EOF between frames is the normal end of a connection.
+                        return if error.kind() == std::io::ErrorKind::UnexpectedEof { Ok(()) } else { Err(error) };
+                    }
+                }
+                _ = self.shutdown.changed() => return Ok(()),
+            }
+            if !self.serve_frame(&header).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Serve one frame whose header is read. Returns false when the connection must close.
+    async fn serve_frame(&mut self, raw_header: &[u8; HEADER_SIZE]) -> std::io::Result<bool> {
+        let max_frame_bytes = self.server.config.max_frame_bytes;
+        let header = match RequestHeader::parse(raw_header, max_frame_bytes) {
+            Ok(header) => header,
+            Err(HeaderError::SizeTooLarge { size, max }) => {
+                // Refused before the body is read: answer, then close, since the unread
+                // body would otherwise be taken for the next frame.
+                tracing::warn!(
+                    size,
+                    max,
+                    "frame larger than tcp.max_frame_bytes refused; connection closed"
+                );
+                let fake = fallback_header(raw_header);
+                let status = if fake.operation == frame::operation::SEND_MESSAGES {
+                    codes::INVALID_MESSAGES_SIZE
+                } else {
+                    codes::INVALID_FORMAT
+                };
+                self.write_status(&fake, status).await?;
+                return Ok(false);
+            }
+            Err(HeaderError::SizeTooSmall { size }) => {
+                tracing::debug!(size, "frame size below the header size; connection closed");
+                return Ok(false);
+            }
+            Err(error) => {
+                // A sane size but a header that breaks the codec's rules: skip its body and
+                // answer InvalidCommand, keeping the framing in step.
+                let fake = fallback_header(raw_header);
+                tracing::debug!(%error, "invalid request header");
+                if fake.size < HEADER_SIZE as u32 || fake.size > max_frame_bytes {
+                    return Ok(false);
+                }
+                self.read_body(fake.size).await?;
+                self.write_status(&fake, codes::INVALID_COMMAND).await?;
+                return Ok(true);
+            }
+        };
+        let body = self.read_body(header.size).await?;
+        let command = match Command::decode(header.operation, header.code, body.freeze()) {
+            Ok(command) => command,
+            Err(error) => {
+                tracing::debug!(operation = header.operation, code = header.code, %error, "request refused");
+                self.write_status(&header, error.status()).await?;
+                return Ok(true);
+            }
+        };
+        let Some(mut session) = self.session.take() else {
+            return Ok(false);
+        };
+        let server = self.server.clone();
+        let joined = tokio::task::spawn_blocking(move || {
+            let reply = server.handle(&mut session, command);
+            (reply, session)
+        })
+        .await;
+        let (reply, session) = match joined {
+            Ok(pair) => pair,
+            Err(error) => {
+                // A panic in a handler is a bug; this connection's session is lost with it.
+                tracing::error!(%error, "request handler panicked; closing the connection");
+                self.write_status(&header, codes::ERROR).await?;
+                return Ok(false);
+            }
+        };
+        self.session = Some(session);
+        match reply {
+            Ok(payload) => self.write_ok(&header, &payload).await?,
+            Err(handler::INCOMPATIBLE_PROTOCOL_STATUS) => {
+                let eviction = frame::eviction(
+                    header.client,
+                    EvictionReason::IncompatibleProtocol,
+                    Some((frame::PROTOCOL_VERSION_MAX, frame::PROTOCOL_VERSION_MIN)),
+                );
+                self.socket.write_all(&eviction).await?;
+            }
+            Err(status) => self.write_status(&header, status).await?,
+        }
+        Ok(true)
+    }
+
+    async fn read_body(&mut self, size: u32) -> std::io::Result<BytesMut> {
+        let body_len = (size as usize).saturating_sub(HEADER_SIZE);
+        let mut body = BytesMut::zeroed(body_len);
+        self.socket.read_exact(&mut body).await?;
+        Ok(body)
+    }
+
+    async fn write_ok(&mut self, request: &RequestHeader, payload: &[u8]) -> std::io::Result<()> {
+        let framed = frame::is_result_framed(request.operation);
+        let section_len = if framed { 4 } else { 0 };
+        let body_len = section_len + payload.len();
+        let fits = u32::try_from(body_len + HEADER_SIZE).is_ok();
+        if !fits {
+            tracing::error!(
+                body_len,
+                "reply larger than a frame can carry; answering an error instead"
+            );
+            return self.write_status(request, codes::ERROR).await;
+        }
+        let mut out = Vec::with_capacity(HEADER_SIZE + body_len);
+        out.extend_from_slice(&frame::reply_header(request, codes::OK, body_len as u32));
+        if framed {
+            cairn_wire::reply::ok_result_section(&mut out);
+        }
+        out.extend_from_slice(payload);
+        self.socket.write_all(&out).await
+    }
+
+    async fn write_status(&mut self, request: &RequestHeader, status: u32) -> std::io::Result<()> {
+        debug_assert_ne!(status, codes::OK);
+        self.socket
+            .write_all(&frame::reply_header(request, status, 0))
+            .await
+    }
+}
+
+/// The echo fields of a header that failed validation, read without checks so the error
+/// reply still carries the client's ids. Only `size` is bounded by the caller.
+fn fallback_header(raw: &[u8; HEADER_SIZE]) -> RequestHeader {
+    let u128_at = |at: usize| {
+        let mut bytes = [0u8; 16];
+        bytes.copy_from_slice(&raw[at..at + 16]);
+        u128::from_le_bytes(bytes)
+    };
+    let u64_at = |at: usize| {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&raw[at..at + 8]);
+        u64::from_le_bytes(bytes)
+    };
+    let u32_at = |at: usize| {
+        let mut bytes = [0u8; 4];
+        bytes.copy_from_slice(&raw[at..at + 4]);
+        u32::from_le_bytes(bytes)
+    };
+    RequestHeader {
+        client: u128_at(128),
+        request_checksum: u128_at(144),
+        request: u64_at(168),
+        operation: raw[176],
+        session: u64_at(184),
+        code: u32_at(196),
+        size: u32_at(48),
+    }
+}
