@@ -13,6 +13,7 @@
 //!   removed at boot, so deleted data never comes back.
 
 use crate::auth::{PersonalAccessToken, User};
+use crate::writer::{CommitCounters, WriterContext, WriterHandle};
 use cairn_storage::StorageError;
 use cairn_storage::log::{LogConfig, PartitionLog};
 use cairn_storage::offsets::ConsumerOffsets;
@@ -73,12 +74,20 @@ pub struct PartitionDoc {
 
 pub const METADATA_FORMAT_VERSION: u32 = 1;
 
-/// A partition at run time. Its log and offsets sit behind one mutex: the single writer.
+/// A partition at run time. Its log and offsets sit behind one mutex; sends reach the log only
+/// through the partition's writer (group commit, see `writer`).
 pub struct Partition {
     pub id: u32,
     pub created_at_us: u64,
     pub dir: PathBuf,
-    pub state: Mutex<PartitionState>,
+    /// Shared with the writer task (not the whole `Partition`: the partition owns the writer's
+    /// queue, so the writer holding the partition would keep both alive forever).
+    pub state: Arc<Mutex<PartitionState>>,
+    /// The writer's queue; `None` once a clean stop closed it. A std mutex: held only to clone
+    /// or take the handle, never across an `.await`.
+    writer: Mutex<Option<WriterHandle>>,
+    /// Group-commit counters of this partition.
+    pub counters: Arc<CommitCounters>,
 }
 
 pub enum PartitionState {
@@ -90,6 +99,8 @@ pub enum PartitionState {
     },
     /// Deleted or its topic/stream deleted: late holders of the `Arc` must not write.
     Deleted,
+    /// The log was closed at a clean stop; nothing may use it any more.
+    Closed,
 }
 
 pub struct PartitionData {
@@ -116,6 +127,8 @@ pub struct Stream {
 pub struct Catalog {
     pub data_dir: PathBuf,
     pub log_config: LogConfig,
+    /// Starts each partition's writer when the partition is opened or created.
+    pub writers: WriterContext,
     pub next_stream_id: u32,
     pub streams: BTreeMap<u32, Stream>,
     pub next_user_id: u32,
@@ -158,7 +171,37 @@ pub enum CatalogError {
 }
 
 impl Partition {
-    fn open(dir: PathBuf, doc: PartitionDoc, log_config: LogConfig) -> Partition {
+    /// The run-time partition around `state`, with its writer started.
+    fn assemble(
+        dir: PathBuf,
+        doc: PartitionDoc,
+        state: PartitionState,
+        writers: &WriterContext,
+    ) -> Partition {
+        let state = Arc::new(Mutex::new(state));
+        let counters = Arc::new(CommitCounters::default());
+        let writer = writers.spawn(state.clone(), dir.clone(), counters.clone());
+        Partition {
+            id: doc.id,
+            created_at_us: doc.created_at_us,
+            dir,
+            state,
+            writer: Mutex::new(Some(writer)),
+            counters,
+        }
+    }
+
+    /// A sender to this partition's writer queue, or `None` once the writer is closed.
+    pub fn writer_queue(&self) -> Option<tokio::sync::mpsc::Sender<crate::writer::PendingSend>> {
+        lock(&self.writer).as_ref().map(WriterHandle::queue)
+    }
+
+    /// Take the writer handle (clean stop): later sends are refused, queued ones still complete.
+    pub fn take_writer(&self) -> Option<WriterHandle> {
+        lock(&self.writer).take()
+    }
+
+    fn open(dir: PathBuf, doc: PartitionDoc, log_config: LogConfig, writers: &WriterContext) -> Partition {
         let state = match Self::open_data(&dir, doc.id, log_config) {
             Ok(data) => PartitionState::Serving(Box::new(data)),
             Err(error) => {
@@ -172,12 +215,7 @@ impl Partition {
                 }
             }
         };
-        Partition {
-            id: doc.id,
-            created_at_us: doc.created_at_us,
-            dir,
-            state: Mutex::new(state),
-        }
+        Partition::assemble(dir, doc, state, writers)
     }
 
     fn open_data(
@@ -192,19 +230,20 @@ impl Partition {
 
     /// Create the files of a new partition. An orphan directory left by an interrupted
     /// create (never named by metadata, never acknowledged) is cleared first.
-    fn create(dir: PathBuf, doc: PartitionDoc, log_config: LogConfig) -> Result<Partition, StorageError> {
+    fn create(
+        dir: PathBuf,
+        doc: PartitionDoc,
+        log_config: LogConfig,
+        writers: &WriterContext,
+    ) -> Result<Partition, StorageError> {
         if dir.exists() {
             tracing::warn!(partition_dir = %dir.display(), "removing orphan partition directory left by an interrupted create");
             remove_dir(&dir)?;
         }
         let log = PartitionLog::create(&dir, doc.id, log_config)?;
         let offsets = ConsumerOffsets::open(&offsets_dir(&dir))?;
-        Ok(Partition {
-            id: doc.id,
-            created_at_us: doc.created_at_us,
-            dir,
-            state: Mutex::new(PartitionState::Serving(Box::new(PartitionData { log, offsets }))),
-        })
+        let state = PartitionState::Serving(Box::new(PartitionData { log, offsets }));
+        Ok(Partition::assemble(dir, doc, state, writers))
     }
 
     /// Mark deleted (late writers see it) and remove the files.
@@ -245,7 +284,11 @@ impl Topic {
 impl Catalog {
     /// Load the catalog from `data_dir` (or start empty), opening every partition.
     /// Returns `Ok(None)` for the metadata when none existed (first start).
-    pub fn load(data_dir: &Path, log_config: LogConfig) -> Result<(Catalog, bool), CatalogError> {
+    pub fn load(
+        data_dir: &Path,
+        log_config: LogConfig,
+        writers: WriterContext,
+    ) -> Result<(Catalog, bool), CatalogError> {
         std::fs::create_dir_all(data_dir).map_err(|source| StorageError::Io {
             path: data_dir.to_path_buf(),
             source,
@@ -284,7 +327,7 @@ impl Catalog {
                     .iter()
                     .map(|p| {
                         let dir = partition_dir(data_dir, stream_doc.id, topic_doc.id, p.id);
-                        Arc::new(Partition::open(dir, *p, log_config))
+                        Arc::new(Partition::open(dir, *p, log_config, &writers))
                     })
                     .collect();
                 topics.insert(
@@ -310,6 +353,7 @@ impl Catalog {
         let catalog = Catalog {
             data_dir: data_dir.to_path_buf(),
             log_config,
+            writers,
             next_stream_id: doc.next_stream_id,
             streams,
             next_user_id: doc.next_user_id,
@@ -447,7 +491,12 @@ impl Catalog {
                 created_at_us: doc.created_at_us,
             };
             let p_dir = partition_dir(&data_dir, stream_id, topic_id, partition_id);
-            partitions.push(Arc::new(Partition::create(p_dir, p_doc, log_config)?));
+            partitions.push(Arc::new(Partition::create(
+                p_dir,
+                p_doc,
+                log_config,
+                &self.writers,
+            )?));
             doc.partitions.push(p_doc);
         }
         debug_assert_eq!(doc.partitions.len(), partitions.len());
@@ -489,6 +538,7 @@ impl Catalog {
     ) -> Result<(), CatalogError> {
         let data_dir = self.data_dir.clone();
         let log_config = self.log_config;
+        let writers = self.writers.clone();
         let Some(topic) = self
             .streams
             .get_mut(&stream_id)
@@ -505,7 +555,7 @@ impl Catalog {
             let p_dir = partition_dir(&data_dir, stream_id, topic_id, partition_id);
             topic
                 .partitions
-                .push(Arc::new(Partition::create(p_dir, p_doc, log_config)?));
+                .push(Arc::new(Partition::create(p_dir, p_doc, log_config, &writers)?));
             topic.doc.partitions.push(p_doc);
         }
         self.save()

@@ -84,7 +84,13 @@ pub const KEYS: &[Key] = &[
         path: "storage.durability",
         kind: ValueKind::Text,
         default: "durable",
-        about: "durable: a send is acknowledged after fdatasync; relaxed: after the OS has the write",
+        about: "durable: a send is acknowledged after an fdatasync covering it (shared by concurrent sends); relaxed: after the OS has the write, made stable within storage.flush_interval_ms",
+    },
+    Key {
+        path: "storage.flush_interval_ms",
+        kind: ValueKind::Integer,
+        default: "1000",
+        about: "relaxed durability only: longest time an acknowledged write waits for its fdatasync",
     },
     Key {
         path: "auth.root_password",
@@ -93,6 +99,10 @@ pub const KEYS: &[Key] = &[
         about: "password of the root user `iggy` on first start (also CAIRN_ROOT_PASSWORD); empty = generate and print one",
     },
 ];
+
+/// Upper bound of `storage.flush_interval_ms` (one hour): beyond that "relaxed" would mean
+/// "never" in practice.
+pub const FLUSH_INTERVAL_MS_MAX: u64 = 3_600_000;
 
 /// How sends reach stable storage before they are acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +124,8 @@ pub struct Config {
     pub batch_messages_max: u32,
     pub segment_size_bytes: u64,
     pub durability: Durability,
+    /// Relaxed mode: longest wait between acknowledging a write and the barrier covering it.
+    pub flush_interval_ms: u64,
     /// `None` when not configured (a password is generated on first start).
     pub root_password: Option<String>,
 }
@@ -274,6 +286,7 @@ impl Sources {
                     ));
                 }
             },
+            flush_interval_ms: self.integer("storage.flush_interval_ms", 1, FLUSH_INTERVAL_MS_MAX)?,
             root_password: {
                 let password = self.text("auth.root_password")?;
                 if password.is_empty() {
@@ -377,6 +390,7 @@ mod tests {
         assert_eq!(config.tcp_address.to_string(), "127.0.0.1:8090");
         assert_eq!(config.data_dir, PathBuf::from("./cairn-data"));
         assert_eq!(config.durability, Durability::Durable);
+        assert_eq!(config.flush_interval_ms, 1000);
         assert!(config.root_password.is_none());
     }
 
@@ -439,5 +453,11 @@ mod tests {
             .expect("known");
         let error = sources.build().expect_err("invalid");
         assert!(error.to_string().contains("storage.durability"), "{error}");
+        let mut sources = Sources::defaults();
+        sources
+            .apply_flag("storage.flush_interval_ms", "0".to_string(), "--set")
+            .expect("known");
+        let error = sources.build().expect_err("zero interval");
+        assert!(error.to_string().contains("storage.flush_interval_ms"), "{error}");
     }
 }

@@ -2,11 +2,16 @@
 //!
 //! `Server::handle` is synchronous: the TCP shell runs it on a blocking thread, so file IO
 //! and argon2 never stall the async reactor. It returns the reply payload (without the result
-//! section, which the shell adds for result-framed operations) or an Iggy status code.
+//! section, which the shell adds for result-framed operations) or an Iggy status code, except
+//! for a send: that is validated and resolved here, then handed back as a [`PreparedSend`]
+//! whose `complete` the shell awaits. A send waits for its partition's writer (group commit,
+//! `writer`) without holding a thread: the writer itself needs a blocking thread for its IO, so
+//! handlers parked in the blocking pool waiting for it could exhaust the pool and deadlock.
 
 use crate::auth;
 use crate::catalog::{self, Catalog, PartitionState, Stream, Topic, TopicDoc};
 use crate::config::Config;
+use crate::writer;
 use cairn_storage::offsets::OffsetOwner;
 use cairn_wire::batch::{self, BatchLimits};
 use cairn_wire::codes;
@@ -22,6 +27,45 @@ pub const PARTITION_REFUSED_STATUS: u32 = 3003;
 
 /// A reply: payload bytes, or an Iggy status code with no body.
 pub type Reply = Result<Vec<u8>, u32>;
+
+/// What [`Server::handle`] produced.
+pub enum Handled {
+    /// The reply is ready.
+    Done(Reply),
+    /// A validated send for the shell to complete with [`PreparedSend::complete`].
+    Send(PreparedSend),
+}
+
+/// A send that passed every admission check (`cairn_wire::batch::validate`) and whose
+/// partition is resolved; nothing is stored yet.
+pub struct PreparedSend {
+    stream_id: u32,
+    topic_id: u32,
+    partition: Arc<catalog::Partition>,
+    batch: Vec<u8>,
+    received_at_us: u64,
+}
+
+impl PreparedSend {
+    /// Queue the send on its partition's writer (waiting while the queue is full) and wait
+    /// until its group is written and, in durable mode, made stable. Then encode the
+    /// confirmation.
+    pub async fn complete(self) -> Reply {
+        let queue = self.partition.writer_queue();
+        let base_offset = writer::submit(queue, self.batch, self.received_at_us).await?;
+        let mut out = Vec::new();
+        reply::send_confirmations(
+            &mut out,
+            &[reply::SendConfirmation {
+                stream_id: self.stream_id,
+                topic_id: self.topic_id,
+                partition_id: self.partition.id,
+                base_offset,
+            }],
+        );
+        Ok(out)
+    }
+}
 
 /// Wall-clock time, injected so tests and a simulator can control it.
 pub trait Clock: Send + Sync {
@@ -115,28 +159,34 @@ impl Server {
         }
     }
 
-    /// Apply one command for `session`.
-    pub fn handle(&self, session: &mut Session, command: Command) -> Reply {
+    /// Apply one command for `session`. A send comes back as [`Handled::Send`] for the shell
+    /// to complete; everything else is done.
+    pub fn handle(&self, session: &mut Session, command: Command) -> Handled {
         match command {
-            Command::Ping => Ok(Vec::new()),
+            Command::Ping => Handled::Done(Ok(Vec::new())),
             Command::LoginUser {
                 version,
                 username,
                 password,
-            } => {
-                check_protocol(version.protocol_version)?;
-                self.login_password(session, &username, &password)
-            }
-            Command::LoginWithToken { version, token } => {
-                check_protocol(version.protocol_version)?;
-                self.login_token(session, &token)
-            }
-            command => {
-                if session.user_id.is_none() {
-                    return Err(codes::UNAUTHENTICATED);
-                }
-                self.handle_authenticated(session, command)
-            }
+            } => Handled::Done(
+                check_protocol(version.protocol_version)
+                    .and_then(|()| self.login_password(session, &username, &password)),
+            ),
+            Command::LoginWithToken { version, token } => Handled::Done(
+                check_protocol(version.protocol_version).and_then(|()| self.login_token(session, &token)),
+            ),
+            _ if session.user_id.is_none() => Handled::Done(Err(codes::UNAUTHENTICATED)),
+            Command::SendMessages {
+                stream,
+                topic,
+                partitioning,
+                messages_count,
+                batch,
+            } => match self.prepare_send(&stream, &topic, &partitioning, messages_count, &batch) {
+                Ok(send) => Handled::Send(send),
+                Err(status) => Handled::Done(Err(status)),
+            },
+            command => Handled::Done(self.handle_authenticated(session, command)),
         }
     }
 
@@ -303,13 +353,6 @@ impl Server {
                 self.partition(&stream, &topic, partition_id)?;
                 Ok(Vec::new())
             }
-            Command::SendMessages {
-                stream,
-                topic,
-                partitioning,
-                messages_count,
-                batch,
-            } => self.send_messages(&stream, &topic, &partitioning, messages_count, &batch),
             Command::PollMessages {
                 consumer,
                 stream,
@@ -336,11 +379,20 @@ impl Server {
                 let partition = self.partition(&stream, &topic, partition_id)?;
                 let mut state = catalog::lock(&partition.state);
                 let data = serving(&mut state)?;
-                if fsync {
-                    data.log.flush().map_err(|e| {
-                        tracing::error!(error = %e, "flush failed");
-                        codes::ERROR
-                    })?;
+                if data.log.stopped_reason().is_some() {
+                    return Err(writer::PARTITION_STOPPED_STATUS);
+                }
+                // In durable mode everything acknowledged is stable already; this covers
+                // relaxed-mode writes the background barrier has not reached yet.
+                if fsync && let Err(error) = writer::barrier(&mut data.log) {
+                    tracing::error!(
+                        partition_dir = %partition.dir.display(),
+                        %error,
+                        next_offset = data.log.next_offset(),
+                        "barrier requested by a client failed: partition stopped taking writes until restart; \
+                         relaxed-mode messages acknowledged since the last successful barrier may be lost if the OS crashes"
+                    );
+                    return Err(writer::BARRIER_FAILED_STATUS);
                 }
                 Ok(Vec::new())
             }
@@ -356,12 +408,7 @@ impl Server {
                 let data = serving(&mut state)?;
                 let mut out = Vec::new();
                 if let Some(stored) = data.offsets.get(&owner) {
-                    reply::consumer_offset(
-                        &mut out,
-                        partition.id,
-                        current_offset(data.log.next_offset()),
-                        stored,
-                    );
+                    reply::consumer_offset(&mut out, partition.id, current_offset(&data.log), stored);
                 }
                 Ok(out)
             }
@@ -446,6 +493,7 @@ impl Server {
             Command::Ping | Command::LoginUser { .. } | Command::LoginWithToken { .. } => {
                 unreachable!("handled before authentication")
             }
+            Command::SendMessages { .. } => unreachable!("sends are prepared by `handle`"),
         }
     }
 
@@ -720,15 +768,16 @@ impl Server {
 
     // ---- messages ----
 
-    fn send_messages(
+    /// Validate a send and resolve its partition. Every limit is checked here, before the send
+    /// is queued, so nothing invalid ever reaches a writer.
+    fn prepare_send(
         &self,
         stream: &Identifier,
         topic: &Identifier,
         partitioning: &Partitioning,
         messages_count: u32,
         batch: &[u8],
-    ) -> Reply {
-        // Every limit is checked before anything is stored.
+    ) -> Result<PreparedSend, u32> {
         batch::validate(batch, messages_count, &self.limits).map_err(|e| e.status())?;
         let (stream_id, topic_id, partition) = {
             let catalog = self.read();
@@ -742,26 +791,13 @@ impl Server {
                 .ok_or(codes::PARTITION_NOT_FOUND)?;
             (stream.id, topic.doc.id, partition)
         };
-        let mut stored = batch.to_vec();
-        let now_us = self.clock.now_us();
-        let mut state = catalog::lock(&partition.state);
-        let data = serving(&mut state)?;
-        let base_offset = data.log.append(&mut stored, now_us).map_err(|e| {
-            tracing::error!(partition_dir = %partition.dir.display(), error = %e, "append failed; the send was not acknowledged");
-            storage_status_ref(&e)
-        })?;
-        drop(state);
-        let mut out = Vec::new();
-        reply::send_confirmations(
-            &mut out,
-            &[reply::SendConfirmation {
-                stream_id,
-                topic_id,
-                partition_id: partition.id,
-                base_offset,
-            }],
-        );
-        Ok(out)
+        Ok(PreparedSend {
+            stream_id,
+            topic_id,
+            partition,
+            batch: batch.to_vec(),
+            received_at_us: self.clock.now_us(),
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -780,13 +816,22 @@ impl Server {
         let partition = self.partition(stream, topic, partition_id.unwrap_or(0))?;
         let mut state = catalog::lock(&partition.state);
         let data = serving(&mut state)?;
-        let next_offset = data.log.next_offset();
+        // Polls see only what the log makes visible: in durable mode the committed frontier,
+        // so a poll never returns a message a crash could take back.
+        let next_offset = data.log.visible_next_offset();
         let first_offset = data.log.first_offset();
         let start = match (strategy, first_offset) {
             (_, None) => None,
             (PollingStrategy::Offset(v), Some(_)) => Some(v),
             (PollingStrategy::First, Some(first)) => Some(first),
-            (PollingStrategy::Last, Some(first)) => Some(next_offset.saturating_sub(count as u64).max(first)),
+            // The last `count` offsets up to the newest message. (Across an offset gap left
+            // by an unclean stop this returns fewer than `count` messages: gap offsets hold
+            // none.)
+            (PollingStrategy::Last, Some(first)) => Some(
+                data.log
+                    .last_offset()
+                    .map_or(first, |last| (last + 1).saturating_sub(count as u64).max(first)),
+            ),
             (PollingStrategy::Next, Some(first)) => Some(
                 data.offsets
                     .get(&owner)
@@ -811,14 +856,17 @@ impl Server {
                 .map_err(storage_status)?;
         }
         if auto_commit && returned > 0 {
-            // Offsets are contiguous from the first retained one, so the last returned
-            // message is first_returned + returned - 1.
-            let last = first_returned + returned as u64 - 1;
-            debug_assert!(last < next_offset);
+            // Read the last returned offset from the batches themselves: offsets may skip a
+            // gap (an unclean stop's reservation), so the count alone does not give it.
+            let Some(last) = batch::last_offset(&batches) else {
+                tracing::error!(partition_dir = %partition.dir.display(), "poll read batches without a last offset");
+                return Err(codes::ERROR);
+            };
+            debug_assert!(last >= first_returned && last < next_offset);
             data.offsets.store(&owner, last).map_err(storage_status)?;
         }
         let mut out = Vec::with_capacity(16 + batches.len());
-        reply::poll_head(&mut out, partition.id, current_offset(next_offset), returned);
+        reply::poll_head(&mut out, partition.id, current_offset(&data.log), returned);
         out.extend_from_slice(&batches);
         Ok(out)
     }
@@ -849,12 +897,14 @@ fn read_trimmed(path: &str) -> String {
         .unwrap_or_default()
 }
 
-/// `current_offset` in replies: the highest assigned offset, 0 when none.
-fn current_offset(next_offset: u64) -> u64 {
-    next_offset.saturating_sub(1)
+/// `current_offset` in replies: the offset of the newest visible message, 0 when none (the
+/// protocol's "partition's highest offset"; offsets of a gap hold no message).
+fn current_offset(log: &cairn_storage::log::PartitionLog) -> u64 {
+    log.last_offset().unwrap_or(0)
 }
 
-fn serving(state: &mut PartitionState) -> Result<&mut catalog::PartitionData, u32> {
+/// The data of a serving partition, or the status for one that is not.
+pub(crate) fn serving(state: &mut PartitionState) -> Result<&mut catalog::PartitionData, u32> {
     match state {
         PartitionState::Serving(data) => Ok(data),
         PartitionState::Refused { reason } => {
@@ -862,19 +912,14 @@ fn serving(state: &mut PartitionState) -> Result<&mut catalog::PartitionData, u3
             Err(PARTITION_REFUSED_STATUS)
         }
         PartitionState::Deleted => Err(codes::PARTITION_NOT_FOUND),
+        // Only after the shell stopped taking requests; a straggler gets a plain error.
+        PartitionState::Closed => Err(codes::ERROR),
     }
 }
 
 fn storage_status(error: impl std::fmt::Display) -> u32 {
     tracing::error!(%error, "storage operation failed");
     codes::ERROR
-}
-
-fn storage_status_ref(error: &cairn_storage::StorageError) -> u32 {
-    match error {
-        cairn_storage::StorageError::Damaged { .. } => PARTITION_REFUSED_STATUS,
-        _ => codes::ERROR,
-    }
 }
 
 fn purge_partitions(partitions: &[Arc<catalog::Partition>]) -> Reply {
@@ -993,7 +1038,7 @@ fn partition_record(partition: &catalog::Partition) -> reply::PartitionRecord {
     if let PartitionState::Serving(data) = &*catalog::lock(&partition.state) {
         let stats = data.log.stats();
         record.segments_count = stats.segments_count;
-        record.current_offset = current_offset(data.log.next_offset());
+        record.current_offset = current_offset(&data.log);
         record.size_bytes = stats.size_bytes;
         record.messages_count = stats.messages_count;
     }

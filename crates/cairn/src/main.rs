@@ -6,6 +6,7 @@
 //! - [`tcp`]: the TCP shell (framing, one task per connection).
 //! - [`handler`]: request semantics, shared by every transport.
 //! - [`catalog`]: streams, topics, partitions, users and their persistence.
+//! - [`writer`]: group commit, one writer per partition sharing a data barrier among sends.
 //! - [`auth`]: password and token hashing.
 
 mod auth;
@@ -13,12 +14,17 @@ mod catalog;
 mod config;
 mod handler;
 mod tcp;
+mod writer;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// How often the group-commit counters are logged while there is traffic.
+const COUNTERS_REPORT_INTERVAL: Duration = Duration::from_secs(10);
 
 #[derive(Parser)]
 #[command(
@@ -143,15 +149,22 @@ fn load_config(args: &ServeArgs) -> Result<config::Config, config::ConfigError> 
 }
 
 async fn serve(config: config::Config) -> Result<(), String> {
-    let log_config = cairn_storage::log::LogConfig {
-        segment_size_bytes: config.segment_size_bytes,
-        sync: match config.durability {
-            config::Durability::Durable => cairn_storage::log::SyncMode::EveryAppend,
+    // In both modes appends never sync: the partition writers commit, once per group of
+    // sends (durable) or at least once per flush interval (relaxed).
+    let log_config = cairn_storage::log::LogConfig::new(
+        config.segment_size_bytes,
+        match config.durability {
+            config::Durability::Durable => cairn_storage::log::SyncMode::GroupCommit,
             config::Durability::Relaxed => cairn_storage::log::SyncMode::Os,
         },
-    };
+    );
+    let writers = writer::WriterContext::new(
+        tokio::runtime::Handle::current(),
+        writer::AckMode::new(config.durability, config.flush_interval_ms),
+    );
+    let global_counters = writers.global_counters().clone();
     let data_dir = config.data_dir.clone();
-    let (mut catalog, first_start) = catalog::Catalog::load(&data_dir, log_config)
+    let (mut catalog, first_start) = catalog::Catalog::load(&data_dir, log_config, writers)
         .map_err(|e| format!("cannot load the data directory {}: {e}", data_dir.display()))?;
     let clock: Box<dyn handler::Clock> = Box::new(handler::SystemClock);
     let generated_password = ensure_root_user(&mut catalog, &config, clock.now_us(), first_start)?;
@@ -182,6 +195,7 @@ async fn serve(config: config::Config) -> Result<(), String> {
     tracing::info!(%bound, data_dir = %data_dir.display(), "serving");
 
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let reporting = tokio::spawn(report_counters(global_counters.clone(), shutdown_rx.clone()));
     let serving = tokio::spawn(tcp::serve(server.clone(), listener, shutdown_rx));
     wait_for_stop_signal().await;
     tracing::info!("stop requested: finishing in-flight requests");
@@ -189,9 +203,40 @@ async fn serve(config: config::Config) -> Result<(), String> {
     if let Err(error) = serving.await {
         tracing::error!(%error, "the TCP shell ended abnormally");
     }
-    flush_all(&server);
+    let _ = reporting.await;
+    stop_partitions(&server).await;
+    tracing::info!("group commit totals: {}", global_counters.snapshot().summary());
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// Log the group-commit counters every [`COUNTERS_REPORT_INTERVAL`] in which there was
+/// traffic, until shutdown.
+async fn report_counters(
+    counters: Arc<writer::CommitCounters>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut ticks = tokio::time::interval(COUNTERS_REPORT_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick completes at once; start the window there.
+    ticks.tick().await;
+    let mut previous = counters.snapshot_window();
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let current = counters.snapshot_window();
+        let window = current.since(&previous);
+        if !window.is_idle() {
+            tracing::info!(
+                "group commit, last {}s: {}",
+                COUNTERS_REPORT_INTERVAL.as_secs(),
+                window.summary()
+            );
+        }
+        previous = current;
+    }
 }
 
 /// Create the root user on first start. Returns the generated password, if one was made.
@@ -245,21 +290,56 @@ async fn wait_for_stop_signal() {
     }
 }
 
-/// Make every partition's appended data stable before exiting.
-fn flush_all(server: &handler::Server) {
-    let catalog = match server.catalog.read() {
-        Ok(catalog) => catalog,
-        Err(poisoned) => poisoned.into_inner(),
+/// Clean stop of the partitions, after the TCP shell stopped taking requests: close every
+/// writer (each completes what it has queued first), then make every partition's data stable.
+async fn stop_partitions(server: &handler::Server) {
+    let partitions: Vec<Arc<catalog::Partition>> = {
+        let catalog = match server.catalog.read() {
+            Ok(catalog) => catalog,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        catalog
+            .streams
+            .values()
+            .flat_map(|stream| stream.topics.values())
+            .flat_map(|topic| topic.partitions.iter().cloned())
+            .collect()
     };
-    for stream in catalog.streams.values() {
-        for topic in stream.topics.values() {
-            for partition in &topic.partitions {
-                if let catalog::PartitionState::Serving(data) = &mut *catalog::lock(&partition.state)
-                    && let Err(error) = data.log.flush()
-                {
-                    tracing::error!(partition_dir = %partition.dir.display(), %error, "flush at stop failed");
-                }
+    for partition in &partitions {
+        if let Some(writer) = partition.take_writer() {
+            writer.close().await;
+        }
+    }
+    for partition in &partitions {
+        // Closing commits, then collapses the offset reservation so the next start continues
+        // without a gap. The partition stays `Closed`: nothing may write after this.
+        let state = std::mem::replace(
+            &mut *catalog::lock(&partition.state),
+            catalog::PartitionState::Closed,
+        );
+        if let catalog::PartitionState::Serving(data) = state {
+            let stopped = data.log.stopped_reason().map(str::to_string);
+            match (data.log.close(), stopped) {
+                (Ok(()), _) => {}
+                (Err(_), Some(reason)) => tracing::warn!(
+                    partition_dir = %partition.dir.display(),
+                    %reason,
+                    "partition stopped earlier; not closed cleanly (the next start treats it as an unclean stop)"
+                ),
+                (Err(error), None) => tracing::error!(
+                    partition_dir = %partition.dir.display(),
+                    %error,
+                    "closing the partition failed (the next start treats it as an unclean stop)"
+                ),
             }
+        }
+        let counters = partition.counters.snapshot();
+        if !counters.is_idle() {
+            tracing::info!(
+                partition_dir = %partition.dir.display(),
+                "group commit totals of the partition: {}",
+                counters.summary()
+            );
         }
     }
 }

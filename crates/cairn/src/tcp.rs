@@ -2,7 +2,9 @@
 //!
 //! One task per connection, lockstep like the 0.11 client: read one request frame, answer it,
 //! read the next. The frame size is checked against the limit from the header alone, before
-//! the body is read into memory. Handlers run on blocking threads (file IO, argon2).
+//! the body is read into memory. Handlers run on blocking threads (file IO, argon2); a send
+//! comes back prepared and is completed here, awaiting its partition's writer without holding
+//! a thread.
 //! A semaphore bounds connections; one shutdown signal stops the accept loop and every
 //! connection between frames.
 
@@ -161,7 +163,7 @@ impl Connection {
             (reply, session)
         })
         .await;
-        let (reply, session) = match joined {
+        let (handled, session) = match joined {
             Ok(pair) => pair,
             Err(error) => {
                 // A panic in a handler is a bug; this connection's session is lost with it.
@@ -171,6 +173,10 @@ impl Connection {
             }
         };
         self.session = Some(session);
+        let reply = match handled {
+            handler::Handled::Done(reply) => reply,
+            handler::Handled::Send(send) => send.complete().await,
+        };
         match reply {
             Ok(payload) => self.write_ok(&header, &payload).await?,
             Err(handler::INCOMPATIBLE_PROTOCOL_STATUS) => {

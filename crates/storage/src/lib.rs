@@ -6,12 +6,17 @@
 //! - [`record`]: the on-disk record envelope around each batch and the pure recovery scan that
 //!   decides where the valid data in a `.log` ends (no file calls).
 //! - [`index`]: the per-segment index (offset/timestamp -> file position).
+//! - [`state`]: the partition state file: durable frontier and offset reservation, published
+//!   in place in two alternating checksummed slots.
 //! - [`offsets`]: stored consumer offsets of one partition.
 //! - [`atomic_file`]: checksummed whole-file writes (temp + fsync + rename + dir fsync) for
 //!   metadata.
 //! - [`io`]: the only module that calls the filesystem: the [`io::Disk`] trait and its
 //!   `std::fs` implementation. `PartitionLog::open_on` / `ConsumerOffsets::open_on` take any
 //!   `Disk`, so tests can inject faults (failed barriers, lost unsynced writes).
+//! - [`sim_disk`]: an in-memory [`io::Disk`] that models power loss (unsynced writes lost or
+//!   torn, unsynced directory operations lost, failing barriers), for simulation tests here
+//!   and in the server.
 //!
 //! Architecture invariant: no sockets, no clocks (timestamps are passed in), no tokio.
 //! One writer per partition: `PartitionLog` takes `&mut self` for every write.
@@ -28,6 +33,8 @@ pub mod io;
 pub mod log;
 pub mod offsets;
 pub mod record;
+pub mod sim_disk;
+pub mod state;
 
 /// Storage failures. IO errors carry the path they happened on.
 #[derive(Debug, thiserror::Error)]

@@ -1,19 +1,22 @@
-//! One partition's log: record-framed batches in segment files, with open-time recovery.
+//! One partition's log: record-framed batches in segment files, with open-time recovery, a
+//! durable frontier and an offset reservation.
 //!
 //! # Directory layout
 //!
 //! ```text
 //! <dir>/00000000000000000000.log     records (see `record`), base offset 0
-//! <dir>/00000000000000000000.index   16-byte entries, one per record (see `index`)
+//! <dir>/00000000000000000000.index   16-byte entries, one per batch record (see `index`)
 //! <dir>/00000000000000001234.log     next segment: base offset 1234 = end of the previous one
 //! <dir>/00000000000000001234.index
+//! <dir>/state                        frontier + offset reservation (see `state`)
 //! <dir>/start.meta                   only after a purge (atomic file, see below)
 //! ```
 //!
 //! A segment is named by its base offset, 20 zero-padded digits, so names sort in offset
 //! order. Only the last segment is written to (the *active* segment); it may be empty (a fresh
-//! log, right after a rotation or a purge), and an empty segment named `N` alone means "no
-//! retained messages, the next offset is N".
+//! log, right after a rotation, a gap or a purge), and an empty segment named `N` alone means
+//! "no retained messages, the next offset is N". A segment may end with a gap record (see
+//! `record`): then the next segment starts at the gap's target instead of the segment's end.
 //!
 //! `start.meta` (written with [`crate::atomic_file`], 24 bytes of contents: `start_offset u64`,
 //! `parent_checksum u64`, `next_op u64`, little-endian) records where the retained log begins
@@ -22,17 +25,57 @@
 //! record must continue the stored chain. Without it the log begins at offset 0 with the
 //! genesis chain (parent 0, op 1).
 //!
+//! # Offsets: the three counters
+//!
+//! | Name (accessor)                       | Meaning |
+//! |---------------------------------------|---------|
+//! | append counter ([`PartitionLog::next_offset`]) | the offset the next `append` mints; data below it is written to the OS |
+//! | durable frontier ([`PartitionLog::durable_next_offset`]) | data below it is on stable storage and published in `state` |
+//! | visible end ([`PartitionLog::visible_next_offset`]) | what polls may see: the frontier in durable modes, the counter in [`SyncMode::Os`] |
+//!
+//! Invariants: `durable ≤ visible ≤ counter ≤ offset_reserved` (the reservation of `state`).
+//! In durable modes a poll never returns data that a crash could take back and re-mint.
+//!
+//! # Commit (group commit)
+//!
+//! In [`SyncMode::GroupCommit`] `append` writes a record with no barrier. [`PartitionLog::commit`]
+//! then issues one fdatasync of the active `.log` covering every append so far, and publishes
+//! the frontier in place (one slot write + fdatasync of `state`); only after it returns `Ok`
+//! may the caller acknowledge those appends. Neither path creates, renames or removes a file,
+//! nor syncs a directory; that belongs to rotation and open. A failed barrier stops the log:
+//! nothing it covered is reported durable, and every later write fails until the log is
+//! reopened (durability contract, guarantee 8).
+//!
+//! # Offset reservation (durability contract, guarantee 2)
+//!
+//! Before a record whose offsets reach `offset_reserved` is written, `append` raises the
+//! reservation durably to the record's end plus [`LogConfig::offset_lease_block_count`]. So no
+//! offset at or above the durable ceiling ever exists, in any file or reply. After an unclean
+//! stop, minting resumes at `max(recovered end, offset_reserved, boot_floor)`; if that is
+//! above the recovered end, a gap record seals the last segment and a new segment starts at
+//! it (guarantee 5). Then the log *arms*: it publishes `clean_stop = false`,
+//! `boot_floor = next` before accepting writes. [`PartitionLog::close`] (a clean stop) commits,
+//! then collapses the reservation to `max(counter, boot_floor, frontier)` with
+//! `clean_stop = true`, so a clean restart leaves no gap.
+//!
 //! # Recovery (open)
 //!
-//! 1. Read only: list the directory, read `start.meta`, read and [`record::scan`] every
-//!    retained segment in order, checking that segment N+1 starts where segment N ends and that
-//!    its first record continues N's checksum chain. Only the last segment may end in a torn
-//!    tail; a torn tail anywhere else, any damage, a missing first segment, an orphan `.index`
-//!    or an empty segment before the last refuses the open with [`StorageError::Damaged`] before
-//!    a single byte is changed.
+//! 1. Read only: list the directory, read `start.meta` and `state` (the valid slot with the
+//!    highest sequence; neither valid is damage), read and [`record::scan_from`] every
+//!    retained segment in order, checking that segment N+1 starts where segment N's chain ends
+//!    (its end offset, or its gap's target) and that its first record continues N's checksum
+//!    chain. In the segment holding the frontier, everything below the frontier must verify
+//!    and end exactly at the frontier's chain; a frontier beyond the recovered log is damage.
+//!    Only the last segment may end in a torn tail (above the frontier); a torn tail anywhere
+//!    else, any damage, a missing first segment, an orphan `.index` or an empty segment before
+//!    the last refuses the open with [`StorageError::Damaged`] before a single byte is changed.
 //! 2. Write: finish an interrupted purge, truncate the last segment's torn tail (and sync it),
 //!    rebuild every `.index` that differs from what the verified log implies (staging file,
 //!    fsync, rename), remove stale staging files, then sync the directory.
+//! 3. Re-stabilize: rewrite the last segment's bytes above the stored frontier and fdatasync
+//!    them. After a failed fdatasync the kernel may keep pages that read back fine but were
+//!    marked clean and never reach the disk; a bare barrier would bless them.
+//! 4. Gap (after an unclean stop, if the reservation is above the recovered end), then arm.
 //!
 //! Only then does the log accept writes, positioned at the recovered length (a writer never
 //! trusts a raw file length).
@@ -40,31 +83,49 @@
 //! # Appends
 //!
 //! One record = one positional write of header + batch into the active `.log`, then the index
-//! entry, then (in [`SyncMode::EveryAppend`]) an fdatasync of the `.log` (the index may lag; it
-//! is rebuilt at open). A segment is sealed (fdatasync'ed) before the next one is created, so a
-//! torn write can only ever be at the end of the last segment.
-//!
-//! A failed data barrier stops the log: nothing it covered is reported appended, and every later
-//! write fails until the log is reopened (durability contract, guarantee 8).
+//! entry (the index may lag; it is rebuilt at open). A segment is sealed (fdatasync'ed) before
+//! the next one is created, so a torn write can only ever be at the end of the last segment.
 
 use crate::StorageError;
 use crate::atomic_file;
 use crate::index::{self, INDEX_ENTRY_SIZE, IndexEntry, SegmentIndex};
 use crate::io::{Disk, RealDisk, WriteFile, parent_dir};
-use crate::record::{self, BATCH_BYTES_MAX, Chain, RECORD_HEADER_SIZE, RecordHeader, Tail};
+use crate::record::{
+    self, BATCH_BYTES_MAX, Chain, GAP_BODY_SIZE, RECORD_HEADER_SIZE, RecordHeader, RecordKind, Tail,
+};
+use crate::state::{self, Frontier, PartitionState, STATE_FILE_NAME, STATE_FILE_SIZE_BYTES, StateFile};
 use cairn_wire::batch;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// How appends reach stable storage.
+/// How appends reach stable storage, and what readers may see.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncMode {
-    /// fdatasync after every append, before `append` returns.
+    /// Durable, one barrier per append: `append` commits (fdatasync + frontier) before it
+    /// returns. Reads see committed data only (= everything appended).
     EveryAppend,
-    /// Leave it to the OS (and to explicit `flush` calls).
+    /// Durable, group commit (the server's `durable` mode): `append` writes without a barrier;
+    /// [`PartitionLog::commit`] makes every append so far durable with one data barrier and
+    /// publishes the frontier. Reads see committed data only.
+    GroupCommit,
+    /// Relaxed: leave it to the OS (and to explicit `commit`/`flush` calls). Reads see data as
+    /// soon as it is appended.
     Os,
 }
+
+impl SyncMode {
+    /// Whether reads are bounded by the durable frontier (and ACKs must wait for `commit`).
+    pub fn is_durable(self) -> bool {
+        match self {
+            SyncMode::EveryAppend | SyncMode::GroupCommit => true,
+            SyncMode::Os => false,
+        }
+    }
+}
+
+/// Default of [`LogConfig::offset_lease_block_count`].
+pub const OFFSET_LEASE_BLOCK_COUNT_DEFAULT: u64 = 65_536;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogConfig {
@@ -72,14 +133,40 @@ pub struct LogConfig {
     /// Must be <= u32::MAX (index positions are u32).
     pub segment_size_bytes: u64,
     pub sync: SyncMode,
+    /// How far past the append counter the durable offset reservation is raised when an append
+    /// reaches it (one `state` publish per block). Larger blocks mean fewer publishes and a
+    /// larger offset gap after an unclean stop.
+    /// Default [`OFFSET_LEASE_BLOCK_COUNT_DEFAULT`].
+    pub offset_lease_block_count: u64,
 }
 
-/// Summary numbers for replies and stats.
+impl LogConfig {
+    /// A configuration with the default offset lease block.
+    pub fn new(segment_size_bytes: u64, sync: SyncMode) -> LogConfig {
+        LogConfig {
+            segment_size_bytes,
+            sync,
+            offset_lease_block_count: OFFSET_LEASE_BLOCK_COUNT_DEFAULT,
+        }
+    }
+}
+
+/// Summary numbers for replies and stats (visible data only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LogStats {
     pub segments_count: u32,
     pub messages_count: u64,
     pub size_bytes: u64,
+}
+
+/// What a [`PartitionLog::commit`] made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitInfo {
+    /// Every message below this offset is on stable storage (the published frontier); every
+    /// append that returned before the commit is below it.
+    pub durable_next_offset: u64,
+    /// fdatasync calls issued: 0 (nothing new), or 2 (the `.log` data, then the `state` slot).
+    pub barriers: u32,
 }
 
 /// Name of the purge marker (see the module doc).
@@ -111,6 +198,8 @@ pub enum EntryName {
     Start,
     /// A `start.meta` write that did not reach its rename.
     StartStaging,
+    /// The partition state file.
+    State,
     Other,
 }
 
@@ -118,6 +207,9 @@ pub enum EntryName {
 pub fn parse_entry_name(name: &str) -> EntryName {
     if name == START_FILE_NAME {
         return EntryName::Start;
+    }
+    if name == STATE_FILE_NAME {
+        return EntryName::State;
     }
     if name.strip_suffix(".tmp") == Some(START_FILE_NAME) {
         return EntryName::StartStaging;
@@ -156,16 +248,26 @@ pub fn rotation_needed(
         || segment_messages_count > u64::from(u32::MAX)
 }
 
-/// One segment's in-memory state.
+/// One segment's in-memory state. (Crate-visible so that `check` can report a recovery plan.)
 #[derive(Debug)]
-struct Segment {
-    base_offset: u64,
-    /// Invariant: `end_offset = base_offset + Σ message_count` of its records.
-    end_offset: u64,
+pub(crate) struct Segment {
+    pub(crate) base_offset: u64,
+    /// Invariant: `end_offset = base_offset + Σ message_count` of its batch records.
+    pub(crate) end_offset: u64,
     /// Invariant: the recovered/written length of the `.log`; every byte below it verified.
-    size_bytes: u64,
-    /// Invariant: one entry per record, in order.
-    index: SegmentIndex,
+    pub(crate) size_bytes: u64,
+    /// Invariant: one entry per batch record, in order.
+    pub(crate) index: SegmentIndex,
+    /// The gap record sealing this segment, if any. Invariant: only a non-active segment has
+    /// one, and it is the last record (`position_bytes + size = size_bytes`).
+    pub(crate) gap: Option<SegmentGap>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SegmentGap {
+    pub(crate) position_bytes: u64,
+    /// The next segment's base offset.
+    pub(crate) next_offset: u64,
 }
 
 impl Segment {
@@ -175,7 +277,18 @@ impl Segment {
             end_offset: base_offset,
             size_bytes: 0,
             index: SegmentIndex::default(),
+            gap: None,
         }
+    }
+
+    /// End of the last batch record (where a gap record, if any, starts).
+    fn batches_end_bytes(&self) -> u64 {
+        self.gap.map_or(self.size_bytes, |gap| gap.position_bytes)
+    }
+
+    /// Base offset of the segment that follows this one.
+    fn next_base_offset(&self) -> u64 {
+        self.gap.map_or(self.end_offset, |gap| gap.next_offset)
     }
 }
 
@@ -187,6 +300,9 @@ struct ActiveFiles {
     /// False after an index write failed: later entries are not written (the file would have
     /// a hole); the index is rebuilt from the log at the next open.
     index_writable: bool,
+    /// Invariant: `≤` the active segment's `size_bytes`; bytes below it were covered by a
+    /// successful fdatasync of `log`.
+    synced_len_bytes: u64,
 }
 
 #[derive(Debug)]
@@ -195,13 +311,21 @@ pub struct PartitionLog {
     dir: PathBuf,
     partition_id: u32,
     config: LogConfig,
-    /// Invariants: non-empty; `segments[i + 1].base_offset == segments[i].end_offset`; only the
-    /// last segment may be empty; the last one is the active segment.
+    /// Invariants: non-empty; `segments[i + 1].base_offset == segments[i].next_base_offset()`;
+    /// every segment but the last holds at least one record (batch or gap); only the last one
+    /// is written (the active segment) and it has no gap.
     segments: Vec<Segment>,
     active: ActiveFiles,
-    /// Invariants: `chain.next_offset == segments.last().end_offset`; `chain.partition_id ==
-    /// partition_id`; `chain.parent_checksum` = checksum of the last record written.
+    /// The append counter. Invariants: `chain.next_offset == segments.last().end_offset`;
+    /// `chain.partition_id == partition_id`; `chain.parent_checksum` = checksum of the last
+    /// record written.
     chain: Chain,
+    /// The last state durably published. Invariants (while not stopped):
+    /// `state.frontier.next_offset() ≤ chain.next_offset ≤ state.offset_reserved`;
+    /// `state.boot_floor ≤ chain.next_offset`; the frontier lies in a retained segment, at a
+    /// record boundary below which everything was covered by a successful barrier;
+    /// `state.clean_stop == false`.
+    state: StateFile,
     /// Invariant: >= every stored record's timestamp (append timestamps are clamped to it so
     /// that timestamp lookups can binary-search).
     last_timestamp_us: u64,
@@ -218,8 +342,9 @@ impl PartitionLog {
         PartitionLog::create_on(Arc::new(RealDisk), dir, partition_id, config)
     }
 
-    /// Open an existing log: recover (truncate a torn tail, rebuild a missing or torn index),
-    /// or fail with `Damaged` leaving files untouched.
+    /// Open an existing log: recover (truncate a torn tail, rebuild a missing or torn index,
+    /// skip to the offset reservation after an unclean stop), or fail with `Damaged` leaving
+    /// files untouched.
     pub fn open(dir: &Path, partition_id: u32, config: LogConfig) -> Result<PartitionLog, StorageError> {
         PartitionLog::open_on(Arc::new(RealDisk), dir, partition_id, config)
     }
@@ -241,7 +366,15 @@ impl PartitionLog {
                 )));
             }
         }
+        // Segment first, state second: a directory holding a state file always holds the
+        // segment files that state describes (creation order = durable order for a journaled
+        // directory).
         let active = create_segment_files(disk.as_ref(), dir, 0)?;
+        let state = StateFile::create(
+            disk.as_ref(),
+            &dir.join(STATE_FILE_NAME),
+            PartitionState::initial(partition_id),
+        )?;
         disk.sync_dir(dir)?;
         // The partition directory itself may be new: make its entry durable too.
         disk.sync_dir(parent_dir(dir))?;
@@ -253,11 +386,12 @@ impl PartitionLog {
             segments: vec![Segment::empty(0)],
             active,
             chain: Chain::genesis(partition_id),
+            state,
             last_timestamp_us: 0,
             stopped: None,
             record_buffer: Vec::new(),
         };
-        debug_assert!(log.check_invariants());
+        log.assert_invariants();
         Ok(log)
     }
 
@@ -275,11 +409,12 @@ impl PartitionLog {
             .segments
             .last()
             .map(|segment| segment.base_offset)
-            .unwrap_or(plan.chain.next_offset);
-        let active = ActiveFiles {
+            .expect("recovery yields at least one segment");
+        let mut active = ActiveFiles {
             log: disk.open_write(&dir.join(segment_log_name(active_base)))?,
             index: disk.open_write(&dir.join(segment_index_name(active_base)))?,
             index_writable: true,
+            synced_len_bytes: 0,
         };
         let last_timestamp_us = plan
             .segments
@@ -287,7 +422,32 @@ impl PartitionLog {
             .rev()
             .find_map(|segment| segment.index.entries().last())
             .map_or(0, |entry| entry.timestamp_us);
-        let log = PartitionLog {
+        let loaded = plan.state;
+        let state = StateFile::open(disk.as_ref(), &dir.join(STATE_FILE_NAME), loaded)?;
+
+        // Re-stabilize what lies above the stored frontier in the active segment: rewrite it,
+        // then one barrier (see the module doc, recovery step 3).
+        let active_segment = plan
+            .segments
+            .last()
+            .expect("recovery yields at least one segment");
+        let unsynced_from_bytes = if loaded.frontier.segment_base_offset == active_base {
+            loaded.frontier.segment_len_bytes.min(active_segment.size_bytes)
+        } else {
+            0
+        };
+        rewrite_range(
+            disk.as_ref(),
+            dir,
+            active.log.as_mut(),
+            active_base,
+            unsynced_from_bytes,
+            active_segment.size_bytes,
+        )?;
+        active.log.sync_data()?;
+        active.synced_len_bytes = active_segment.size_bytes;
+
+        let mut log = PartitionLog {
             disk,
             dir: dir.to_path_buf(),
             partition_id,
@@ -295,24 +455,42 @@ impl PartitionLog {
             segments: plan.segments,
             active,
             chain: plan.chain,
+            state,
             last_timestamp_us,
             stopped: None,
             record_buffer: Vec::new(),
         };
-        if !log.check_invariants() {
-            // Recovery only builds verified state; failing here is a bug, not bad data.
-            panic!(
-                "partition log {} violates its invariants after recovery",
-                dir.display()
+        let recovered_end_offset = log.chain.next_offset;
+        let next_offset = next_offset_after_open(recovered_end_offset, &loaded);
+        if !loaded.clean_stop {
+            tracing::info!(
+                dir = %log.dir.display(),
+                recovered_end_offset,
+                offset_reserved = loaded.offset_reserved,
+                boot_floor = loaded.boot_floor,
+                next_offset,
+                "partition log was not stopped cleanly; minting resumes at the reservation"
             );
         }
+        if next_offset > recovered_end_offset {
+            log.seal_with_gap(next_offset)?;
+        }
+        debug_assert_eq!(log.chain.next_offset, next_offset);
+        log.arm()?;
+        log.assert_invariants();
         Ok(log)
     }
 
     /// Append one validated client batch (256-byte header + frames): assigns the next
     /// offsets, stamps partition id, base offset and `timestamp_us` (recomputing the batch
-    /// checksum via `cairn_wire::batch::stamp`), writes it, syncs per `SyncMode`, rotates
-    /// the segment when full. Returns the base offset.
+    /// checksum via `cairn_wire::batch::stamp`), writes it, rotates the segment when full.
+    /// Returns the base offset.
+    ///
+    /// Durability per [`SyncMode`]: in `GroupCommit` the record is written with no barrier and
+    /// is neither durable nor visible to reads until [`PartitionLog::commit`] returns `Ok`; in
+    /// `EveryAppend` it is committed before `append` returns; in `Os` it is visible at once.
+    /// If the record's offsets reach the durable offset reservation, the reservation is raised
+    /// (one `state` publish) before the record is written.
     ///
     /// `timestamp_us` is raised to the last stored timestamp if it is lower, so timestamps
     /// never go backwards within a partition (a clock step back must not break lookups).
@@ -337,14 +515,9 @@ impl PartitionLog {
         if message_count == 0 {
             return Err(StorageError::Invalid("batch holds no messages".into()));
         }
-        if self
-            .chain
-            .next_offset
-            .checked_add(u64::from(message_count))
-            .is_none()
-        {
+        let Some(end_offset) = self.chain.next_offset.checked_add(u64::from(message_count)) else {
             return Err(StorageError::Invalid("offsets exhausted".into()));
-        }
+        };
         let timestamp_us = timestamp_us.max(self.last_timestamp_us);
         let record_size_bytes = RECORD_HEADER_SIZE as u64 + batch.len() as u64;
 
@@ -357,10 +530,16 @@ impl PartitionLog {
         ) {
             self.rotate()?;
         }
+        // Offsets in [next_offset, end_offset) are about to exist in a file: the durable
+        // ceiling must lie above them first (guarantee 2).
+        if end_offset > self.state.current().offset_reserved {
+            self.raise_reservation(end_offset)?;
+        }
 
         let base_offset = self.chain.next_offset;
         batch::stamp(batch, u64::from(self.partition_id), base_offset, timestamp_us);
         let mut header = RecordHeader {
+            kind: RecordKind::Batch,
             checksum: 0,
             parent_checksum: self.chain.parent_checksum,
             op: self.chain.next_op,
@@ -407,6 +586,7 @@ impl PartitionLog {
         if self.config.sync == SyncMode::EveryAppend
             && let Err(error) = self.active.log.sync_data()
         {
+            // Nothing the failed barrier covered counts as appended.
             self.stop(format!("fdatasync failed: {error}"));
             return Err(error);
         }
@@ -414,26 +594,94 @@ impl PartitionLog {
         let segment = self.segments.last_mut().expect("invariant: at least one segment");
         segment.index.push(entry);
         segment.size_bytes += record_size_bytes;
-        segment.end_offset += u64::from(message_count);
+        segment.end_offset = end_offset;
         self.chain = self.chain.advance(&header);
         self.last_timestamp_us = timestamp_us;
         debug_assert_eq!(self.chain.next_offset, segment.end_offset);
+        if self.config.sync == SyncMode::EveryAppend {
+            self.active.synced_len_bytes = segment.size_bytes;
+            self.commit()?;
+        }
+        // O(1) checks only on the append path (the full check is O(records)).
+        debug_assert!(self.chain.next_offset <= self.state.current().offset_reserved);
+        debug_assert!(self.state.current().frontier.next_offset() <= self.chain.next_offset);
         Ok(base_offset)
     }
 
-    /// Make everything appended so far stable (fdatasync).
-    pub fn flush(&mut self) -> Result<(), StorageError> {
+    /// Make every append so far durable and visible: one fdatasync of the active `.log` (earlier
+    /// segments were sealed by rotation), then publish the frontier in place (one slot write +
+    /// fdatasync of `state`). No file is created, renamed or removed and no directory synced.
+    ///
+    /// Only after `Ok` may the caller acknowledge the appends made before the call. On `Err`
+    /// nothing new is durable as far as the caller may assume, the log is stopped (every later
+    /// write fails; reopen to recover) and the barrier is never retried on the same descriptor.
+    pub fn commit(&mut self) -> Result<CommitInfo, StorageError> {
         self.check_not_stopped()?;
-        if let Err(error) = self.active.log.sync_data() {
-            self.stop(format!("fdatasync failed: {error}"));
-            return Err(error);
+        let frontier_before = self.state.current().frontier;
+        if frontier_before.chain == self.chain {
+            return Ok(CommitInfo {
+                durable_next_offset: frontier_before.next_offset(),
+                barriers: 0,
+            });
         }
-        Ok(())
+        let active_size_bytes = self.active_segment().size_bytes;
+        let mut barriers = 0u32;
+        if self.active.synced_len_bytes < active_size_bytes {
+            barriers += 1;
+            if let Err(error) = self.active.log.sync_data() {
+                self.stop(format!("fdatasync failed: {error}"));
+                return Err(error);
+            }
+            self.active.synced_len_bytes = active_size_bytes;
+        }
+        let frontier = Frontier {
+            segment_base_offset: self.active_segment().base_offset,
+            segment_len_bytes: active_size_bytes,
+            chain: self.chain,
+        };
+        barriers += 1;
+        self.publish(PartitionState {
+            frontier,
+            ..*self.state.current()
+        })?;
+        debug_assert_eq!(self.durable_next_offset(), self.chain.next_offset);
+        debug_assert!(self.active.synced_len_bytes == self.active_segment().size_bytes);
+        Ok(CommitInfo {
+            durable_next_offset: frontier.next_offset(),
+            barriers,
+        })
     }
 
-    /// Append to `out` the client-format batches holding messages with offset >= `from_offset`,
-    /// at most `max_messages` in all (sub-ranges via `cairn_wire::batch::slice_into`).
-    /// Returns the number of messages appended.
+    /// [`PartitionLog::commit`], discarding what it reports.
+    pub fn flush(&mut self) -> Result<(), StorageError> {
+        self.commit().map(|_| ())
+    }
+
+    /// Stop cleanly: a final commit, then collapse the offset reservation to the highest of
+    /// the append counter, the armed boot floor and the stored frontier, marked
+    /// `clean_stop = true`. A log reopened after `close` continues at exactly its counter (no
+    /// gap). On `Err` the stop counts as unclean (the next open skips to the reservation).
+    pub fn close(mut self) -> Result<(), StorageError> {
+        self.commit()?;
+        let current = *self.state.current();
+        let ceiling = self
+            .chain
+            .next_offset
+            .max(current.boot_floor)
+            .max(current.frontier.next_offset());
+        debug_assert_eq!(current.frontier.chain, self.chain);
+        debug_assert!(ceiling <= current.offset_reserved);
+        self.publish(PartitionState {
+            offset_reserved: ceiling,
+            clean_stop: true,
+            ..current
+        })
+    }
+
+    /// Append to `out` the client-format batches holding messages with offset >= `from_offset`
+    /// and below [`PartitionLog::visible_next_offset`], at most `max_messages` in all
+    /// (sub-ranges via `cairn_wire::batch::slice_into`). Returns the number of messages
+    /// appended.
     ///
     /// Each record read is verified again (checksum, offset, partition); a mismatch is
     /// `Damaged`.
@@ -441,8 +689,9 @@ impl PartitionLog {
         let Some(first_offset) = self.first_offset() else {
             return Ok(0);
         };
+        let visible_end_offset = self.visible_next_offset();
         let start_offset = from_offset.max(first_offset);
-        if max_messages == 0 || start_offset >= self.chain.next_offset {
+        if max_messages == 0 || start_offset >= visible_end_offset {
             return Ok(0);
         }
         let mut remaining = max_messages;
@@ -451,8 +700,8 @@ impl PartitionLog {
             .partition_point(|segment| segment.base_offset <= start_offset)
             .saturating_sub(1);
         let mut record_bytes = Vec::new();
-        for segment in &self.segments[first_segment..] {
-            if remaining == 0 {
+        'segments: for segment in &self.segments[first_segment..] {
+            if remaining == 0 || segment.base_offset >= visible_end_offset {
                 break;
             }
             let Some(first_entry) = segment
@@ -465,14 +714,18 @@ impl PartitionLog {
             let file = self.disk.open_read(&path)?;
             let entries = segment.index.entries();
             for (entry_index, entry) in entries.iter().enumerate().skip(first_entry) {
+                let expected_offset = segment.base_offset + u64::from(entry.offset_delta);
+                // The frontier lies on a record boundary: a record is visible as a whole.
+                if expected_offset >= visible_end_offset {
+                    break 'segments;
+                }
                 let position_bytes = u64::from(entry.position_bytes);
                 let end_bytes = entries
                     .get(entry_index + 1)
-                    .map_or(segment.size_bytes, |next| u64::from(next.position_bytes));
+                    .map_or(segment.batches_end_bytes(), |next| u64::from(next.position_bytes));
                 debug_assert!(end_bytes > position_bytes);
                 record_bytes.resize((end_bytes - position_bytes) as usize, 0);
                 file.read_exact_at(position_bytes, &mut record_bytes)?;
-                let expected_offset = segment.base_offset + u64::from(entry.offset_delta);
                 self.verify_stored(&record_bytes, expected_offset)
                     .map_err(|reason| StorageError::Damaged {
                         path: path.clone(),
@@ -491,8 +744,10 @@ impl PartitionLog {
         Ok(max_messages - remaining)
     }
 
-    /// The offset of the first message whose append timestamp >= `timestamp_us`, if any.
+    /// The offset of the first visible message whose append timestamp >= `timestamp_us`, if
+    /// any.
     pub fn offset_at_timestamp(&self, timestamp_us: u64) -> Result<Option<u64>, StorageError> {
+        let visible_end_offset = self.visible_next_offset();
         // Timestamps are non-decreasing across the whole log, so the first segment whose last
         // record reaches `timestamp_us` holds the answer.
         for segment in &self.segments {
@@ -506,12 +761,13 @@ impl PartitionLog {
                 segment.base_offset + u64::from(segment.index.entries()[entry_index].offset_delta)
             });
             debug_assert!(found.is_some());
-            return Ok(found);
+            return Ok(found.filter(|&offset| offset < visible_end_offset));
         }
         Ok(None)
     }
 
-    /// The oldest retained offset, or None if no message is retained.
+    /// The oldest retained offset, or None if no message is retained. (May be at or above
+    /// [`PartitionLog::visible_next_offset`] in durable modes before the first commit.)
     pub fn first_offset(&self) -> Option<u64> {
         self.segments
             .iter()
@@ -519,17 +775,58 @@ impl PartitionLog {
             .map(|segment| segment.base_offset)
     }
 
-    /// The offset the next appended message will get.
+    /// The offset of the newest message polls may see, or None if none is visible. Below
+    /// [`PartitionLog::visible_next_offset`] by more than one when a gap (an unclean stop's
+    /// skipped reservation) follows the last message: gap offsets hold no message.
+    pub fn last_offset(&self) -> Option<u64> {
+        let visible_end_offset = self.visible_next_offset();
+        self.segments.iter().rev().find_map(|segment| {
+            let end_offset = segment.end_offset.min(visible_end_offset);
+            (!segment.index.is_empty() && end_offset > segment.base_offset).then(|| end_offset - 1)
+        })
+    }
+
+    /// The append counter: the offset the next appended message will get. Not a bound for
+    /// polls in durable modes; use [`PartitionLog::visible_next_offset`] for those.
     pub fn next_offset(&self) -> u64 {
         self.chain.next_offset
     }
 
+    /// The end of what polls may see (the `current_offset` of replies is this minus one): the
+    /// durable frontier in durable modes, the append counter in [`SyncMode::Os`].
+    pub fn visible_next_offset(&self) -> u64 {
+        if self.config.sync.is_durable() {
+            self.durable_next_offset()
+        } else {
+            self.chain.next_offset
+        }
+    }
+
+    /// The published durable frontier: every message below it is on stable storage.
+    pub fn durable_next_offset(&self) -> u64 {
+        self.state.current().frontier.next_offset()
+    }
+
+    /// The durable offset reservation: no offset at or above it has been minted.
+    pub fn offset_reserved(&self) -> u64 {
+        self.state.current().offset_reserved
+    }
+
+    /// Segment count and the size of every `.log`, and the count of visible messages.
     pub fn stats(&self) -> LogStats {
+        let visible_end_offset = self.visible_next_offset();
         LogStats {
             segments_count: u32::try_from(self.segments.len()).unwrap_or(u32::MAX),
             messages_count: self
-                .first_offset()
-                .map_or(0, |first| self.chain.next_offset - first),
+                .segments
+                .iter()
+                .map(|segment| {
+                    segment
+                        .end_offset
+                        .min(visible_end_offset)
+                        .saturating_sub(segment.base_offset)
+                })
+                .sum(),
             size_bytes: self.segments.iter().map(|segment| segment.size_bytes).sum(),
         }
     }
@@ -538,8 +835,9 @@ impl PartitionLog {
     /// an offset).
     ///
     /// Order: first `start.meta` durably says "everything below next_offset is purged", then
-    /// the new empty segment is created, then the old segments are deleted. A crash anywhere
-    /// is finished by the next open, and purged data never comes back.
+    /// the new empty segment is created, then the old segments are deleted, then the frontier
+    /// moves to the new segment. A crash anywhere is finished by the next open, and purged data
+    /// never comes back.
     pub fn purge(&mut self) -> Result<(), StorageError> {
         self.check_not_stopped()?;
         let start = self.chain;
@@ -554,17 +852,27 @@ impl PartitionLog {
             self.stop(format!("purge interrupted: {error}"));
             return Err(error);
         }
+        self.publish(PartitionState {
+            frontier: Frontier {
+                segment_base_offset: start.next_offset,
+                segment_len_bytes: 0,
+                chain: start,
+            },
+            ..*self.state.current()
+        })?;
         debug_assert!(self.check_invariants());
         Ok(())
     }
 
     fn purge_after_marker(&mut self, start: Chain) -> Result<(), StorageError> {
         let active = self.active_segment();
-        let reuse_active = active.base_offset == start.next_offset && active.index.is_empty();
+        let reuse_active = active.base_offset == start.next_offset && active.size_bytes == 0;
         if !reuse_active {
-            self.active = create_segment_files(self.disk.as_ref(), &self.dir, start.next_offset)?;
-            self.segments.push(Segment::empty(start.next_offset));
+            let mut active = create_segment_files(self.disk.as_ref(), &self.dir, start.next_offset)?;
             self.disk.sync_dir(&self.dir)?;
+            active.synced_len_bytes = 0;
+            self.active = active;
+            self.segments.push(Segment::empty(start.next_offset));
         }
         let purged: Vec<u64> = self
             .segments
@@ -591,6 +899,10 @@ impl PartitionLog {
         self.partition_id
     }
 
+    pub fn config(&self) -> &LogConfig {
+        &self.config
+    }
+
     /// Why the log refuses writes, if it does (after a failed barrier; reopen to recover).
     pub fn stopped_reason(&self) -> Option<&str> {
         self.stopped.as_deref()
@@ -602,23 +914,138 @@ impl PartitionLog {
             return false;
         };
         let segments_ok = self.segments.windows(2).all(|pair| {
-            pair[1].base_offset == pair[0].end_offset && !pair[0].index.is_empty() && pair[0].size_bytes > 0
+            pair[1].base_offset == pair[0].next_base_offset()
+                && (!pair[0].index.is_empty() || pair[0].gap.is_some())
+                && pair[0].size_bytes > 0
         });
         let each_ok = self.segments.iter().all(|segment| {
             segment.index.check_invariants()
-                && segment.index.is_empty() == (segment.size_bytes == 0)
+                && segment.index.is_empty() == (segment.batches_end_bytes() == 0)
                 && segment.index.is_empty() == (segment.end_offset == segment.base_offset)
                 && segment.end_offset >= segment.base_offset
+                && segment.batches_end_bytes() <= segment.size_bytes
+                && segment.gap.is_none_or(|gap| gap.next_offset > segment.end_offset)
         });
+        let state = self.state.current();
+        let counters_ok = state.frontier.next_offset() <= self.chain.next_offset
+            && self.chain.next_offset <= state.offset_reserved
+            && state.boot_floor <= self.chain.next_offset
+            && !state.clean_stop
+            && self
+                .segments
+                .iter()
+                .any(|segment| segment.base_offset == state.frontier.segment_base_offset)
+            && self.active.synced_len_bytes <= last.size_bytes;
         segments_ok
             && each_ok
+            && counters_ok
+            && last.gap.is_none()
             && self.chain.next_offset == last.end_offset
             && self.chain.partition_id == self.partition_id
             && self.chain.next_op >= 1
     }
 
+    fn assert_invariants(&self) {
+        if !self.check_invariants() {
+            // Creation and recovery only build verified state; failing here is a bug, not bad
+            // data.
+            panic!(
+                "partition log {} violates its invariants: {:?}",
+                self.dir.display(),
+                self.state.current()
+            );
+        }
+    }
+
     fn active_segment(&self) -> &Segment {
         self.segments.last().expect("invariant: at least one segment")
+    }
+
+    /// Publish a new state (one slot write + fdatasync); a failure stops the log.
+    fn publish(&mut self, next: PartitionState) -> Result<(), StorageError> {
+        if let Err(error) = self.state.publish(next) {
+            self.stop(format!("state publish failed: {error}"));
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    /// Raise the durable reservation above `end_offset` by a lease block.
+    fn raise_reservation(&mut self, end_offset: u64) -> Result<(), StorageError> {
+        let current = *self.state.current();
+        debug_assert!(end_offset > current.offset_reserved);
+        let offset_reserved = end_offset.saturating_add(self.config.offset_lease_block_count);
+        self.publish(PartitionState {
+            offset_reserved,
+            ..current
+        })
+    }
+
+    /// At open, after an unclean stop: seal the active segment with a gap record jumping to
+    /// `next_offset`, make it durable, and start a new segment there.
+    fn seal_with_gap(&mut self, next_offset: u64) -> Result<(), StorageError> {
+        let previous_end_offset = self.chain.next_offset;
+        assert!(next_offset > previous_end_offset);
+        let body = record::gap_body(previous_end_offset);
+        let mut header = RecordHeader {
+            kind: RecordKind::Gap,
+            checksum: 0,
+            parent_checksum: self.chain.parent_checksum,
+            op: self.chain.next_op,
+            view: 0,
+            partition_id: self.partition_id,
+            base_offset: next_offset,
+            message_count: 0,
+            batch_length_bytes: GAP_BODY_SIZE as u32,
+            timestamp_us: self.last_timestamp_us,
+        };
+        let header_bytes = header.seal(&body);
+        let mut record_bytes = Vec::with_capacity(RECORD_HEADER_SIZE + GAP_BODY_SIZE);
+        record_bytes.extend_from_slice(&header_bytes);
+        record_bytes.extend_from_slice(&body);
+        debug_assert_eq!(record::verify(&record_bytes, &self.chain), Ok(header));
+        tracing::info!(
+            dir = %self.dir.display(),
+            previous_end_offset,
+            next_offset,
+            "recording an offset gap after an unclean stop"
+        );
+        let position_bytes = self.active_segment().size_bytes;
+        // The gap must be durable before a segment at `next_offset` exists: otherwise a crash
+        // could leave that segment with nothing explaining its base (a lost segment).
+        self.active.log.write_all_at(position_bytes, &record_bytes)?;
+        self.active.log.sync_data()?;
+        let segment = self.segments.last_mut().expect("invariant: at least one segment");
+        segment.size_bytes += record_bytes.len() as u64;
+        segment.gap = Some(SegmentGap {
+            position_bytes,
+            next_offset,
+        });
+        self.chain = self.chain.advance(&header);
+        let active = create_segment_files(self.disk.as_ref(), &self.dir, next_offset)?;
+        self.disk.sync_dir(&self.dir)?;
+        self.active = active;
+        self.segments.push(Segment::empty(next_offset));
+        Ok(())
+    }
+
+    /// At open: publish that the log runs (not clean), where minting resumed, and a frontier
+    /// covering everything recovered, before any write is accepted.
+    fn arm(&mut self) -> Result<(), StorageError> {
+        let active = self.active_segment();
+        let frontier = Frontier {
+            segment_base_offset: active.base_offset,
+            segment_len_bytes: active.size_bytes,
+            chain: self.chain,
+        };
+        let current = *self.state.current();
+        self.state.publish(PartitionState {
+            frontier,
+            offset_reserved: current.offset_reserved.max(self.chain.next_offset),
+            boot_floor: self.chain.next_offset,
+            clean_stop: false,
+            ..current
+        })
     }
 
     /// Seal the active segment and start a new one at the next offset.
@@ -629,6 +1056,7 @@ impl PartitionLog {
             self.stop(format!("fdatasync failed while sealing a segment: {error}"));
             return Err(error);
         }
+        self.active.synced_len_bytes = self.active_segment().size_bytes;
         if self.active.index_writable
             && let Err(error) = self.active.index.sync_data()
         {
@@ -666,9 +1094,15 @@ impl PartitionLog {
     }
 
     /// Re-verify a record read back for a poll: the same envelope checks as recovery, plus its
-    /// place (offset, partition) and exact size.
+    /// place (offset, partition, kind) and exact size.
     fn verify_stored(&self, record_bytes: &[u8], expected_offset: u64) -> Result<(), String> {
         let header = record::verify_envelope(record_bytes).map_err(|fault| fault.to_string())?;
+        if header.kind != RecordKind::Batch {
+            return Err(format!(
+                "{:?} record where the index implies a batch",
+                header.kind
+            ));
+        }
         if header.record_size_bytes() != record_bytes.len() as u64 {
             return Err(format!(
                 "record of {} bytes where the index implies {}",
@@ -687,6 +1121,45 @@ impl PartitionLog {
         }
         Ok(())
     }
+}
+
+/// Where minting resumes at open (pure): above everything recovered, everything reserved and
+/// the floor armed at the last boot. After a clean stop the reservation was collapsed to the
+/// end of the log, so this is the recovered end (no gap).
+pub fn next_offset_after_open(recovered_end_offset: u64, loaded: &PartitionState) -> u64 {
+    recovered_end_offset
+        .max(loaded.offset_reserved)
+        .max(loaded.boot_floor)
+}
+
+/// Read `[from_bytes, to_bytes)` of segment `base_offset`'s `.log` and write it back in place
+/// through `file` (recovery step 3: the caller's barrier then covers bytes that a failed
+/// earlier barrier may have left clean in the page cache but absent from the disk).
+fn rewrite_range(
+    disk: &dyn Disk,
+    dir: &Path,
+    file: &mut dyn WriteFile,
+    base_offset: u64,
+    from_bytes: u64,
+    to_bytes: u64,
+) -> Result<(), StorageError> {
+    debug_assert!(from_bytes <= to_bytes);
+    if from_bytes >= to_bytes {
+        return Ok(());
+    }
+    /// Rewrite in chunks so memory stays bounded whatever the segment size.
+    const CHUNK_BYTES: u64 = 1024 * 1024;
+    let reader = disk.open_read(&dir.join(segment_log_name(base_offset)))?;
+    let mut buffer = Vec::new();
+    let mut position_bytes = from_bytes;
+    while position_bytes < to_bytes {
+        let chunk_bytes = CHUNK_BYTES.min(to_bytes - position_bytes);
+        buffer.resize(chunk_bytes as usize, 0);
+        reader.read_exact_at(position_bytes, &mut buffer)?;
+        file.write_all_at(position_bytes, &buffer)?;
+        position_bytes += chunk_bytes;
+    }
+    Ok(())
 }
 
 fn validate_config(config: &LogConfig) -> Result<(), StorageError> {
@@ -716,6 +1189,7 @@ fn create_segment_files(disk: &dyn Disk, dir: &Path, base_offset: u64) -> Result
         log,
         index,
         index_writable: true,
+        synced_len_bytes: 0,
     })
 }
 
@@ -736,7 +1210,7 @@ fn encode_start(start: &Chain) -> Vec<u8> {
     bytes
 }
 
-fn decode_start(bytes: &[u8], partition_id: u32) -> Option<Chain> {
+pub(crate) fn decode_start(bytes: &[u8], partition_id: u32) -> Option<Chain> {
     if bytes.len() != START_CONTENTS_SIZE {
         return None;
     }
@@ -751,27 +1225,39 @@ fn decode_start(bytes: &[u8], partition_id: u32) -> Option<Chain> {
     (chain.next_op >= 1).then_some(chain)
 }
 
-/// Everything recovery decided, before it changes anything.
+/// Everything recovery decided, before it changes anything. Crate-visible so that the offline
+/// checker (`check`) reports exactly what open would do, from the same code.
 #[derive(Debug)]
-struct RecoveryPlan {
-    /// The retained segments, verified, with their recovered lengths and indexes.
-    segments: Vec<Segment>,
+pub(crate) struct RecoveryPlan {
+    /// The retained segments, verified, with their recovered lengths and indexes (plus the
+    /// empty segment to create, if any).
+    pub(crate) segments: Vec<Segment>,
     /// The chain after the last verified record.
-    chain: Chain,
+    pub(crate) chain: Chain,
+    /// The state loaded from `state` (the valid slot with the highest sequence).
+    pub(crate) state: PartitionState,
     /// Segments below the purge marker (an interrupted purge), to delete.
-    purged_bases: Vec<u64>,
+    pub(crate) purged_bases: Vec<u64>,
     /// Staging files of interrupted index rebuilds and `start.meta` writes, to delete.
-    stale_staging: Vec<String>,
-    /// The last segment's torn tail: truncate its `.log` to this length.
-    truncate_last_to_bytes: Option<u64>,
+    pub(crate) stale_staging: Vec<String>,
+    /// The last segment's torn tail: truncate the `.log` of segment `.0` to `.1` bytes.
+    pub(crate) truncate_last: Option<(u64, u64)>,
+    /// Why the bytes cut by `truncate_last` are a torn tail (for reports only).
+    pub(crate) torn_tail_fault: Option<String>,
     /// Segments whose `.index` differs from the verified log.
-    rebuild_index_bases: Vec<u64>,
-    /// No retained segment exists (after a purge): create an empty one at `chain.next_offset`.
-    create_empty_segment: bool,
+    pub(crate) rebuild_index_bases: Vec<u64>,
+    /// No writable segment exists (none is retained after a purge, or the last one is sealed
+    /// by a gap): create an empty one at `chain.next_offset`.
+    pub(crate) create_empty_segment: bool,
 }
 
-/// Phase 1 of recovery: read and verify, decide. Changes nothing on disk.
-fn plan_recovery(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<RecoveryPlan, StorageError> {
+/// Phase 1 of recovery: read and verify, decide. Changes nothing on disk (only read calls on
+/// `disk`), so the offline checker runs it as is.
+pub(crate) fn plan_recovery(
+    disk: &dyn Disk,
+    dir: &Path,
+    partition_id: u32,
+) -> Result<RecoveryPlan, StorageError> {
     let damaged = |path: PathBuf, position: u64, reason: String| {
         tracing::error!(path = %path.display(), position, %reason, "partition log damaged; refusing it");
         StorageError::Damaged {
@@ -808,7 +1294,7 @@ fn plan_recovery(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<Recov
                 index_bases.insert(base);
             }
             EntryName::IndexStaging(_) | EntryName::StartStaging => stale_staging.push(name),
-            EntryName::Start => {}
+            EntryName::Start | EntryName::State => {}
             EntryName::Other => {
                 tracing::warn!(dir = %dir.display(), %name, "ignoring unknown file in a partition log directory");
             }
@@ -842,12 +1328,42 @@ fn plan_recovery(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<Recov
         ));
     }
 
+    let state_path = dir.join(STATE_FILE_NAME);
+    let Some(state_bytes) = disk.read_all(&state_path, STATE_FILE_SIZE_BYTES)? else {
+        return Err(damaged(
+            state_path,
+            0,
+            "partition state file missing (lost frontier and offset reservation)".into(),
+        ));
+    };
+    let loaded = state::load(&state_bytes, partition_id)
+        .map_err(|(position, reason)| damaged(state_path.clone(), position, reason))?;
+    let frontier = loaded.frontier;
+    // A frontier in a purged segment is satisfied by the purge marker, provided the purge
+    // covered it; otherwise the frontier must be found, verified, in a retained segment.
+    let frontier_purged = frontier.segment_base_offset < start.next_offset;
+    if frontier_purged && frontier.next_offset() > start.next_offset {
+        return Err(damaged(
+            state_path,
+            0,
+            format!(
+                "durable frontier {} in purged segment {} lies above the purge point {}",
+                frontier.next_offset(),
+                frontier.segment_base_offset,
+                start.next_offset
+            ),
+        ));
+    }
+    let mut frontier_found = frontier_purged;
+
     let mut plan = RecoveryPlan {
-        segments: Vec::with_capacity(retained.len()),
+        segments: Vec::with_capacity(retained.len() + 1),
         chain: start,
+        state: loaded,
         purged_bases,
         stale_staging,
-        truncate_last_to_bytes: None,
+        truncate_last: None,
+        torn_tail_fault: None,
         rebuild_index_bases: Vec::new(),
         create_empty_segment: retained.is_empty(),
     };
@@ -876,7 +1392,13 @@ fn plan_recovery(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<Recov
                 "segment log vanished during recovery".into(),
             ));
         };
-        let scanned = record::scan(&bytes, plan.chain);
+        let holds_frontier = !frontier_purged && base_offset == frontier.segment_base_offset;
+        let durable_len_bytes = if holds_frontier {
+            frontier.segment_len_bytes
+        } else {
+            0
+        };
+        let scanned = record::scan_from(&bytes, plan.chain, durable_len_bytes);
         match &scanned.tail {
             Tail::Clean => {}
             Tail::Torn { fault } if is_last => {
@@ -887,7 +1409,8 @@ fn plan_recovery(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<Recov
                     %fault,
                     "truncating a torn tail"
                 );
-                plan.truncate_last_to_bytes = Some(scanned.valid_len_bytes);
+                plan.truncate_last = Some((base_offset, scanned.valid_len_bytes));
+                plan.torn_tail_fault = Some(fault.to_string());
             }
             Tail::Torn { fault } => {
                 return Err(damaged(
@@ -903,7 +1426,20 @@ fn plan_recovery(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<Recov
                 return Err(damaged(log_path, *position_bytes, reason.clone()));
             }
         }
-        if scanned.records.is_empty() && !is_last {
+        if holds_frontier {
+            if scanned.durable_end != Some(frontier.chain) {
+                return Err(damaged(
+                    log_path,
+                    frontier.segment_len_bytes,
+                    format!(
+                        "the log below the durable frontier ends with {:?}, the state file says {:?}",
+                        scanned.durable_end, frontier.chain
+                    ),
+                ));
+            }
+            frontier_found = true;
+        }
+        if scanned.records.is_empty() && scanned.gap.is_none() && !is_last {
             return Err(damaged(log_path, 0, "empty segment before the last one".into()));
         }
         let mut entries = Vec::with_capacity(scanned.records.len());
@@ -940,16 +1476,61 @@ fn plan_recovery(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<Recov
         if !index_matches {
             plan.rebuild_index_bases.push(base_offset);
         }
+        let end_offset = scanned.records.last().map_or(base_offset, |last| {
+            last.base_offset + u64::from(last.message_count)
+        });
         plan.segments.push(Segment {
             base_offset,
-            end_offset: scanned.end.next_offset,
+            end_offset,
             size_bytes: scanned.valid_len_bytes,
             index: SegmentIndex::new(entries),
+            gap: scanned.gap.map(|gap| SegmentGap {
+                position_bytes: gap.position_bytes,
+                next_offset: gap.next_offset,
+            }),
         });
         plan.chain = scanned.end;
+        if is_last && scanned.gap.is_some() {
+            // A crash between sealing with a gap and creating the next segment.
+            plan.create_empty_segment = true;
+        }
     }
     if plan.create_empty_segment {
-        plan.segments.push(Segment::empty(plan.chain.next_offset));
+        let base_offset = plan.chain.next_offset;
+        if !frontier_found
+            && frontier.segment_base_offset == base_offset
+            && frontier.segment_len_bytes == 0
+            && frontier.chain == plan.chain
+        {
+            // The frontier names the empty segment about to be (re)created: nothing below it.
+            frontier_found = true;
+        }
+        plan.segments.push(Segment::empty(base_offset));
+    }
+    if !frontier_found {
+        return Err(damaged(
+            state_path,
+            0,
+            format!(
+                "durable frontier {} (segment {}, byte {}) lies beyond the recovered log ending at {} (lost durable data)",
+                frontier.next_offset(),
+                frontier.segment_base_offset,
+                frontier.segment_len_bytes,
+                plan.chain.next_offset
+            ),
+        ));
+    }
+    if plan.chain.next_offset > loaded.offset_reserved {
+        // The writer raises the reservation durably before a record beyond it is written, so
+        // a record beyond it was not written by this engine (or the state went back in time).
+        return Err(damaged(
+            state_path,
+            0,
+            format!(
+                "the log ends at offset {}, above the durable offset reservation {}",
+                plan.chain.next_offset, loaded.offset_reserved
+            ),
+        ));
     }
     Ok(plan)
 }
@@ -966,8 +1547,8 @@ fn apply_recovery(disk: &dyn Disk, dir: &Path, plan: &RecoveryPlan) -> Result<()
         remove_segment_files(disk, dir, base)?;
         directory_changed = true;
     }
-    if let (Some(len_bytes), Some(last)) = (plan.truncate_last_to_bytes, plan.segments.last()) {
-        let mut file = disk.open_write(&dir.join(segment_log_name(last.base_offset)))?;
+    if let Some((base, len_bytes)) = plan.truncate_last {
+        let mut file = disk.open_write(&dir.join(segment_log_name(base)))?;
         file.set_len(len_bytes)?;
         file.sync_data()?;
     }

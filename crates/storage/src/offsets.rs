@@ -112,6 +112,22 @@ impl OffsetOwner {
     }
 }
 
+/// What [`ConsumerOffsets::check_on`] found in an offsets directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OffsetsCheck {
+    /// The directory does not exist (open creates it; nothing is stored).
+    pub dir_missing: bool,
+    /// Offset files that verify.
+    pub stored_count: usize,
+    /// Staging files of interrupted stores; open removes them (the previous value stays).
+    pub stale_staging: Vec<String>,
+    /// `(file name, byte position, reason)` of offset files that fail verification: open
+    /// refuses the partition.
+    pub damaged: Vec<(String, u64, String)>,
+    /// Files that are not offset files; open ignores them.
+    pub unknown: Vec<String>,
+}
+
 #[derive(Debug)]
 pub struct ConsumerOffsets {
     disk: Arc<dyn Disk>,
@@ -161,6 +177,49 @@ impl ConsumerOffsets {
             dir: dir.to_path_buf(),
             offsets,
         })
+    }
+
+    /// Verify every stored offset under `dir` without changing anything (no directory is
+    /// created, no staging file removed): what [`ConsumerOffsets::open_on`] would load, clean
+    /// up or refuse. `Err` only for IO failures; damage is reported in the result.
+    pub fn check_on(disk: &dyn Disk, dir: &Path) -> Result<OffsetsCheck, StorageError> {
+        let mut check = OffsetsCheck::default();
+        if disk.file_len(dir)?.is_none() {
+            check.dir_missing = true;
+            return Ok(check);
+        }
+        // Each owner once, even when both its file and its staging file are listed.
+        let mut owner_names = std::collections::BTreeSet::new();
+        for name in disk.list_dir(dir)? {
+            let owner_name = name.strip_suffix(".tmp").unwrap_or(&name);
+            if !OffsetOwner::is_offset_file(owner_name) {
+                check.unknown.push(name.clone());
+                continue;
+            }
+            if owner_name != name {
+                check.stale_staging.push(name.clone());
+            }
+            owner_names.insert(owner_name.to_string());
+        }
+        for owner_name in owner_names {
+            let path = dir.join(&owner_name);
+            let contents = match atomic_file::read_verified_on(disk, &path) {
+                Ok(Some(contents)) => contents,
+                // Only a staging file: a first store that crashed before its rename.
+                Ok(None) => continue,
+                Err(StorageError::Damaged { position, reason, .. }) => {
+                    check.damaged.push((owner_name, position, reason));
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
+            match OffsetOwner::decode(&owner_name, &contents) {
+                Some(Ok(_)) => check.stored_count += 1,
+                Some(Err(reason)) => check.damaged.push((owner_name, 0, reason)),
+                None => {}
+            }
+        }
+        Ok(check)
     }
 
     pub fn get(&self, owner: &OffsetOwner) -> Option<u64> {

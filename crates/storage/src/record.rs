@@ -17,7 +17,7 @@
 //! |-----|------|-------------------|------------------|
 //! | 0   | 4    | `magic` = `"CRNR"`| a position that is not a record start (misdirected read, garbage, zeros) |
 //! | 4   | 1    | `version` = 1     | a file written by an incompatible format version |
-//! | 5   | 1    | `kind` = 1 (batch)| an unknown record kind (reserved for gap / marker records) |
+//! | 5   | 1    | `kind`            | an unknown record kind: 1 = batch, 2 = gap (see below) |
 //! | 6   | 2    | reserved, zero    | garbage in the header; room for later flags |
 //! | 8   | 8    | `checksum`        | torn write and bit flips anywhere in header bytes 16..64 or the batch: XXH3-64 (seed 0) over header bytes 16..64, then the batch bytes |
 //! | 16  | 8    | `parent_checksum` | a lost, duplicated or reordered record: the `checksum` of the previous record of this partition (0 before the first record; across segments, the last checksum of the previous segment) |
@@ -25,11 +25,31 @@
 //! | 32  | 4    | `view`            | (replication) the view the record was written in; 0 for now |
 //! | 36  | 4    | `partition_id`    | a foreign record: a checksum-valid record of another partition (misdirected write, files copied between directories) |
 //! | 40  | 8    | `base_offset`     | a lost or reordered record: must equal the previous record's `base_offset + message_count` |
-//! | 48  | 4    | `message_count`   | offset continuity (with `base_offset`); must match the batch header |
-//! | 52  | 4    | `batch_length`    | where the record ends; bounded by the remaining bytes and [`BATCH_BYTES_MAX`] before use |
+//! | 48  | 4    | `message_count`   | offset continuity (with `base_offset`); must match the batch header; 0 exactly for a gap |
+//! | 52  | 4    | `batch_length`    | where the record ends; bounded by the remaining bytes and [`BATCH_BYTES_MAX`] before use (exactly [`GAP_BODY_SIZE`] for a gap) |
 //! | 56  | 8    | `timestamp_us`    | must match the batch's stamped `base_timestamp`; serves timestamp lookups |
 //!
 //! Bytes 0..8 are not covered by the checksum, so each is checked against its only legal value.
+//!
+//! # Gap records (kind 2)
+//!
+//! After an unclean stop, minting resumes at the durable offset reservation, which may lie
+//! above the recovered end of the log (durability contract, guarantees 2 and 5). The skipped
+//! range is recorded durably by a *gap record*: the same 64-byte envelope with `kind` = 2,
+//! `message_count` = 0, `base_offset` = the offset minting resumes at (strictly above the
+//! previous end), and a [`GAP_BODY_SIZE`]-byte body instead of a batch:
+//!
+//! | Off | Size | Field                  | Fault it detects |
+//! |-----|------|------------------------|------------------|
+//! | 0   | 8    | `previous_end_offset`  | a gap that does not start where the log ended (must equal the chain's next offset) |
+//! | 8   | 8    | reserved, zero         | garbage; room for later fields |
+//!
+//! A gap record is chained like any record (parent checksum, op) and *seals* its segment: it
+//! is the last record of its `.log`, and the next segment's base offset is the gap's
+//! `base_offset`. So offsets stay contiguous inside every segment, and the segment-chain check
+//! (next base = previous chain end) tells an intended gap (a verified gap record says so) from
+//! a lost segment (nothing does). A checksum-valid record after a gap in the same segment is
+//! damage.
 //!
 //! # Scan classification
 //!
@@ -53,6 +73,11 @@
 //! 5. **TornTail** otherwise: the failing record (a partial header, a length that overruns the
 //!    input, a checksum mismatch) has nothing verifiable after it.
 //!
+//! With a durable frontier ([`scan_from`] with `durable_len_bytes` > 0), every byte below the
+//! frontier was covered by a successful barrier before it was published, so a crash cannot
+//! have torn it: any failure that starts below the frontier, a record straddling it, or an
+//! input that ends before it is **Damaged**. Rules 1-5 apply from the frontier on.
+//!
 //! # Cost
 //!
 //! Recovery is linear in the input. The walk hashes every byte at most once. The probe tests
@@ -63,9 +88,12 @@
 //! few comparisons per byte.
 //!
 //! Known limits of the rule:
-//! - Until a durable frontier exists, a bit flip in the *last* record of a log is
+//! - Above the durable frontier, a bit flip in the *last* record of a log is
 //!   indistinguishable from a torn write and is classified TornTail (durability contract,
-//!   scenario 8). With a frontier, a failure below it becomes Damaged.
+//!   scenario 8). Below the frontier it is Damaged.
+//! - The rule assumes unsynced writes to one file reach the disk in issue order (a prefix
+//!   survives a power loss). A device that persisted a later unsynced record but not an earlier
+//!   one would be classified Damaged: a false refusal, never a false truncation.
 //! - A torn record whose payload happens to embed a whole, valid record of this partition with
 //!   a future offset is classified Damaged: a false refusal, never a false truncation.
 
@@ -78,6 +106,10 @@ pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"CRNR");
 pub const RECORD_VERSION: u8 = 1;
 /// The record holds one stamped message batch.
 pub const RECORD_KIND_BATCH: u8 = 1;
+/// The record declares an intended offset gap and seals its segment (see the module doc).
+pub const RECORD_KIND_GAP: u8 = 2;
+/// Size of a gap record's body: `previous_end_offset u64`, 8 reserved zero bytes.
+pub const GAP_BODY_SIZE: usize = 16;
 
 /// Plausibility ceiling on a stored batch (header + frames). Recovery never trusts a larger
 /// `batch_length`, and `append` refuses larger batches so that everything written can be
@@ -120,11 +152,55 @@ const _: () = assert!(OFFSET_TIMESTAMP + 8 == RECORD_HEADER_SIZE);
 // Every record fits a u32 index position when it starts a segment.
 const _: () = assert!((RECORD_HEADER_SIZE as u64) + (BATCH_BYTES_MAX as u64) <= u32::MAX as u64);
 const _: () = assert!(BATCH_HEADER_SIZE as u64 <= BATCH_BYTES_MAX as u64);
+// A gap body can never be mistaken for a batch length and vice versa.
+const _: () = assert!(GAP_BODY_SIZE < BATCH_HEADER_SIZE);
 
-/// The decoded fields of a record header (magic, version, kind and reserved bytes have a single
+/// What a record holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordKind {
+    /// One stamped message batch (`message_count` > 0).
+    Batch,
+    /// An intended offset gap (`message_count` = 0); seals its segment.
+    Gap,
+}
+
+impl RecordKind {
+    pub fn to_byte(self) -> u8 {
+        match self {
+            RecordKind::Batch => RECORD_KIND_BATCH,
+            RecordKind::Gap => RECORD_KIND_GAP,
+        }
+    }
+
+    pub fn from_byte(byte: u8) -> Option<RecordKind> {
+        match byte {
+            RECORD_KIND_BATCH => Some(RecordKind::Batch),
+            RECORD_KIND_GAP => Some(RecordKind::Gap),
+            _ => None,
+        }
+    }
+}
+
+/// The body of a gap record that continues a log ending at `previous_end_offset`.
+pub fn gap_body(previous_end_offset: u64) -> [u8; GAP_BODY_SIZE] {
+    let mut body = [0u8; GAP_BODY_SIZE];
+    body[..8].copy_from_slice(&previous_end_offset.to_le_bytes());
+    body
+}
+
+/// `previous_end_offset` of a gap body, or `None` if the body is malformed.
+pub fn decode_gap_body(body: &[u8]) -> Option<u64> {
+    if body.len() != GAP_BODY_SIZE || body[8..].iter().any(|&byte| byte != 0) {
+        return None;
+    }
+    Some(get_u64(body, 0))
+}
+
+/// The decoded fields of a record header (magic, version and reserved bytes have a single
 /// legal value each and are not stored).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecordHeader {
+    pub kind: RecordKind,
     pub checksum: u64,
     pub parent_checksum: u64,
     pub op: u64,
@@ -142,7 +218,7 @@ impl RecordHeader {
         let mut bytes = [0u8; RECORD_HEADER_SIZE];
         put_u32(&mut bytes, OFFSET_MAGIC, RECORD_MAGIC);
         bytes[OFFSET_VERSION] = RECORD_VERSION;
-        bytes[OFFSET_KIND] = RECORD_KIND_BATCH;
+        bytes[OFFSET_KIND] = self.kind.to_byte();
         put_u64(&mut bytes, OFFSET_CHECKSUM, self.checksum);
         put_u64(&mut bytes, OFFSET_PARENT_CHECKSUM, self.parent_checksum);
         put_u64(&mut bytes, OFFSET_OP, self.op);
@@ -183,13 +259,14 @@ pub fn decode(bytes: &[u8]) -> Result<RecordHeader, Fault> {
     if bytes[OFFSET_VERSION] != RECORD_VERSION {
         return Err(Fault::BadVersion(bytes[OFFSET_VERSION]));
     }
-    if bytes[OFFSET_KIND] != RECORD_KIND_BATCH {
+    let Some(kind) = RecordKind::from_byte(bytes[OFFSET_KIND]) else {
         return Err(Fault::BadKind(bytes[OFFSET_KIND]));
-    }
+    };
     if bytes[OFFSET_RESERVED..OFFSET_CHECKSUM] != [0, 0] {
         return Err(Fault::NonZeroReserved);
     }
     Ok(RecordHeader {
+        kind,
         checksum: get_u64(bytes, OFFSET_CHECKSUM),
         parent_checksum: get_u64(bytes, OFFSET_PARENT_CHECKSUM),
         op: get_u64(bytes, OFFSET_OP),
@@ -233,14 +310,25 @@ impl Chain {
         }
     }
 
-    /// The chain after `header` was appended. `header` must continue `self`.
+    /// The chain after `header` was appended. `header` must continue `self`: a batch at
+    /// `next_offset`, or a gap that jumps `next_offset` forward to its `base_offset`.
     pub fn advance(&self, header: &RecordHeader) -> Chain {
-        debug_assert_eq!(header.base_offset, self.next_offset);
         debug_assert_eq!(header.op, self.next_op);
-        debug_assert!(header.message_count > 0);
+        let next_offset = match header.kind {
+            RecordKind::Batch => {
+                debug_assert_eq!(header.base_offset, self.next_offset);
+                debug_assert!(header.message_count > 0);
+                self.next_offset + u64::from(header.message_count)
+            }
+            RecordKind::Gap => {
+                debug_assert!(header.base_offset > self.next_offset);
+                debug_assert_eq!(header.message_count, 0);
+                header.base_offset
+            }
+        };
         Chain {
             partition_id: self.partition_id,
-            next_offset: self.next_offset + u64::from(header.message_count),
+            next_offset,
             parent_checksum: header.checksum,
             next_op: self.next_op + 1,
         }
@@ -284,6 +372,19 @@ pub enum Fault {
     EmptyRecord,
     OffsetOverflow,
     BatchHeaderMismatch(&'static str),
+    /// A gap record whose `base_offset` does not lie above the chain's next offset.
+    GapNotForward {
+        found: u64,
+        next_offset: u64,
+    },
+    /// A gap record whose body does not start where the chain ends (or is malformed).
+    GapBodyMismatch,
+    /// A gap record that claims messages.
+    GapWithMessages,
+    /// A checksum-valid record after the gap record that sealed its segment.
+    RecordAfterGap,
+    /// Below the durable frontier the input ends, or a record straddles the frontier.
+    FrontierBoundary,
 }
 
 impl Fault {
@@ -298,6 +399,10 @@ impl Fault {
                 | Fault::EmptyRecord
                 | Fault::OffsetOverflow
                 | Fault::BatchHeaderMismatch(_)
+                | Fault::GapNotForward { .. }
+                | Fault::GapBodyMismatch
+                | Fault::GapWithMessages
+                | Fault::RecordAfterGap
         )
     }
 }
@@ -339,11 +444,18 @@ impl fmt::Display for Fault {
             Fault::BatchHeaderMismatch(field) => {
                 write!(f, "batch header {field} disagrees with the record header")
             }
+            Fault::GapNotForward { found, next_offset } => {
+                write!(f, "gap record to offset {found} does not lie above {next_offset}")
+            }
+            Fault::GapBodyMismatch => write!(f, "gap record body does not continue the log"),
+            Fault::GapWithMessages => write!(f, "gap record claims messages"),
+            Fault::RecordAfterGap => write!(f, "record after the gap record that sealed its segment"),
+            Fault::FrontierBoundary => write!(f, "record boundary does not meet the durable frontier"),
         }
     }
 }
 
-/// One verified record, as found by [`scan`].
+/// One verified batch record, as found by [`scan`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScannedRecord {
     /// Byte position of the record header in the scanned input.
@@ -352,6 +464,19 @@ pub struct ScannedRecord {
     pub message_count: u32,
     pub timestamp_us: u64,
     /// Header + batch.
+    pub size_bytes: u64,
+}
+
+/// The verified gap record that sealed the scanned segment, as found by [`scan`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScannedGap {
+    /// Byte position of the gap record in the scanned input.
+    pub position_bytes: u64,
+    /// Where the log ended before the gap.
+    pub previous_end_offset: u64,
+    /// Where minting resumes (the next segment's base offset).
+    pub next_offset: u64,
+    /// Header + body.
     pub size_bytes: u64,
 }
 
@@ -370,37 +495,89 @@ pub enum Tail {
 pub struct ScanResult {
     /// Length of the valid prefix (a record boundary).
     pub valid_len_bytes: u64,
-    /// Every record of the valid prefix, in order.
+    /// Every batch record of the valid prefix, in order.
     pub records: Vec<ScannedRecord>,
+    /// The gap record ending the valid prefix, if one sealed the segment.
+    ///
+    /// Invariant: `Some` ⇒ it is the last record of the valid prefix
+    /// (`position_bytes + size_bytes == valid_len_bytes`).
+    pub gap: Option<ScannedGap>,
     /// The chain after the valid prefix.
     pub end: Chain,
+    /// The chain at byte `durable_len_bytes` of [`scan_from`] (a record boundary), if the valid
+    /// prefix reaches it. Always `Some(start)` for a durable length of 0.
+    pub durable_end: Option<Chain>,
     pub tail: Tail,
 }
 
 /// Walk the records of `bytes` (a whole `.log`), verifying each against the chain, starting
-/// at `start`. Pure: no IO, linear cost, never panics on any input.
+/// at `start`. Pure: no IO, linear cost, never panics on any input. No durable frontier: the
+/// classification rule of the module doc applies from byte 0.
 pub fn scan(bytes: &[u8], start: Chain) -> ScanResult {
+    scan_from(bytes, start, 0)
+}
+
+/// [`scan`] with a durable frontier at byte `durable_len_bytes`: a failure below it (or an
+/// input ending before it, or a record straddling it) is [`Tail::Damaged`], never torn.
+pub fn scan_from(bytes: &[u8], start: Chain, durable_len_bytes: u64) -> ScanResult {
     let mut records = Vec::new();
+    let mut gap: Option<ScannedGap> = None;
     let mut chain = start;
+    let mut durable_end = (durable_len_bytes == 0).then_some(start);
     let mut position: usize = 0;
+    let below_frontier = |position: usize, fault: &dyn fmt::Display| Tail::Damaged {
+        position_bytes: position as u64,
+        reason: format!(
+            "record below the durable frontier (byte {durable_len_bytes}) fails verification: {fault}"
+        ),
+    };
     let tail = loop {
         debug_assert!(position <= bytes.len());
         let rest = &bytes[position..];
         if rest.is_empty() {
             break Tail::Clean;
         }
-        match verify(rest, &chain) {
+        let verified = verify(rest, &chain).and_then(|header| {
+            // A gap seals its segment: nothing may verify after it.
+            if gap.is_some() {
+                Err(Fault::RecordAfterGap)
+            } else {
+                Ok(header)
+            }
+        });
+        match verified {
             Ok(header) => {
-                records.push(ScannedRecord {
-                    position_bytes: position as u64,
-                    base_offset: header.base_offset,
-                    message_count: header.message_count,
-                    timestamp_us: header.timestamp_us,
-                    size_bytes: header.record_size_bytes(),
-                });
+                let size_bytes = header.record_size_bytes();
+                let end_bytes = position as u64 + size_bytes;
+                if (position as u64) < durable_len_bytes && end_bytes > durable_len_bytes {
+                    break below_frontier(position, &Fault::FrontierBoundary);
+                }
+                match header.kind {
+                    RecordKind::Batch => records.push(ScannedRecord {
+                        position_bytes: position as u64,
+                        base_offset: header.base_offset,
+                        message_count: header.message_count,
+                        timestamp_us: header.timestamp_us,
+                        size_bytes,
+                    }),
+                    RecordKind::Gap => {
+                        gap = Some(ScannedGap {
+                            position_bytes: position as u64,
+                            previous_end_offset: chain.next_offset,
+                            next_offset: header.base_offset,
+                            size_bytes,
+                        })
+                    }
+                }
                 chain = chain.advance(&header);
                 // `verify` bounded the record by `rest`, so this stays within `bytes`.
-                position += RECORD_HEADER_SIZE + header.batch_length_bytes as usize;
+                position += size_bytes as usize;
+                if position as u64 == durable_len_bytes {
+                    durable_end = Some(chain);
+                }
+            }
+            Err(fault) if (position as u64) < durable_len_bytes => {
+                break below_frontier(position, &fault);
             }
             Err(fault) if fault.record_verified() => {
                 break Tail::Damaged {
@@ -413,10 +590,23 @@ pub fn scan(bytes: &[u8], start: Chain) -> ScanResult {
             }
         }
     };
+    let tail = if tail == Tail::Clean && (position as u64) < durable_len_bytes {
+        Tail::Damaged {
+            position_bytes: position as u64,
+            reason: format!(
+                "log ends at byte {position}, below its durable frontier at byte {durable_len_bytes}"
+            ),
+        }
+    } else {
+        tail
+    };
+    debug_assert!(gap.is_none_or(|gap| gap.position_bytes + gap.size_bytes == position as u64));
     ScanResult {
         valid_len_bytes: position as u64,
         records,
+        gap,
         end: chain,
+        durable_end,
         tail,
     }
 }
@@ -432,12 +622,49 @@ pub fn probe_budget_bytes(len_bytes: u64, position_bytes: u64) -> u64 {
 /// the record spans `header.record_size_bytes()` bytes of `rest`.
 pub fn verify(rest: &[u8], chain: &Chain) -> Result<RecordHeader, Fault> {
     let header = verify_envelope(rest)?;
-    verify_chain(
-        &header,
-        &rest[RECORD_HEADER_SIZE..header.record_size_bytes() as usize],
-        chain,
-    )?;
+    let body = &rest[RECORD_HEADER_SIZE..header.record_size_bytes() as usize];
+    match header.kind {
+        RecordKind::Batch => verify_chain(&header, body, chain)?,
+        RecordKind::Gap => verify_gap(&header, body, chain)?,
+    }
     Ok(header)
+}
+
+/// The checks on a checksum-valid gap record: chained like any record, jumping forward from
+/// exactly where the chain ends.
+fn verify_gap(header: &RecordHeader, body: &[u8], chain: &Chain) -> Result<(), Fault> {
+    debug_assert_eq!(header.kind, RecordKind::Gap);
+    if header.partition_id != chain.partition_id {
+        return Err(Fault::ForeignPartition {
+            found: header.partition_id,
+            expected: chain.partition_id,
+        });
+    }
+    if header.parent_checksum != chain.parent_checksum {
+        return Err(Fault::ParentMismatch {
+            found: header.parent_checksum,
+            expected: chain.parent_checksum,
+        });
+    }
+    if header.op != chain.next_op {
+        return Err(Fault::OpMismatch {
+            found: header.op,
+            expected: chain.next_op,
+        });
+    }
+    if header.message_count != 0 {
+        return Err(Fault::GapWithMessages);
+    }
+    if header.base_offset <= chain.next_offset {
+        return Err(Fault::GapNotForward {
+            found: header.base_offset,
+            next_offset: chain.next_offset,
+        });
+    }
+    if decode_gap_body(body) != Some(chain.next_offset) {
+        return Err(Fault::GapBodyMismatch);
+    }
+    Ok(())
 }
 
 /// Shape, bounds and checksum of the record at the start of `rest` (no chain checks).
@@ -458,7 +685,11 @@ pub fn verify_envelope(rest: &[u8]) -> Result<RecordHeader, Fault> {
 /// The record size, once `batch_length` is known plausible and within `remaining_bytes`.
 fn bounded_record_size(header: &RecordHeader, remaining_bytes: u64) -> Result<u64, Fault> {
     let batch_length = header.batch_length_bytes;
-    if (batch_length as usize) < BATCH_HEADER_SIZE || batch_length > BATCH_BYTES_MAX {
+    let plausible = match header.kind {
+        RecordKind::Batch => (batch_length as usize) >= BATCH_HEADER_SIZE && batch_length <= BATCH_BYTES_MAX,
+        RecordKind::Gap => batch_length as usize == GAP_BODY_SIZE,
+    };
+    if !plausible {
         return Err(Fault::ImplausibleLength(batch_length));
     }
     let record_size_bytes = header.record_size_bytes();
@@ -474,6 +705,7 @@ fn bounded_record_size(header: &RecordHeader, remaining_bytes: u64) -> Result<u6
 /// The checks on a checksum-valid record: it must be the next record of `chain`, and its batch
 /// header must agree with the envelope.
 fn verify_chain(header: &RecordHeader, batch_bytes: &[u8], chain: &Chain) -> Result<(), Fault> {
+    debug_assert_eq!(header.kind, RecordKind::Batch);
     if header.partition_id != chain.partition_id {
         return Err(Fault::ForeignPartition {
             found: header.partition_id,
@@ -656,6 +888,7 @@ mod tests {
             body_bytes,
         );
         let mut header = RecordHeader {
+            kind: RecordKind::Batch,
             checksum: 0,
             parent_checksum: chain.parent_checksum,
             op: chain.next_op,
@@ -686,6 +919,7 @@ mod tests {
     #[test]
     fn header_round_trip() {
         let header = RecordHeader {
+            kind: RecordKind::Batch,
             checksum: 1,
             parent_checksum: 2,
             op: 3,
@@ -806,6 +1040,7 @@ mod tests {
         let valid = log.len() as u64;
         for i in 0..20_000u64 {
             let header = RecordHeader {
+                kind: RecordKind::Batch,
                 checksum: i,
                 parent_checksum: chain.parent_checksum,
                 op: chain.next_op,
@@ -835,6 +1070,7 @@ mod tests {
         while position + RECORD_HEADER_SIZE <= log.len() {
             let remaining = (log.len() - position - RECORD_HEADER_SIZE) as u32;
             let header = RecordHeader {
+                kind: RecordKind::Batch,
                 checksum: 0,
                 parent_checksum: 0,
                 op: 0,
@@ -851,6 +1087,168 @@ mod tests {
         let result = scan(&log, Chain::genesis(7));
         assert_eq!(result.valid_len_bytes, valid as u64);
         assert!(matches!(result.tail, Tail::Damaged { .. }), "{:?}", result.tail);
+    }
+
+    fn push_gap(log: &mut Vec<u8>, chain: &mut Chain, next_offset: u64) -> RecordHeader {
+        let body = gap_body(chain.next_offset);
+        let mut header = RecordHeader {
+            kind: RecordKind::Gap,
+            checksum: 0,
+            parent_checksum: chain.parent_checksum,
+            op: chain.next_op,
+            view: 0,
+            partition_id: chain.partition_id,
+            base_offset: next_offset,
+            message_count: 0,
+            batch_length_bytes: GAP_BODY_SIZE as u32,
+            timestamp_us: 5_000,
+        };
+        log.extend_from_slice(&header.seal(&body));
+        log.extend_from_slice(&body);
+        *chain = chain.advance(&header);
+        header
+    }
+
+    #[test]
+    fn a_gap_record_seals_its_segment_and_the_next_one_continues_at_its_target() {
+        let (mut log, _, before_gap) = sample_log(3);
+        let mut chain = before_gap;
+        let gap_position = log.len() as u64;
+        push_gap(&mut log, &mut chain, before_gap.next_offset + 1_000);
+        let result = scan(&log, Chain::genesis(7));
+        assert_eq!(result.tail, Tail::Clean);
+        assert_eq!(result.records.len(), 3, "a gap is not a batch record");
+        assert_eq!(
+            result.gap,
+            Some(ScannedGap {
+                position_bytes: gap_position,
+                previous_end_offset: before_gap.next_offset,
+                next_offset: before_gap.next_offset + 1_000,
+                size_bytes: (RECORD_HEADER_SIZE + GAP_BODY_SIZE) as u64,
+            })
+        );
+        assert_eq!(result.end, chain);
+        assert_eq!(result.end.next_offset, before_gap.next_offset + 1_000);
+        // The next segment: its first record continues the gap's chain at the target offset.
+        let mut next_segment = Vec::new();
+        let mut next_chain = chain;
+        push_record(&mut next_segment, &mut next_chain, 2, 10);
+        let next = scan(&next_segment, chain);
+        assert_eq!(next.tail, Tail::Clean);
+        assert_eq!(next.records[0].base_offset, before_gap.next_offset + 1_000);
+        // Without the gap the same segment reads as a lost range.
+        assert!(matches!(
+            scan(&next_segment, before_gap).tail,
+            Tail::Damaged { .. }
+        ));
+        // A gap alone (sealing an empty segment) is fine too.
+        let mut alone = Vec::new();
+        let mut alone_chain = Chain::genesis(7);
+        push_gap(&mut alone, &mut alone_chain, 65_536);
+        let result = scan(&alone, Chain::genesis(7));
+        assert_eq!(result.tail, Tail::Clean);
+        assert!(result.records.is_empty());
+        assert_eq!(result.end.next_offset, 65_536);
+    }
+
+    #[test]
+    fn misplaced_or_inconsistent_gap_records_are_damage_and_torn_ones_a_torn_tail() {
+        let (log, _, chain) = sample_log(2);
+        let damaged = |bytes: &[u8]| matches!(scan(bytes, Chain::genesis(7)).tail, Tail::Damaged { .. });
+        // A record after a gap in the same segment.
+        let mut after = log.clone();
+        let mut after_chain = chain;
+        push_gap(&mut after, &mut after_chain, chain.next_offset + 10);
+        push_record(&mut after, &mut after_chain, 1, 20);
+        let result = scan(&after, Chain::genesis(7));
+        assert!(matches!(result.tail, Tail::Damaged { .. }), "{:?}", result.tail);
+        assert!(result.gap.is_some());
+        // A gap that does not go forward, or starts elsewhere than the chain's end.
+        for target in [chain.next_offset, chain.next_offset - 1] {
+            let mut backwards = log.clone();
+            let mut fake_chain = Chain {
+                next_offset: target - 1,
+                ..chain
+            };
+            push_gap(&mut backwards, &mut fake_chain, target);
+            assert!(damaged(&backwards), "gap to {target}");
+        }
+        let mut wrong_start = log.clone();
+        let mut fake_chain = Chain {
+            next_offset: chain.next_offset + 3,
+            ..chain
+        };
+        push_gap(&mut wrong_start, &mut fake_chain, chain.next_offset + 50);
+        assert!(damaged(&wrong_start));
+        let mut wrong_parent = log.clone();
+        let mut fake_chain = Chain {
+            parent_checksum: 1,
+            ..chain
+        };
+        push_gap(&mut wrong_parent, &mut fake_chain, chain.next_offset + 50);
+        assert!(damaged(&wrong_parent));
+        // Every cut of a gap record is a torn tail.
+        let mut whole = log.clone();
+        let mut gap_chain = chain;
+        push_gap(&mut whole, &mut gap_chain, chain.next_offset + 50);
+        for cut in log.len() + 1..whole.len() {
+            let result = scan(&whole[..cut], Chain::genesis(7));
+            assert!(
+                matches!(result.tail, Tail::Torn { .. }),
+                "cut at {cut}: {:?}",
+                result.tail
+            );
+            assert_eq!(result.valid_len_bytes, log.len() as u64);
+            assert_eq!(result.gap, None);
+        }
+    }
+
+    #[test]
+    fn below_the_durable_frontier_every_failure_is_damage() {
+        let (log, ends, chain) = sample_log(4);
+        let frontier = ends[2];
+        let result = scan_from(&log, Chain::genesis(7), frontier);
+        assert_eq!(result.tail, Tail::Clean);
+        assert!(result.durable_end.is_some());
+        assert_eq!(
+            scan_from(&log, Chain::genesis(7), log.len() as u64).durable_end,
+            Some(chain)
+        );
+        assert_eq!(scan(&log, Chain::genesis(7)).durable_end, Some(Chain::genesis(7)));
+        for position in 0..log.len() {
+            let mut flipped = log.clone();
+            flipped[position] ^= 0x08;
+            let result = scan_from(&flipped, Chain::genesis(7), frontier);
+            if (position as u64) < frontier {
+                assert!(
+                    matches!(result.tail, Tail::Damaged { .. }),
+                    "flip at {position} below the frontier: {:?}",
+                    result.tail
+                );
+            } else if (position as u64) >= ends[2] && (position as u64) < ends[3] {
+                // The last record, above the frontier: a torn tail.
+                assert!(matches!(result.tail, Tail::Torn { .. }), "flip at {position}");
+            }
+        }
+        // The whole last record durable: a flip in it is damage, not a torn tail.
+        let mut flipped = log.clone();
+        flipped[ends[2] as usize + 70] ^= 0x01;
+        assert!(matches!(
+            scan(&flipped, Chain::genesis(7)).tail,
+            Tail::Torn { .. }
+        ));
+        assert!(matches!(
+            scan_from(&flipped, Chain::genesis(7), log.len() as u64).tail,
+            Tail::Damaged { .. }
+        ));
+        // A log that ends before its frontier, or a frontier inside a record.
+        assert!(matches!(
+            scan_from(&log[..ends[1] as usize], Chain::genesis(7), frontier).tail,
+            Tail::Damaged { .. }
+        ));
+        let inside = scan_from(&log, Chain::genesis(7), ends[1] + 5);
+        assert!(matches!(inside.tail, Tail::Damaged { .. }), "{:?}", inside.tail);
+        assert_eq!(inside.durable_end, None);
     }
 
     proptest! {
@@ -875,7 +1273,8 @@ mod tests {
             log.extend_from_slice(&garbage);
             let result = scan(&log, Chain::genesis(7));
             prop_assert!(result.valid_len_bytes <= log.len() as u64);
-            let records_bytes: u64 = result.records.iter().map(|r| r.size_bytes).sum();
+            let records_bytes: u64 = result.records.iter().map(|r| r.size_bytes).sum::<u64>()
+                + result.gap.map_or(0, |gap| gap.size_bytes);
             prop_assert_eq!(records_bytes, result.valid_len_bytes);
         }
     }

@@ -5,7 +5,7 @@ mod common;
 use cairn_storage::StorageError;
 use cairn_storage::io::{Disk, ReadFile, RealDisk, WriteFile};
 use cairn_storage::log::{LogConfig, PartitionLog, SyncMode, segment_index_name, segment_log_name};
-use cairn_storage::record::{self, Chain, RECORD_HEADER_SIZE, RecordHeader};
+use cairn_storage::record::{self, Chain, RECORD_HEADER_SIZE, RecordHeader, RecordKind};
 use common::*;
 use std::path::Path;
 use std::sync::Arc;
@@ -106,14 +106,15 @@ fn reopen_returns_the_same_data_and_continues() {
     let log = new_log(tmp.path(), 2_000, 200);
     let before = read_all(&log, 0, u32::MAX);
     let stats = log.stats();
-    drop(log);
+    log.close().unwrap();
 
+    // A clean stop collapsed the offset reservation: the reopened log continues without a gap.
     let mut log = open(tmp.path()).unwrap();
     assert_eq!(log.next_offset(), 200);
     assert_eq!(log.stats(), stats);
     assert_eq!(read_all(&log, 0, u32::MAX), before);
     fill(&mut log, 260);
-    drop(log);
+    log.close().unwrap();
 
     // The chain continued across the reopen: the next open verifies it end to end.
     let log = open(tmp.path()).unwrap();
@@ -124,10 +125,7 @@ fn reopen_returns_the_same_data_and_continues() {
 #[test]
 fn every_append_sync_mode_and_a_batch_larger_than_a_segment() {
     let tmp = tempfile::tempdir().unwrap();
-    let config = LogConfig {
-        segment_size_bytes: 1_000,
-        sync: SyncMode::EveryAppend,
-    };
+    let config = LogConfig::new(1_000, SyncMode::EveryAppend);
     let mut log = PartitionLog::create(tmp.path(), PARTITION, config).unwrap();
     fill(&mut log, 10);
     let segments_before = log.stats().segments_count;
@@ -142,6 +140,17 @@ fn every_append_sync_mode_and_a_batch_larger_than_a_segment() {
     drop(log);
     let log = PartitionLog::open(tmp.path(), PARTITION, config).unwrap();
     assert_reference(&read_all(&log, 0, u32::MAX), 0, 51);
+}
+
+/// Size of a gap record (64-byte envelope + 16-byte body).
+const GAP_RECORD_SIZE: u64 = (RECORD_HEADER_SIZE + record::GAP_BODY_SIZE) as u64;
+
+/// A snapshot without the state file (which every open rewrites: it arms the log).
+fn without_state(
+    mut files: std::collections::BTreeMap<String, Vec<u8>>,
+) -> std::collections::BTreeMap<String, Vec<u8>> {
+    files.remove("state");
+    files
 }
 
 fn last_log_file(dir: &Path) -> std::path::PathBuf {
@@ -165,6 +174,8 @@ fn torn_tails_are_truncated_and_the_log_continues() {
     let tmp = tempfile::tempdir().unwrap();
     let reference = tmp.path().join("reference");
     let log = new_log(&reference, 3_000, 60);
+    let reserved = log.offset_reserved();
+    assert!(reserved > 60);
     drop(log);
     let last = last_log_file(&reference);
     let last_bytes = std::fs::read(&last).unwrap();
@@ -246,22 +257,37 @@ fn torn_tails_are_truncated_and_the_log_continues() {
             std::fs::write(dir.join(file), bytes).unwrap();
         }
         let (torn, lost) = damage(&last_bytes);
-        std::fs::write(last_log_file(&dir), &torn).unwrap();
+        let torn_file = last_log_file(&dir);
+        std::fs::write(&torn_file, &torn).unwrap();
 
+        // The reference log was dropped without `close` (an unclean stop) and never committed:
+        // every byte lies above the frontier, so a failure is a torn tail. Minting resumes at
+        // the offset reservation, behind a gap record sealing the truncated segment.
         let mut log = open(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let expected_next = 60 - lost;
-        assert_eq!(log.next_offset(), expected_next, "{name}");
+        let recovered_end = 60 - lost;
+        assert_eq!(log.next_offset(), reserved, "{name}");
         let expected_len = if lost == 0 { whole } else { last_record_start };
         assert_eq!(
-            std::fs::metadata(last_log_file(&dir)).unwrap().len(),
-            expected_len,
+            std::fs::metadata(&torn_file).unwrap().len(),
+            expected_len + GAP_RECORD_SIZE,
             "{name}"
         );
-        assert_reference(&read_all(&log, 0, u32::MAX), 0, expected_next);
-        fill(&mut log, 80);
-        drop(log);
+        assert_reference(&read_all(&log, 0, u32::MAX), 0, recovered_end);
+        let mut batch = reference_batch(reserved, 3);
+        assert_eq!(log.append(&mut batch, 1).unwrap(), reserved);
+        log.close().unwrap();
         let log = open(&dir).unwrap();
-        assert_reference(&read_all(&log, 0, u32::MAX), 0, 80);
+        assert_eq!(
+            log.next_offset(),
+            reserved + 3,
+            "{name}: no gap after a clean stop"
+        );
+        assert_reference(
+            &read_all(&log, 0, u32::MAX)[..recovered_end as usize],
+            0,
+            recovered_end,
+        );
+        assert_reference(&read_all(&log, recovered_end, u32::MAX), reserved, 3);
     }
 }
 
@@ -269,8 +295,9 @@ fn torn_tails_are_truncated_and_the_log_continues() {
 fn missing_empty_torn_or_wrong_indexes_are_rebuilt() {
     let tmp = tempfile::tempdir().unwrap();
     let reference = tmp.path().join("reference");
-    drop(new_log(&reference, 2_000, 100));
-    let good = snapshot(&reference);
+    new_log(&reference, 2_000, 100).close().unwrap();
+    let full = snapshot(&reference);
+    let good = without_state(full.clone());
     let first_index = segment_index_name(0);
     let last_index = {
         let last = last_log_file(&reference);
@@ -343,7 +370,7 @@ fn missing_empty_torn_or_wrong_indexes_are_rebuilt() {
     for (name, damage) in cases {
         let dir = tmp.path().join(name.replace(' ', "_"));
         std::fs::create_dir(&dir).unwrap();
-        for (file, bytes) in &good {
+        for (file, bytes) in &full {
             std::fs::write(dir.join(file), bytes).unwrap();
         }
         damage(&dir);
@@ -353,7 +380,7 @@ fn missing_empty_torn_or_wrong_indexes_are_rebuilt() {
         assert_eq!(log.offset_at_timestamp(0).unwrap(), Some(0));
         drop(log);
         assert_eq!(
-            snapshot(&dir),
+            without_state(snapshot(&dir)),
             good,
             "{name}: rebuilt index identical to the original"
         );
@@ -427,6 +454,7 @@ fn forged_record(dir: &Path, tweak: impl Fn(&mut Chain), timestamp_us: u64) -> V
         timestamp_us,
     );
     let mut header = RecordHeader {
+        kind: RecordKind::Batch,
         checksum: 0,
         parent_checksum: chain.parent_checksum,
         op: chain.next_op,
@@ -456,7 +484,9 @@ fn checksum_valid_foreign_or_non_continuing_records_are_refused() {
     ];
     for (name, tweak) in tweaks {
         let tmp = tempfile::tempdir().unwrap();
-        drop(new_log(tmp.path(), 3_000, 40));
+        let log = new_log(tmp.path(), 3_000, 40);
+        let reserved = log.offset_reserved();
+        drop(log);
         let timestamp_us = if name.contains("timestamp") { 1 } else { 99_999_999 };
         let record = forged_record(tmp.path(), tweak, timestamp_us);
         let last = last_log_file(tmp.path());
@@ -467,7 +497,13 @@ fn checksum_valid_foreign_or_non_continuing_records_are_refused() {
         if name.starts_with("control") {
             // The forging helper itself is right: a proper continuation is adopted.
             let log = open(tmp.path()).unwrap();
-            assert_eq!(log.next_offset(), 42);
+            assert_reference(&read_all(&log, 0, u32::MAX)[..40], 0, 40);
+            assert_eq!(read_all(&log, 40, u32::MAX).len(), 2);
+            assert_eq!(
+                log.next_offset(),
+                reserved,
+                "an unclean stop resumes at the reservation"
+            );
         } else {
             assert_refused(tmp.path(), &last, Some(position));
         }
@@ -477,7 +513,7 @@ fn checksum_valid_foreign_or_non_continuing_records_are_refused() {
 #[test]
 fn adversarial_residue_at_the_tail_is_truncated() {
     let tmp = tempfile::tempdir().unwrap();
-    drop(new_log(tmp.path(), 1 << 20, 50));
+    new_log(tmp.path(), 1 << 20, 50).close().unwrap();
     let last = last_log_file(tmp.path());
     let mut bytes = std::fs::read(&last).unwrap();
     let valid_len = bytes.len() as u64;
@@ -491,6 +527,7 @@ fn adversarial_residue_at_the_tail_is_truncated() {
     let mut i = 0u64;
     while (bytes.len() as u64) < valid_len + region_bytes {
         let header = RecordHeader {
+            kind: RecordKind::Batch,
             checksum: i,
             parent_checksum: chain.parent_checksum,
             op: chain.next_op,
@@ -580,7 +617,7 @@ fn purge_keeps_counting_across_reopen() {
     assert_eq!(log.stats().segments_count, 1);
     assert_eq!(log.read(0, 100, &mut Vec::new()).unwrap(), 0);
     assert_eq!(log.offset_at_timestamp(0).unwrap(), None);
-    drop(log);
+    log.close().unwrap();
 
     let mut log = open(tmp.path()).unwrap();
     assert_eq!(log.next_offset(), 90);
@@ -591,11 +628,11 @@ fn purge_keeps_counting_across_reopen() {
     // A second purge right away, and one of an already empty log.
     log.purge().unwrap();
     log.purge().unwrap();
-    drop(log);
+    log.close().unwrap();
     let mut log = open(tmp.path()).unwrap();
     assert_eq!(log.next_offset(), 130);
     fill(&mut log, 140);
-    drop(log);
+    log.close().unwrap();
     let log = open(tmp.path()).unwrap();
     assert_reference(&read_all(&log, 0, u32::MAX), 130, 10);
     assert_eq!(log_files(tmp.path()).len() as u32, log.stats().segments_count);
@@ -604,7 +641,10 @@ fn purge_keeps_counting_across_reopen() {
 #[test]
 fn an_interrupted_purge_is_finished_at_open() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut log = new_log(tmp.path(), 2_000, 90);
+    new_log(tmp.path(), 2_000, 90).close().unwrap();
+    // Reopened after a clean stop: armed at 90 with the reservation at 90, so the restored
+    // pre-purge state below implies no gap.
+    let mut log = open(tmp.path()).unwrap();
     let before = snapshot(tmp.path());
     log.purge().unwrap();
     drop(log);
@@ -762,12 +802,10 @@ fn a_failed_barrier_stops_the_log_until_reopen() {
     let disk = Arc::new(FlakyDisk {
         fail_sync: fail_sync.clone(),
     });
-    let config = LogConfig {
-        segment_size_bytes: 2_000,
-        sync: SyncMode::EveryAppend,
-    };
+    let config = LogConfig::new(2_000, SyncMode::EveryAppend);
     let mut log = PartitionLog::create_on(disk.clone(), tmp.path(), PARTITION, config).unwrap();
     fill(&mut log, 20);
+    let reserved = log.offset_reserved();
     fail_sync.store(true, Ordering::SeqCst);
     let mut batch = reference_batch(20, 2);
     assert!(log.append(&mut batch, 1).is_err());
@@ -788,9 +826,11 @@ fn a_failed_barrier_stops_the_log_until_reopen() {
     drop(log);
 
     // The unsynced record may or may not survive a crash; here it did (no crash), and it was
-    // never reported appended, so adopting it re-issues nothing that was acknowledged.
+    // never reported appended, so adopting it re-issues nothing that was acknowledged. The
+    // stop was unclean: minting resumes at the offset reservation.
     let mut log = PartitionLog::open_on(disk, tmp.path(), PARTITION, config).unwrap();
-    assert!(log.next_offset() == 20 || log.next_offset() == 22);
+    assert_reference(&read_all(&log, 0, 20), 0, 20);
+    assert_eq!(log.next_offset(), reserved);
     let next = log.next_offset();
     let mut batch = reference_batch(next, 1);
     assert_eq!(log.append(&mut batch, 1).unwrap(), next);
@@ -801,4 +841,276 @@ fn handles_are_send_and_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<PartitionLog>();
     assert_send_sync::<cairn_storage::offsets::ConsumerOffsets>();
+}
+
+fn group_commit(segment_size_bytes: u64, offset_lease_block_count: u64) -> LogConfig {
+    LogConfig {
+        segment_size_bytes,
+        sync: SyncMode::GroupCommit,
+        offset_lease_block_count,
+    }
+}
+
+/// Append batches of 1..=3 reference messages until the counter reaches `until` (no commit).
+fn append_until(log: &mut PartitionLog, until: u64) {
+    let mut i = 0u64;
+    while log.next_offset() < until {
+        let count = (1 + i % 3).min(until - log.next_offset()) as u32;
+        let mut batch = reference_batch(log.next_offset(), count);
+        log.append(&mut batch, 1_000 + i).unwrap();
+        i += 1;
+    }
+}
+
+fn segment_bases(dir: &Path) -> Vec<u64> {
+    log_files(dir)
+        .iter()
+        .map(|path| path.file_stem().unwrap().to_str().unwrap().parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn group_commit_hides_uncommitted_appends_and_costs_no_directory_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut log = PartitionLog::create(tmp.path(), PARTITION, group_commit(100_000, 1_000)).unwrap();
+    append_until(&mut log, 10);
+    assert_eq!(log.next_offset(), 10);
+    assert_eq!(log.visible_next_offset(), 0, "nothing visible before a commit");
+    assert_eq!(log.read(0, 100, &mut Vec::new()).unwrap(), 0);
+    assert_eq!(log.offset_at_timestamp(0).unwrap(), None);
+    assert_eq!(log.stats().messages_count, 0);
+    let files_before = snapshot(tmp.path()).into_keys().collect::<Vec<_>>();
+    let info = log.commit().unwrap();
+    assert_eq!(info.durable_next_offset, 10);
+    assert_eq!(info.barriers, 2);
+    assert_eq!(snapshot(tmp.path()).into_keys().collect::<Vec<_>>(), files_before);
+    assert_eq!(log.visible_next_offset(), 10);
+    assert_reference(&read_all(&log, 0, u32::MAX), 0, 10);
+    append_until(&mut log, 14);
+    assert_reference(&read_all(&log, 0, u32::MAX), 0, 10);
+    assert_eq!(log.stats().messages_count, 10);
+    log.flush().unwrap();
+    assert_reference(&read_all(&log, 0, u32::MAX), 0, 14);
+    assert_eq!(log.commit().unwrap().barriers, 0);
+}
+
+#[test]
+fn close_then_reopen_leaves_no_gap_and_a_crash_skips_to_the_reservation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let config = group_commit(1_500, 100);
+    let mut log = PartitionLog::create(dir, PARTITION, config).unwrap();
+    append_until(&mut log, 10);
+    log.commit().unwrap();
+    log.close().unwrap();
+
+    // Clean stop: the ceiling collapsed to the counter.
+    let mut log = PartitionLog::open(dir, PARTITION, config).unwrap();
+    assert_eq!(log.next_offset(), 10);
+    assert_eq!(log.offset_reserved(), 10);
+    append_until(&mut log, 15);
+    log.commit().unwrap();
+    let reserved = log.offset_reserved();
+    // The first append after the clean restart (offset 10, one message) reached the ceiling
+    // and raised it one lease block past its end.
+    assert_eq!(reserved, 11 + 100);
+    drop(log); // an unclean stop
+
+    // Crash: minting resumes at the reservation, behind a gap record; the chain verifies.
+    let mut log = PartitionLog::open(dir, PARTITION, config).unwrap();
+    assert_eq!(log.next_offset(), reserved);
+    assert_reference(&read_all(&log, 0, u32::MAX), 0, 15);
+    assert_eq!(*segment_bases(dir).last().unwrap(), reserved);
+    append_until(&mut log, reserved + 4);
+    log.close().unwrap();
+    let log = PartitionLog::open(dir, PARTITION, config).unwrap();
+    assert_eq!(
+        log.next_offset(),
+        reserved + 4,
+        "a clean stop after a gap leaves no new gap"
+    );
+    let messages = read_all(&log, 0, u32::MAX);
+    assert_reference(&messages[..15], 0, 15);
+    assert_reference(&messages[15..], reserved, 4);
+
+    // Crash, restart, clean stop, restart: the clean stop keeps the protection (scenario 2).
+    let mut log = log;
+    append_until(&mut log, reserved + 6);
+    log.commit().unwrap();
+    let acked_end = log.next_offset();
+    let reserved = log.offset_reserved();
+    drop(log);
+    let log = PartitionLog::open(dir, PARTITION, config).unwrap();
+    assert_eq!(log.next_offset(), reserved);
+    log.close().unwrap();
+    let log = PartitionLog::open(dir, PARTITION, config).unwrap();
+    assert!(log.next_offset() >= acked_end);
+    assert_eq!(log.next_offset(), reserved);
+
+    // Four crash cycles with traffic, then four without: every boot serves, offsets only grow,
+    // and a crash with no traffic since the last boot adds no gap.
+    let mut log = log;
+    let mut last_next = log.next_offset();
+    for cycle in 0..8 {
+        if cycle < 4 {
+            append_until(&mut log, last_next + 2);
+            log.commit().unwrap();
+        }
+        let before = log.next_offset();
+        let reserved = log.offset_reserved();
+        drop(log);
+        log = PartitionLog::open(dir, PARTITION, config).unwrap();
+        assert!(log.next_offset() >= before);
+        if cycle < 4 {
+            assert_eq!(log.next_offset(), reserved);
+        } else {
+            assert_eq!(log.next_offset(), before, "cycle {cycle}: no traffic, no gap");
+        }
+        last_next = log.next_offset();
+    }
+    log.close().unwrap();
+    let bases = segment_bases(dir);
+    assert!(bases.windows(2).all(|pair| pair[0] < pair[1]));
+    PartitionLog::open(dir, PARTITION, config).unwrap();
+}
+
+#[test]
+fn a_bit_flip_in_the_last_record_is_damage_below_the_frontier_and_a_torn_tail_above_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = tmp.path().join("reference");
+    let config = group_commit(100_000, 1_000);
+    let mut log = PartitionLog::create(&reference, PARTITION, config).unwrap();
+    append_until(&mut log, 12);
+    log.commit().unwrap();
+    let reserved = log.offset_reserved();
+    drop(log);
+    let good = snapshot(&reference);
+    let last = segment_log_name(0);
+    let ends = record_ends(&good[&last]);
+    let last_start = ends[ends.len() - 2] as usize;
+    let copy = |name: &str| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        for (file, bytes) in &good {
+            std::fs::write(dir.join(file), bytes).unwrap();
+        }
+        dir
+    };
+
+    // Below the frontier (the last record was committed): refused, files untouched.
+    let below = copy("below");
+    let mut bytes = good[&last].clone();
+    bytes[last_start + RECORD_HEADER_SIZE + 40] ^= 0x02;
+    std::fs::write(below.join(&last), &bytes).unwrap();
+    assert_refused(&below, &below.join(&last), Some(last_start as u64));
+
+    // The same flip above the frontier (an uncommitted record): a torn tail, cut away.
+    let above = copy("above");
+    let mut log = PartitionLog::open(&above, PARTITION, config).unwrap();
+    assert_eq!(log.next_offset(), reserved);
+    let reserved = log.offset_reserved();
+    let mut batch = reference_batch(reserved, 2);
+    log.append(&mut batch, 9_999).unwrap();
+    drop(log);
+    let active = above.join(segment_log_name(reserved));
+    let mut bytes = std::fs::read(&active).unwrap();
+    let flipped_at = RECORD_HEADER_SIZE + 100;
+    bytes[flipped_at] ^= 0x02;
+    std::fs::write(&active, &bytes).unwrap();
+    let log = PartitionLog::open(&above, PARTITION, config).unwrap();
+    assert_eq!(
+        std::fs::metadata(&active).unwrap().len(),
+        GAP_RECORD_SIZE,
+        "the torn record is gone; only the gap sealing the segment remains"
+    );
+    assert_reference(&read_all(&log, 0, u32::MAX), 0, 12);
+
+    // A log that lost bytes below its frontier (the last committed record) is refused too.
+    let lost = copy("lost");
+    std::fs::write(lost.join(&last), &good[&last][..last_start]).unwrap();
+    assert_refused(&lost, &lost.join(&last), Some(last_start as u64));
+}
+
+#[test]
+fn state_file_faults() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = tmp.path().join("reference");
+    let config = group_commit(100_000, 1_000);
+    let mut log = PartitionLog::create(&reference, PARTITION, config).unwrap();
+    append_until(&mut log, 5);
+    log.commit().unwrap();
+    log.close().unwrap();
+    let good = snapshot(&reference);
+    let copy = |name: &str| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        for (file, bytes) in &good {
+            std::fs::write(dir.join(file), bytes).unwrap();
+        }
+        dir
+    };
+    let slot = |index: usize| index * cairn_storage::state::STATE_SLOT_STRIDE_BYTES as usize;
+
+    // One slot torn (zeroed halfway): the other one takes over.
+    for index in 0..2 {
+        let dir = copy(&format!("one_bad_{index}"));
+        let mut state = good["state"].clone();
+        state[slot(index) + 20..slot(index) + 128].fill(0);
+        std::fs::write(dir.join("state"), &state).unwrap();
+        let log = PartitionLog::open(&dir, PARTITION, config).unwrap();
+        assert_reference(&read_all(&log, 0, u32::MAX), 0, 5);
+    }
+    // Both slots bad, a missing file, a short file: refused, untouched.
+    let dir = copy("both_bad");
+    let mut state = good["state"].clone();
+    state[slot(0) + 30] ^= 1;
+    state[slot(1) + 30] ^= 1;
+    std::fs::write(dir.join("state"), &state).unwrap();
+    assert_refused(&dir, &dir.join("state"), None);
+    let dir = copy("missing");
+    std::fs::remove_file(dir.join("state")).unwrap();
+    assert_refused(&dir, &dir.join("state"), Some(0));
+    let dir = copy("short");
+    std::fs::write(dir.join("state"), &good["state"][..100]).unwrap();
+    assert_refused(&dir, &dir.join("state"), None);
+    // A state file of another partition.
+    let other = tmp.path().join("other");
+    PartitionLog::create(&other, PARTITION + 1, config)
+        .unwrap()
+        .close()
+        .unwrap();
+    let dir = copy("foreign");
+    std::fs::copy(other.join("state"), dir.join("state")).unwrap();
+    assert_refused(&dir, &dir.join("state"), None);
+}
+
+#[test]
+fn a_failed_commit_acknowledges_nothing_and_stops_the_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fail_sync = Arc::new(AtomicBool::new(false));
+    let disk = Arc::new(FlakyDisk {
+        fail_sync: fail_sync.clone(),
+    });
+    let config = group_commit(2_000, 1_000);
+    let mut log = PartitionLog::create_on(disk.clone(), tmp.path(), PARTITION, config).unwrap();
+    append_until(&mut log, 6);
+    log.commit().unwrap();
+    append_until(&mut log, 9);
+    fail_sync.store(true, Ordering::SeqCst);
+    assert!(log.commit().is_err());
+    assert_eq!(
+        log.visible_next_offset(),
+        6,
+        "nothing the failed barrier covered is visible"
+    );
+    assert_reference(&read_all(&log, 0, u32::MAX), 0, 6);
+    fail_sync.store(false, Ordering::SeqCst);
+    assert!(log.commit().is_err(), "no retry on the same descriptor");
+    assert!(log.append(&mut reference_batch(9, 1), 1).is_err());
+    assert!(log.stopped_reason().is_some());
+    let reserved = log.offset_reserved();
+    drop(log);
+    let log = PartitionLog::open_on(disk, tmp.path(), PARTITION, config).unwrap();
+    assert_reference(&read_all(&log, 0, 6), 0, 6);
+    assert_eq!(log.next_offset(), reserved);
 }

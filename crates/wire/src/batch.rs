@@ -342,6 +342,25 @@ struct Frame {
     reserved_is_zero: bool,
 }
 
+/// The offset of the last message in `batches`, a run of whole batches back to back (a poll
+/// reply body after its 16-byte head). `None` if there is no message or a batch runs past the
+/// end. Offsets are `base_offset + offset_delta`, so this is exact even when the run spans an
+/// offset gap (the count of messages alone would not be).
+pub fn last_offset(batches: &[u8]) -> Option<u64> {
+    let mut rest = batches;
+    let mut last = None;
+    while !rest.is_empty() {
+        let header = header(rest)?;
+        let length = usize::try_from(header.batch_length).ok()?;
+        let batch = rest.get(..length)?;
+        if let Some(frame) = FrameWalker::new(batch).last() {
+            last = Some(header.base_offset.checked_add(u64::from(frame.offset_delta))?);
+        }
+        rest = &rest[length..];
+    }
+    last
+}
+
 /// Walks the frames after the batch header. It stops at the end of the batch, or at the first
 /// frame that would run past it (setting `overran`), so no frame it yields is out of bounds.
 struct FrameWalker<'a> {

@@ -104,10 +104,7 @@ pub fn decode_batches(mut bytes: &[u8]) -> Vec<Message> {
 }
 
 pub fn config(segment_size_bytes: u64) -> LogConfig {
-    LogConfig {
-        segment_size_bytes,
-        sync: SyncMode::Os,
-    }
+    LogConfig::new(segment_size_bytes, SyncMode::Os)
 }
 
 /// Every file of `dir` with its bytes (to prove a refused open changed nothing).

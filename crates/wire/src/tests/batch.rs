@@ -388,3 +388,17 @@ fn batch_error_statuses() {
     assert_eq!(BatchError::Malformed("x").status(), 4);
     assert_eq!(BatchError::InvalidBatchChecksum.status(), 4039);
 }
+
+#[test]
+fn last_offset_reads_the_deltas_across_batches_and_gaps() {
+    // Two stamped batches whose offsets are not adjacent (a gap between 11 and 70000).
+    let mut run = stamped_golden();
+    let mut second = golden_batch();
+    batch::stamp(&mut second, 0, 70_000, 2_000_000);
+    run.extend_from_slice(&second);
+    assert_eq!(batch::last_offset(&stamped_golden()), Some(11));
+    assert_eq!(batch::last_offset(&run), Some(70_001));
+    assert_eq!(batch::last_offset(&[]), None);
+    // A batch cut short is not trusted.
+    assert_eq!(batch::last_offset(&run[..run.len() - 1]), None);
+}
