@@ -14,6 +14,7 @@ mod catalog;
 mod config;
 mod handler;
 mod tcp;
+mod tools;
 mod writer;
 
 use clap::{Args, Parser, Subcommand};
@@ -41,6 +42,24 @@ struct Cli {
 enum Command {
     /// Run the server (the default when no subcommand is given).
     Serve(ServeArgs),
+    /// Verify every partition of a stopped server's data directory offline and print a verdict
+    /// per partition (healthy / recoverable / damaged). Exit code 0 only when all are healthy,
+    /// 1 when something is recoverable or damaged, 2 on usage or IO errors.
+    Check {
+        /// The data directory (the server must not be running on it).
+        data_dir: PathBuf,
+    },
+    /// Operator action for a refused partition: cut it at its damage (the cut bytes and later
+    /// segments are moved to a quarantine folder inside the partition directory, nothing is
+    /// deleted) so it serves again. Offsets are never handed out twice: minting resumes above
+    /// every offset that existed. Refuses partitions that are not damaged.
+    Repair {
+        /// Confirms that the messages from the damage onwards are given up.
+        #[arg(long = "accept-loss", required = true, value_name = "STREAM/TOPIC/PARTITION")]
+        target: String,
+        /// The data directory (the server must be stopped; its lock is checked).
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(Args, Default)]
@@ -81,6 +100,8 @@ fn main() -> ExitCode {
     let args = match cli.command {
         Some(Command::Serve(args)) => args,
         None => ServeArgs::default(),
+        Some(Command::Check { data_dir }) => return tools::run_check(&data_dir),
+        Some(Command::Repair { target, data_dir }) => return tools::run_repair(&target, &data_dir),
     };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -164,6 +185,11 @@ async fn serve(config: config::Config) -> Result<(), String> {
     );
     let global_counters = writers.global_counters().clone();
     let data_dir = config.data_dir.clone();
+    std::fs::create_dir_all(&data_dir)
+        .map_err(|e| format!("cannot create the data directory {}: {e}", data_dir.display()))?;
+    // Held until the server has closed every partition: a second server, or `cairn repair`,
+    // on the same directory is refused instead of corrupting it.
+    let _data_dir_lock = cairn_storage::lock::DataDirLock::acquire(&data_dir).map_err(|e| e.to_string())?;
     let (mut catalog, first_start) = catalog::Catalog::load(&data_dir, log_config, writers)
         .map_err(|e| format!("cannot load the data directory {}: {e}", data_dir.display()))?;
     let clock: Box<dyn handler::Clock> = Box::new(handler::SystemClock);

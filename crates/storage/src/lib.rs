@@ -14,6 +14,11 @@
 //! - [`io`]: the only module that calls the filesystem: the [`io::Disk`] trait and its
 //!   `std::fs` implementation. `PartitionLog::open_on` / `ConsumerOffsets::open_on` take any
 //!   `Disk`, so tests can inject faults (failed barriers, lost unsynced writes).
+//! - [`check`]: offline verification of partitions and data directories (read-only, on the
+//!   same recovery planning phase `open` runs) and the explicit `repair --accept-loss` that
+//!   cuts a refused partition at its damage, moving the cut data into a quarantine folder.
+//! - [`lock`]: the data directory lock (`<data_dir>/.lock`, `flock`), so a repair never runs
+//!   against a live server. It calls `std::fs` directly: a lock is not data.
 //! - [`sim_disk`]: an in-memory [`io::Disk`] that models power loss (unsynced writes lost or
 //!   torn, unsynced directory operations lost, failing barriers), for simulation tests here
 //!   and in the server.
@@ -28,8 +33,10 @@
 //! stored batch; the server's admission limit must not exceed it.
 
 pub mod atomic_file;
+pub mod check;
 pub mod index;
 pub mod io;
+pub mod lock;
 pub mod log;
 pub mod offsets;
 pub mod record;

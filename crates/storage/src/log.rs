@@ -1295,6 +1295,12 @@ pub(crate) fn plan_recovery(
             }
             EntryName::IndexStaging(_) | EntryName::StartStaging => stale_staging.push(name),
             EntryName::Start | EntryName::State => {}
+            // Known neighbours of the log: stored consumer offsets, and what an operator's
+            // `repair --accept-loss` keeps (quarantined bytes, an interrupted state rewrite).
+            EntryName::Other
+                if name == "offsets"
+                    || name.starts_with(crate::check::QUARANTINE_PREFIX)
+                    || name == crate::check::STATE_REPAIR_STAGING_NAME => {}
             EntryName::Other => {
                 tracing::warn!(dir = %dir.display(), %name, "ignoring unknown file in a partition log directory");
             }
