@@ -47,6 +47,10 @@ pub async fn serve(server: Arc<Server>, listener: TcpListener, mut shutdown: wat
         };
         let server = server.clone();
         let shutdown = shutdown.clone();
+        // Replies are written with one call each; no reason to hold them back.
+        if let Err(error) = socket.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY");
+        }
         connections.spawn(async move {
             let _permit = permit;
             server.clients_connected.fetch_add(1, Ordering::Relaxed);
@@ -100,6 +104,7 @@ impl Connection {
                 }
                 _ = self.shutdown.changed() => return Ok(()),
             }
+            acknowledge_promptly(&self.socket);
             if !self.serve_frame(&header).await? {
                 return Ok(());
             }
@@ -254,5 +259,32 @@ fn fallback_header(raw: &[u8; HEADER_SIZE]) -> RequestHeader {
         session: u64_at(184),
         code: u32_at(196),
         size: u32_at(48),
+    }
+}
+
+/// Ask the kernel to acknowledge the bytes just received at once instead of delaying the ACK.
+///
+/// Why: the 0.11 SDK writes a request through an 8 KiB `BufWriter` with Nagle's algorithm on
+/// (its default). A request larger than the buffer leaves the client as two segments, and
+/// Nagle holds the second until the first is acknowledged, while Linux delays that ACK by up
+/// to 40 ms. Measured: 32 producers sending 10 KiB batches waited ~44 ms per send. Linux
+/// clears quick-ack mode on its own, so it is re-armed after every header read. Best effort:
+/// a failure only costs latency.
+fn acknowledge_promptly(socket: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let enable: libc::c_int = 1;
+    // SAFETY: setsockopt on a socket descriptor we own, with a pointer to a live c_int and
+    // its exact size.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_QUICKACK,
+            (&enable as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::trace!(error = %std::io::Error::last_os_error(), "cannot set TCP_QUICKACK");
     }
 }

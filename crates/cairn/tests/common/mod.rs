@@ -61,6 +61,13 @@ impl TestServer {
     pub fn start_args(data_dir: &Path, args: &[&str], extra_env: &[(&str, &str)]) -> TestServer {
         let bin = env!("CARGO_BIN_EXE_cairn");
         let mut cmd = Command::new(bin);
+        // The server refuses unknown CAIRN_* variables; a test's own settings (e.g.
+        // CAIRN_SOAK_CYCLES) must not leak into it. Only what the harness passes is seen.
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("CAIRN_") {
+                cmd.env_remove(&name);
+            }
+        }
         cmd.arg("serve")
             .args(args)
             .env("CAIRN_ROOT_PASSWORD", ROOT_PASSWORD)
@@ -183,7 +190,8 @@ impl TestServer {
         }
     }
 
-    /// Clean stop: SIGTERM, wait (bounded), assert exit status 0.
+    /// Clean stop (SIGTERM), asserting exit 0, then `cairn check` on the data directory: every
+    /// data directory a test leaves behind after a clean stop must verify as healthy.
     pub fn stop(mut self) {
         let status = self.terminate();
         assert!(
@@ -191,6 +199,7 @@ impl TestServer {
             "cairn did not exit cleanly after SIGTERM: {status:?}; stderr tail:\n{}",
             self.logs()
         );
+        assert_check_healthy(&self.data_dir);
     }
 
     /// SIGTERM and wait; returns the exit status.
@@ -1477,4 +1486,590 @@ pub async fn poll_all(
         assert!(out.len() <= max_messages, "more messages than expected");
     }
     panic!("poll_all did not reach the end within {max_rounds} rounds");
+}
+
+// ------------------------------------------------------------------------------------------
+// Durability scenario helpers (on-disk format read independently of cairn-storage, so the
+// tests do not trust the code they test; see crates/storage/src/record.rs for the layout)
+// ------------------------------------------------------------------------------------------
+
+/// `<data>/streams/<s>/topics/<t>/partitions/<p>`.
+pub fn partition_dir(data_dir: &Path, stream: u32, topic: u32, partition: u32) -> PathBuf {
+    data_dir
+        .join("streams")
+        .join(stream.to_string())
+        .join("topics")
+        .join(topic.to_string())
+        .join("partitions")
+        .join(partition.to_string())
+}
+
+pub const RECORD_HEADER_BYTES: usize = 64;
+pub const RECORD_MAGIC_BYTES: &[u8; 4] = b"CRNR";
+pub const RECORD_KIND_BATCH: u8 = 1;
+pub const RECORD_KIND_GAP: u8 = 2;
+/// Byte offset of `base_offset` inside the 64-byte record header.
+pub const RECORD_BASE_OFFSET_AT: usize = 40;
+
+/// One record as found in a `.log` file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskRecord {
+    /// Byte position of the record header in its file.
+    pub pos: u64,
+    /// Whole record size (header + body).
+    pub len: u64,
+    pub kind: u8,
+    pub checksum: u64,
+    pub parent_checksum: u64,
+    pub op: u64,
+    pub partition_id: u32,
+    pub base_offset: u64,
+    pub message_count: u32,
+    pub body_len: u32,
+    pub timestamp_us: u64,
+}
+
+impl DiskRecord {
+    pub fn end(&self) -> u64 {
+        self.pos + self.len
+    }
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.pos as usize..self.end() as usize
+    }
+}
+
+/// Walk whole records from the start of `bytes`; stops at the first position that does not
+/// hold a whole record with the right magic. Returns the records and the bytes they cover.
+/// (No checksum verification: this is a structural walk for test bookkeeping.)
+pub fn parse_records(bytes: &[u8]) -> (Vec<DiskRecord>, u64) {
+    let mut out = Vec::new();
+    let mut pos = 0usize;
+    while bytes.len() - pos >= RECORD_HEADER_BYTES {
+        let h = &bytes[pos..pos + RECORD_HEADER_BYTES];
+        if &h[0..4] != RECORD_MAGIC_BYTES {
+            break;
+        }
+        let body_len = rd_u32(h, 52);
+        let len = RECORD_HEADER_BYTES as u64 + u64::from(body_len);
+        if ((bytes.len() - pos) as u64) < len {
+            break;
+        }
+        out.push(DiskRecord {
+            pos: pos as u64,
+            len,
+            kind: h[5],
+            checksum: rd_u64(h, 8),
+            parent_checksum: rd_u64(h, 16),
+            op: rd_u64(h, 24),
+            partition_id: rd_u32(h, 36),
+            base_offset: rd_u64(h, 40),
+            message_count: rd_u32(h, 48),
+            body_len,
+            timestamp_us: rd_u64(h, 56),
+        });
+        pos += len as usize;
+    }
+    (out, pos as u64)
+}
+
+/// The record checksum as the format defines it: XXH3-64 over header bytes 16..64, then the
+/// body.
+pub fn record_checksum(record: &[u8]) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(&record[16..RECORD_HEADER_BYTES]);
+    h.update(&record[RECORD_HEADER_BYTES..]);
+    h.digest()
+}
+
+/// Build a checksum-valid record that claims to follow `prev` (the whole bytes of the last
+/// batch record of a log): same batch content, `op + 1`, parent = `prev`'s checksum, base
+/// offset `base_offset` (the continuing one is `prev.base_offset + prev.message_count`).
+/// Both the batch checksum and the record checksum are recomputed. Self-checks that this
+/// computation reproduces `prev`'s own stored checksums, so a forged record is exactly as
+/// valid as one the server wrote.
+pub fn forge_record_after(prev: &[u8], base_offset: u64) -> Vec<u8> {
+    let (recs, covered) = parse_records(prev);
+    assert_eq!(recs.len(), 1, "forge_record_after wants exactly one whole record");
+    assert_eq!(covered as usize, prev.len());
+    let r = recs[0];
+    assert_eq!(r.kind, RECORD_KIND_BATCH, "forge from a batch record");
+    // Self-check: our checksum functions reproduce what the server stored.
+    assert_eq!(
+        record_checksum(prev),
+        r.checksum,
+        "record checksum formula self-check"
+    );
+    let body = &prev[RECORD_HEADER_BYTES..];
+    assert_eq!(
+        batch::checksum(body),
+        rd_u64(body, 40),
+        "batch checksum formula self-check"
+    );
+
+    let mut out = prev.to_vec();
+    out[16..24].copy_from_slice(&r.checksum.to_le_bytes()); // parent
+    out[24..32].copy_from_slice(&(r.op + 1).to_le_bytes()); // op
+    out[40..48].copy_from_slice(&base_offset.to_le_bytes()); // record base_offset
+    let b = RECORD_HEADER_BYTES;
+    out[b + 8..b + 16].copy_from_slice(&base_offset.to_le_bytes()); // batch base_offset
+    let bsum = batch::checksum(&out[b..]);
+    out[b + 40..b + 48].copy_from_slice(&bsum.to_le_bytes());
+    let rsum = record_checksum(&out);
+    out[8..16].copy_from_slice(&rsum.to_le_bytes());
+    out
+}
+
+/// The `.log` files of a partition directory, sorted by base offset.
+pub fn segment_logs(partition_dir: &Path) -> Vec<(u64, PathBuf)> {
+    let mut out: Vec<(u64, PathBuf)> = std::fs::read_dir(partition_dir)
+        .unwrap_or_else(|e| panic!("read_dir {}: {e}", partition_dir.display()))
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            if p.extension()? != "log" {
+                return None;
+            }
+            let stem = p.file_stem()?.to_str()?;
+            assert_eq!(stem.len(), 20, "segment name {} is not 20 digits", p.display());
+            Some((stem.parse::<u64>().ok()?, p))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The highest-based (active) `.log` of a partition.
+pub fn last_segment_log(partition_dir: &Path) -> PathBuf {
+    segment_logs(partition_dir)
+        .pop()
+        .unwrap_or_else(|| panic!("no .log in {}", partition_dir.display()))
+        .1
+}
+
+/// Walk every segment of a partition and assert the chain the format promises: the files
+/// hold only whole records; the first segment is named 0 (no purge in these tests);
+/// inside a segment offsets are contiguous; a gap record is the last record of its segment
+/// and points strictly forward; each segment's name (base offset) equals the previous
+/// segment's chain end (its end offset, or its gap's target); parent checksums and ops chain
+/// across all records. Returns the next offset after the last record.
+#[track_caller]
+pub fn assert_segment_chain(partition_dir: &Path) -> u64 {
+    let segs = segment_logs(partition_dir);
+    assert!(!segs.is_empty(), "no segments in {}", partition_dir.display());
+    assert_eq!(segs[0].0, 0, "first segment is not based at 0: {segs:?}");
+    let mut expected_next = 0u64;
+    let mut parent = 0u64;
+    let mut op = 1u64;
+    for (base, path) in &segs {
+        assert_eq!(
+            *base,
+            expected_next,
+            "segment {} does not continue the chain (expected base {expected_next}); segments: {segs:?}",
+            path.display()
+        );
+        let bytes = std::fs::read(path).unwrap();
+        let (recs, covered) = parse_records(&bytes);
+        assert_eq!(
+            covered,
+            bytes.len() as u64,
+            "{}: {} trailing bytes that are not whole records",
+            path.display(),
+            bytes.len() as u64 - covered
+        );
+        for (i, r) in recs.iter().enumerate() {
+            let at = format!("{} record at byte {}", path.display(), r.pos);
+            assert_eq!(r.parent_checksum, parent, "{at}: parent checksum chain");
+            assert_eq!(r.op, op, "{at}: op chain");
+            parent = r.checksum;
+            op += 1;
+            match r.kind {
+                RECORD_KIND_BATCH => {
+                    assert_eq!(r.base_offset, expected_next, "{at}: offsets not contiguous");
+                    assert!(r.message_count > 0, "{at}: empty batch record");
+                    expected_next = r.base_offset + u64::from(r.message_count);
+                }
+                RECORD_KIND_GAP => {
+                    assert!(r.base_offset > expected_next, "{at}: gap does not point forward");
+                    assert_eq!(
+                        i,
+                        recs.len() - 1,
+                        "{at}: gap record is not the last of its segment"
+                    );
+                    expected_next = r.base_offset;
+                }
+                k => panic!("{at}: unknown record kind {k}"),
+            }
+        }
+    }
+    expected_next
+}
+
+/// Every file under `dir` (recursively) with its length and XXH3 hash, by relative path.
+pub fn hash_tree(dir: &Path) -> std::collections::BTreeMap<String, (u64, u64)> {
+    fn walk(root: &Path, dir: &Path, out: &mut std::collections::BTreeMap<String, (u64, u64)>) {
+        for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display())) {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(root, &p, out);
+            } else {
+                let bytes = std::fs::read(&p).unwrap();
+                let rel = p.strip_prefix(root).unwrap().display().to_string();
+                out.insert(rel, (bytes.len() as u64, xxh3(&bytes)));
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// Flip `mask` bits of the byte at `pos` in `path`, in place.
+pub fn flip_byte(path: &Path, pos: u64, mask: u8) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[pos as usize] ^= mask;
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Append `extra` to the file at `path`.
+pub fn append_bytes(path: &Path, extra: &[u8]) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+    f.write_all(extra).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// Run the offline verifier `cairn check <dir>` and assert it exits 0 (healthy), printing its
+/// output otherwise. Only for stopped servers.
+#[track_caller]
+pub fn assert_check_healthy(data_dir: &Path) {
+    let bin = env!("CARGO_BIN_EXE_cairn");
+    let out = Command::new(bin)
+        .arg("check")
+        .arg(data_dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("failed to run {bin} check: {e}"));
+    assert!(
+        out.status.success(),
+        "`cairn check {}` did not report healthy: {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        data_dir.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Assert the server logged no partition refusal (stderr tail).
+#[track_caller]
+pub fn assert_no_refusal(server: &TestServer) {
+    let logs = server.logs();
+    assert!(
+        !logs.contains("partition refused"),
+        "a partition was refused at boot:\n{logs}"
+    );
+}
+
+/// Deterministic payload of a message id (so identical bytes can be checked from the id).
+pub fn payload_for(id: u128, len: usize) -> Vec<u8> {
+    let mut out = format!("m{id}:").into_bytes();
+    let mut x = (id as u64) ^ ((id >> 64) as u64) ^ 0x9E37_79B9_7F4A_7C15;
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.push(x as u8);
+    }
+    out.truncate(len.max(1));
+    out
+}
+
+/// Send one batch through the SDK (bounded by a timeout).
+pub async fn send_batch(
+    client: &IggyClient,
+    stream: u32,
+    topic: u32,
+    partition: u32,
+    messages: &[(u128, Vec<u8>)],
+) -> Result<(), IggyError> {
+    let mut msgs: Vec<IggyMessage> = messages
+        .iter()
+        .map(|(id, payload)| sdk_message(*id, payload.clone()))
+        .collect();
+    match tokio::time::timeout(
+        Duration::from_secs(30),
+        client.send_messages(
+            &id_num(stream),
+            &id_num(topic),
+            &Partitioning::partition_id(partition),
+            &mut msgs,
+        ),
+    )
+    .await
+    {
+        Ok(r) => r.map(|_| ()),
+        Err(_) => panic!("send_messages timed out after 30 s"),
+    }
+}
+
+/// Poll one page from `offset` (Offset strategy, no auto-commit).
+pub async fn poll_from(
+    client: &IggyClient,
+    stream: u32,
+    topic: u32,
+    partition: u32,
+    strategy: PollingStrategy,
+    count: u32,
+) -> Result<PolledMessages, IggyError> {
+    match tokio::time::timeout(
+        Duration::from_secs(30),
+        client.poll_messages(
+            &id_num(stream),
+            &id_num(topic),
+            Some(partition),
+            &Consumer::new(id_num(777_777)),
+            &strategy,
+            count,
+            false,
+        ),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(_) => panic!("poll_messages timed out after 30 s"),
+    }
+}
+
+/// What the client knows about one partition: every ACKed message by offset.
+#[derive(Debug, Clone, Default)]
+pub struct Ledger {
+    pub stream: u32,
+    pub topic: u32,
+    pub partition: u32,
+    /// offset -> (message id, payload) of every ACKed message.
+    pub acked: std::collections::BTreeMap<u64, (u128, Vec<u8>)>,
+    next_id: u128,
+    payload_len: usize,
+}
+
+impl Ledger {
+    pub fn new(stream: u32, topic: u32, partition: u32, payload_len: usize) -> Ledger {
+        Ledger {
+            stream,
+            topic,
+            partition,
+            acked: Default::default(),
+            // Ids unique across partitions of a test.
+            next_id: (u128::from(stream) << 80)
+                | (u128::from(topic) << 64)
+                | (u128::from(partition) << 48)
+                | 1,
+            payload_len,
+        }
+    }
+
+    pub fn max_offset(&self) -> Option<u64> {
+        self.acked.keys().next_back().copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.acked.len()
+    }
+
+    /// The next `n` messages this ledger would send.
+    pub fn next_messages(&mut self, n: usize) -> Vec<(u128, Vec<u8>)> {
+        (0..n)
+            .map(|_| {
+                let id = self.next_id;
+                self.next_id += 1;
+                (id, payload_for(id, self.payload_len))
+            })
+            .collect()
+    }
+
+    /// Send one batch of `n` messages (must be ACKed), learn the offsets it got by polling,
+    /// record them, and return them.
+    pub async fn send_acked(&mut self, client: &IggyClient, n: usize) -> Vec<u64> {
+        let msgs = self.next_messages(n);
+        send_batch(client, self.stream, self.topic, self.partition, &msgs)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "send to partition {} not ACKed: {e} ({})",
+                    self.partition,
+                    e.as_code()
+                )
+            });
+        self.learn(client, &msgs).await
+    }
+
+    /// Find the offsets of `msgs` (ACKed, single producer per partition: they follow every
+    /// known message) and record them.
+    pub async fn learn(&mut self, client: &IggyClient, msgs: &[(u128, Vec<u8>)]) -> Vec<u64> {
+        let from = self.max_offset().map_or(0, |o| o + 1);
+        let polled = poll_from(
+            client,
+            self.stream,
+            self.topic,
+            self.partition,
+            PollingStrategy::offset(from),
+            msgs.len() as u32 + 16,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("poll after send: {e} ({})", e.as_code()));
+        let mut offsets = Vec::new();
+        for (id, payload) in msgs {
+            let m = polled
+                .messages
+                .iter()
+                .find(|m| m.header.id == *id)
+                .unwrap_or_else(|| panic!("ACKed message {id:#x} not visible from offset {from}"));
+            assert!(
+                m.payload[..] == payload[..],
+                "ACKed message {id:#x}: payload differs"
+            );
+            let prev = self.acked.insert(m.header.offset, (*id, payload.clone()));
+            assert!(
+                prev.is_none(),
+                "offset {} ACKed twice: first {:#x}, now {id:#x}",
+                m.header.offset,
+                prev.unwrap().0
+            );
+            offsets.push(m.header.offset);
+        }
+        offsets
+    }
+
+    /// Poll the whole partition and assert every ACKed message is at its offset with identical
+    /// bytes. With `exact`, nothing else is there either. Returns the polled messages.
+    pub async fn verify(&self, client: &IggyClient, exact: bool) -> Vec<IggyMessage> {
+        let all = poll_all(
+            client,
+            self.stream,
+            self.topic,
+            self.partition,
+            1000,
+            self.acked.len() + 100_000,
+        )
+        .await;
+        let mut by_offset = std::collections::BTreeMap::new();
+        let mut prev: Option<u64> = None;
+        for m in &all {
+            if let Some(p) = prev {
+                assert!(
+                    m.header.offset > p,
+                    "poll returned offset {} after {p}",
+                    m.header.offset
+                );
+            }
+            prev = Some(m.header.offset);
+            by_offset.insert(m.header.offset, m);
+        }
+        for (offset, (id, payload)) in &self.acked {
+            let m = by_offset.get(offset).unwrap_or_else(|| {
+                panic!(
+                    "partition {}: ACKed message {id:#x} at offset {offset} is missing ({} polled, {} ACKed)",
+                    self.partition,
+                    all.len(),
+                    self.acked.len()
+                )
+            });
+            assert_eq!(
+                m.header.id, *id,
+                "partition {}: offset {offset} holds another message",
+                self.partition
+            );
+            assert!(
+                m.payload[..] == payload[..],
+                "partition {}: offset {offset}: payload bytes differ",
+                self.partition
+            );
+        }
+        if exact {
+            assert_eq!(
+                all.len(),
+                self.acked.len(),
+                "partition {}: polled {} messages, ACKed {}",
+                self.partition,
+                all.len(),
+                self.acked.len()
+            );
+        }
+        all
+    }
+}
+
+/// Unmounts a tmpfs on drop.
+pub struct TmpfsMount {
+    pub path: PathBuf,
+}
+
+impl TmpfsMount {
+    /// `mount -t tmpfs -o size=<size> tmpfs <path>`; panics with a clear message if refused.
+    pub fn mount(path: &Path, size: &str) -> TmpfsMount {
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(path)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("could not run mount(8): {e}; the disk-full scenario needs root and mount")
+            });
+        assert!(
+            out.status.success(),
+            "mounting a {size} tmpfs on {} failed ({:?}): {}; the disk-full scenario must run as root with \
+             mount permitted (CI does)",
+            path.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        TmpfsMount {
+            path: path.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for TmpfsMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.path).status();
+    }
+}
+
+/// Run `cairn check <dir>` on a stopped server's data dir holding damage: it must exit 1 and
+/// say "damaged". Returns its stdout.
+#[track_caller]
+pub fn assert_check_reports_damage(data_dir: &Path) -> String {
+    let bin = env!("CARGO_BIN_EXE_cairn");
+    let out = Command::new(bin)
+        .arg("check")
+        .arg(data_dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("failed to run {bin} check: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "`cairn check {}` on damaged data: {:?}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}",
+        data_dir.display(),
+        out.status
+    );
+    assert!(
+        stdout.to_lowercase().contains("damaged") || stderr.to_lowercase().contains("damaged"),
+        "`cairn check` exit 1 without saying 'damaged':\n{stdout}\n{stderr}"
+    );
+    stdout
+}
+
+impl TestServer {
+    /// Clean stop (SIGTERM, exit 0 asserted) of a server whose data dir deliberately holds
+    /// damage (a refused partition): instead of [`TestServer::stop`]'s healthy check, `cairn
+    /// check` must report the damage (exit 1). Returns the check's stdout.
+    pub fn stop_with_damage(mut self) -> String {
+        let status = self.terminate();
+        assert!(
+            status.success(),
+            "cairn did not exit cleanly after SIGTERM: {status:?}; stderr tail:\n{}",
+            self.logs()
+        );
+        assert_check_reports_damage(&self.data_dir)
+    }
 }
