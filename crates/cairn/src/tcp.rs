@@ -162,6 +162,12 @@ impl Connection {
         let Some(mut session) = self.session.take() else {
             return Ok(false);
         };
+        tracing::debug!(
+            client_id = session.client_id,
+            command = command.name(),
+            request = header.request,
+            "request"
+        );
         let server = self.server.clone();
         let joined = tokio::task::spawn_blocking(move || {
             let reply = server.handle(&mut session, command);

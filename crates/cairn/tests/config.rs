@@ -51,3 +51,148 @@ async fn config_file_supplies_data_dir_address_and_segment_size() {
     drop(client);
     server.stop();
 }
+
+/// Run `cairn serve` with `args` and the environment cleared of CAIRN_* except `env`, expecting
+/// it to refuse to start; returns its stderr.
+fn refused_start(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"));
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("CAIRN_") {
+            command.env_remove(&name);
+        }
+    }
+    command.arg("serve").args(args).envs(env.iter().copied());
+    let output = command.output().expect("run cairn");
+    assert!(
+        !output.status.success(),
+        "cairn started with a bad configuration: {}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    assert_eq!(output.status.code(), Some(2), "configuration errors exit with 2");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn unknown_keys_and_invalid_values_are_refused_by_name() {
+    let dir = temp_dir();
+    let data = dir.path().join("data");
+    let data = data.to_str().expect("utf-8");
+    let config = dir.path().join("bad.toml");
+    std::fs::write(&config, "[storage]\nsegment_sise_bytes = 4096\n").expect("write config");
+    let stderr = refused_start(
+        &["--data-dir", data, "--config", config.to_str().expect("utf-8")],
+        &[],
+    );
+    assert!(
+        stderr.contains("storage.segment_sise_bytes"),
+        "names the unknown file key: {stderr}"
+    );
+
+    let stderr = refused_start(&["--data-dir", data], &[("CAIRN_TCP_ADRESS", "127.0.0.1:1")]);
+    assert!(
+        stderr.contains("CAIRN_TCP_ADRESS"),
+        "names the unknown variable: {stderr}"
+    );
+
+    let stderr = refused_start(
+        &["--data-dir", data],
+        &[("CAIRN_STORAGE_DURABILITY", "sometimes")],
+    );
+    assert!(
+        stderr.contains("storage.durability"),
+        "names the invalid key: {stderr}"
+    );
+
+    let stderr = refused_start(&["--data-dir", data, "--tcp-address", "not-an-address"], &[]);
+    assert!(
+        stderr.contains("tcp.address"),
+        "names the invalid flag's key: {stderr}"
+    );
+    assert!(
+        !std::path::Path::new(data).join("metadata").exists(),
+        "nothing was written"
+    );
+}
+
+/// With no password configured, the first start generates one, prints it once and stores only
+/// its hash; it works for login, and a later start neither prints it again nor changes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn root_password_is_generated_once_and_stored_hashed() {
+    use std::io::{BufRead, BufReader};
+    let dir = temp_dir();
+    let data = dir.path().join("data");
+    let start = || {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"));
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("CAIRN_") {
+                command.env_remove(&name);
+            }
+        }
+        let mut child = command
+            .args(["serve", "--tcp-address", "127.0.0.1:0", "--data-dir"])
+            .arg(&data)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start cairn");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = Vec::new();
+        // Bounded by the server's own output: it ends with the readiness line.
+        for line in BufReader::new(stdout).lines() {
+            let line = line.expect("stdout line");
+            let ready = line.starts_with("CAIRN_READY tcp=");
+            lines.push(line);
+            if ready {
+                break;
+            }
+        }
+        (child, lines)
+    };
+    let stop = |mut child: std::process::Child| {
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        assert!(child.wait().expect("wait").success(), "clean stop");
+    };
+    let address = |lines: &[String]| -> std::net::SocketAddr {
+        let ready = lines.last().expect("ready line");
+        ready
+            .trim_start_matches("CAIRN_READY tcp=")
+            .parse()
+            .expect("address")
+    };
+
+    let (child, lines) = start();
+    let generated: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("Generated a password"))
+        .collect();
+    assert_eq!(generated.len(), 1, "printed exactly once: {lines:?}");
+    let password = generated[0].rsplit(' ').next().expect("password").to_string();
+    assert!(password.len() >= 16, "a strong generated password: {password}");
+    let metadata = std::fs::read(data.join("metadata")).expect("metadata");
+    assert!(
+        !String::from_utf8_lossy(&metadata).contains(&password),
+        "the password itself is never stored"
+    );
+    let client = sdk_client(address(&lines)).await;
+    client
+        .login_user("iggy", &password)
+        .await
+        .expect("login with the generated password");
+    drop(client);
+    stop(child);
+
+    let (child, lines) = start();
+    assert!(
+        !lines.iter().any(|l| l.contains("Generated a password")),
+        "not printed again: {lines:?}"
+    );
+    let client = sdk_client(address(&lines)).await;
+    client
+        .login_user("iggy", &password)
+        .await
+        .expect("the same password still works");
+    drop(client);
+    stop(child);
+    assert_check_healthy(&data);
+}

@@ -340,3 +340,78 @@ async fn root_password_comes_from_the_environment() {
     .expect("login with the configured password");
     server.stop();
 }
+
+/// Conformance items 7 and 8: after a manual login the server sees exactly Register (login),
+/// GetClusterMetadata, GetClusterMetadata; the one-node metadata reply means the client never
+/// sends the multi-node routing codes (103/104/123/14) afterwards, not even for auto-commit
+/// polls and offset writes. Observed through the server's per-request debug log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_login_sequence_and_no_routing_codes() {
+    let dir = temp_dir();
+    let server = TestServer::start_with(dir.path(), &[], &[("RUST_LOG", "cairn=debug")]);
+    let client = sdk_client(server.addr()).await;
+    client.login_user(ROOT_USER, ROOT_PASSWORD).await.expect("login");
+    let (s, t) = create_stream_topic(&client, "seq", "t", 1).await;
+    let mut msgs = vec![sdk_message(1, b"one".to_vec())];
+    client
+        .send_messages(&id_num(s), &id_num(t), &Partitioning::partition_id(0), &mut msgs)
+        .await
+        .expect("send");
+    let consumer = Consumer::new(id_num(1));
+    client
+        .poll_messages(
+            &id_num(s),
+            &id_num(t),
+            Some(0),
+            &consumer,
+            &PollingStrategy::next(),
+            10,
+            true,
+        )
+        .await
+        .expect("auto-commit poll");
+    client
+        .store_consumer_offset(&consumer, &id_num(s), &id_num(t), Some(0), 0)
+        .await
+        .expect("store offset");
+    client.ping().await.expect("ping");
+
+    // The server logs each request as it serves it; the reply to the last one (Ping) has
+    // arrived, so its log line was written. Wait (bounded) for it to be read from the pipe.
+    let commands = |logs: &str| -> Vec<String> {
+        logs.lines()
+            .filter(|l| l.contains(" request ") && l.contains("command="))
+            .filter_map(|l| {
+                l.split("command=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()
+                    .map(str::to_string)
+            })
+            .map(|c| c.trim_matches('"').to_string())
+            .filter(|c| c != "Ping")
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut seen = commands(&server.logs());
+    while !seen.iter().any(|c| c == "StoreConsumerOffset") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "request log lines never arrived: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        seen = commands(&server.logs());
+    }
+    assert_eq!(
+        &seen[..3],
+        &["LoginUser", "GetClusterMetadata", "GetClusterMetadata"],
+        "manual login sequence: {seen:?}"
+    );
+    assert!(
+        !server.logs().contains("request refused"),
+        "no undecodable request (routing codes 103/104/123/14 would be): {}",
+        server.logs()
+    );
+    drop(client);
+    server.stop();
+}
