@@ -1529,16 +1529,38 @@ pub(crate) fn plan_recovery(
     if plan.chain.next_offset > loaded.offset_reserved {
         // The writer raises the reservation durably before a record beyond it is written, so
         // a record beyond it was not written by this engine (or the state went back in time).
+        let (path, position) =
+            first_record_beyond(dir, &plan.segments, loaded.offset_reserved).unwrap_or((state_path, 0));
         return Err(damaged(
-            state_path,
-            0,
+            path,
+            position,
             format!(
-                "the log ends at offset {}, above the durable offset reservation {}",
-                plan.chain.next_offset, loaded.offset_reserved
+                "a record reaches beyond the durable offset reservation {} (the log ends at offset {}): \
+                 it was not written by this partition's writer",
+                loaded.offset_reserved, plan.chain.next_offset
             ),
         ));
     }
     Ok(plan)
+}
+
+/// The `.log` file and byte position of the first batch record holding an offset at or above
+/// `offset_reserved`, for the refusal message (an operator needs the record, not the state).
+fn first_record_beyond(dir: &Path, segments: &[Segment], offset_reserved: u64) -> Option<(PathBuf, u64)> {
+    segments.iter().find_map(|segment| {
+        let entries = segment.index.entries();
+        entries.iter().enumerate().find_map(|(i, entry)| {
+            let end_offset = entries.get(i + 1).map_or(segment.end_offset, |next| {
+                segment.base_offset + u64::from(next.offset_delta)
+            });
+            (end_offset > offset_reserved).then(|| {
+                (
+                    dir.join(segment_log_name(segment.base_offset)),
+                    u64::from(entry.position_bytes),
+                )
+            })
+        })
+    })
 }
 
 /// Phase 2 of recovery: carry out the plan (deletions, truncation, index rebuilds), then sync

@@ -510,6 +510,22 @@ fn checksum_valid_foreign_or_non_continuing_records_are_refused() {
     }
 }
 
+/// After a clean stop the reservation is collapsed to the log end, so a checksum-valid record
+/// that continues the chain was not written by this partition's writer: refused, and the
+/// refusal names the record's file and byte position (not the state file).
+#[test]
+fn a_continuing_record_beyond_the_reservation_after_a_clean_stop_is_refused_at_its_position() {
+    let tmp = tempfile::tempdir().unwrap();
+    new_log(tmp.path(), 3_000, 40).close().unwrap();
+    let record = forged_record(tmp.path(), |_| {}, 99_999_999);
+    let last = last_log_file(tmp.path());
+    let mut bytes = std::fs::read(&last).unwrap();
+    let position = bytes.len() as u64;
+    bytes.extend_from_slice(&record);
+    std::fs::write(&last, &bytes).unwrap();
+    assert_refused(tmp.path(), &last, Some(position));
+}
+
 #[test]
 fn adversarial_residue_at_the_tail_is_truncated() {
     let tmp = tempfile::tempdir().unwrap();
