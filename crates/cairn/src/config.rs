@@ -39,6 +39,12 @@ pub const KEYS: &[Key] = &[
         about: "TCP listen address (port 0 picks a free port)",
     },
     Key {
+        path: "http.address",
+        kind: ValueKind::Text,
+        default: "127.0.0.1:3000",
+        about: "HTTP (REST) listen address (port 0 picks a free port; empty disables HTTP)",
+    },
+    Key {
         path: "tcp.max_frame_bytes",
         kind: ValueKind::Integer,
         default: "67174400",
@@ -116,6 +122,8 @@ pub enum Durability {
 pub struct Config {
     pub data_dir: PathBuf,
     pub tcp_address: SocketAddr,
+    /// `None` when HTTP is disabled (`http.address` is empty).
+    pub http_address: Option<SocketAddr>,
     pub max_frame_bytes: u32,
     pub max_connections: u32,
     pub message_payload_bytes_max: u32,
@@ -268,6 +276,10 @@ impl Sources {
         let config = Config {
             data_dir: PathBuf::from(self.text("data_dir")?),
             tcp_address: self.parsed("tcp.address")?,
+            http_address: match self.text("http.address")?.trim() {
+                "" => None,
+                _ => Some(self.parsed("http.address")?),
+            },
             max_frame_bytes,
             max_connections: self.integer("tcp.max_connections", 1, 1_000_000)? as u32,
             message_payload_bytes_max: self.integer("limits.message_payload_bytes_max", 1, u32::MAX as u64)?

@@ -4,6 +4,7 @@
 //! - `main.rs`: command line, start-up (config, catalog, root user), signals, clean stop.
 //! - [`config`]: configuration sources and validation.
 //! - [`tcp`]: the TCP shell (framing, one task per connection).
+//! - [`http`]: the HTTP shell (REST/JSON), translating to the same commands and `Server::handle`.
 //! - [`handler`]: request semantics, shared by every transport.
 //! - [`catalog`]: streams, topics, partitions, users and their persistence.
 //! - [`writer`]: group commit, one writer per partition sharing a data barrier among sends.
@@ -13,6 +14,7 @@ mod auth;
 mod catalog;
 mod config;
 mod handler;
+mod http;
 mod tcp;
 mod tools;
 mod writer;
@@ -74,6 +76,9 @@ struct ServeArgs {
     /// TCP listen address (key `tcp.address`).
     #[arg(long, value_name = "ADDR")]
     tcp_address: Option<String>,
+    /// HTTP listen address (key `http.address`; empty disables HTTP).
+    #[arg(long, value_name = "ADDR")]
+    http_address: Option<String>,
     /// Largest request frame (key `tcp.max_frame_bytes`).
     #[arg(long, value_name = "BYTES")]
     max_frame_bytes: Option<String>,
@@ -143,6 +148,7 @@ fn load_config(args: &ServeArgs) -> Result<config::Config, config::ConfigError> 
     let flags = [
         ("data_dir", "--data-dir", &args.data_dir),
         ("tcp.address", "--tcp-address", &args.tcp_address),
+        ("http.address", "--http-address", &args.http_address),
         ("tcp.max_frame_bytes", "--max-frame-bytes", &args.max_frame_bytes),
         (
             "storage.segment_size_bytes",
@@ -200,6 +206,23 @@ async fn serve(config: config::Config) -> Result<(), String> {
     let bound = listener
         .local_addr()
         .map_err(|e| format!("cannot read the bound address: {e}"))?;
+    // Bound before the readiness line, like TCP, so a client may connect as soon as it is printed.
+    let http_listener = match config.http_address {
+        Some(address) => Some(
+            tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|e| format!("cannot listen for HTTP on {address}: {e}"))?,
+        ),
+        None => None,
+    };
+    let http_bound = match &http_listener {
+        Some(listener) => Some(
+            listener
+                .local_addr()
+                .map_err(|e| format!("cannot read the bound HTTP address: {e}"))?,
+        ),
+        None => None,
+    };
     let server = Arc::new(handler::Server::new(config, catalog, clock));
     server.bound_port.store(bound.port() as u32, Ordering::Relaxed);
 
@@ -216,18 +239,32 @@ async fn serve(config: config::Config) -> Result<(), String> {
     println!(
         "Connect with the Iggy CLI: iggy --tcp-server-address {bound} -u iggy -p <password> stream list"
     );
-    // The machine-readable readiness line tests and scripts wait for.
-    println!("CAIRN_READY tcp={bound}");
+    if let Some(http_bound) = http_bound {
+        println!("Serving the Iggy HTTP API on http://{http_bound}");
+    }
+    // The machine-readable readiness line tests and scripts wait for: `tcp=` first, then
+    // `http=` (`http=off` when HTTP is disabled).
+    match http_bound {
+        Some(http_bound) => println!("CAIRN_READY tcp={bound} http={http_bound}"),
+        None => println!("CAIRN_READY tcp={bound} http=off"),
+    }
     tracing::info!(%bound, data_dir = %data_dir.display(), "serving");
 
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let reporting = tokio::spawn(report_counters(global_counters.clone(), shutdown_rx.clone()));
+    let http_serving = http_listener
+        .map(|listener| tokio::spawn(http::serve(server.clone(), listener, shutdown_rx.clone())));
     let serving = tokio::spawn(tcp::serve(server.clone(), listener, shutdown_rx));
     wait_for_stop_signal().await;
     tracing::info!("stop requested: finishing in-flight requests");
     let _ = shutdown_tx.send(true);
     if let Err(error) = serving.await {
         tracing::error!(%error, "the TCP shell ended abnormally");
+    }
+    if let Some(http_serving) = http_serving
+        && let Err(error) = http_serving.await
+    {
+        tracing::error!(%error, "the HTTP shell ended abnormally");
     }
     let _ = reporting.await;
     stop_partitions(&server).await;

@@ -14,7 +14,7 @@ async fn config_file_supplies_data_dir_address_and_segment_size() {
     std::fs::write(
         &config,
         format!(
-            "data_dir = {:?}\n\n[tcp]\naddress = \"127.0.0.1:0\"\n\n[storage]\nsegment_size_bytes = 4096\n",
+            "data_dir = {:?}\n\n[tcp]\naddress = \"127.0.0.1:0\"\n\n[http]\naddress = \"127.0.0.1:0\"\n\n[storage]\nsegment_size_bytes = 4096\n",
             data.to_str().unwrap()
         ),
     )
@@ -129,7 +129,14 @@ async fn root_password_is_generated_once_and_stored_hashed() {
             }
         }
         let mut child = command
-            .args(["serve", "--tcp-address", "127.0.0.1:0", "--data-dir"])
+            .args([
+                "serve",
+                "--tcp-address",
+                "127.0.0.1:0",
+                "--http-address",
+                "127.0.0.1:0",
+                "--data-dir",
+            ])
             .arg(&data)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
@@ -155,8 +162,12 @@ async fn root_password_is_generated_once_and_stored_hashed() {
     };
     let address = |lines: &[String]| -> std::net::SocketAddr {
         let ready = lines.last().expect("ready line");
+        // `tcp=<addr>` comes first; further fields (`http=`) follow after whitespace.
         ready
             .trim_start_matches("CAIRN_READY tcp=")
+            .split_whitespace()
+            .next()
+            .expect("tcp address")
             .parse()
             .expect("address")
     };

@@ -225,6 +225,103 @@ pub fn validate(batch: &[u8], expected_count: u32, limits: &BatchLimits) -> Resu
     Ok(head)
 }
 
+/// One message to encode into a client-format batch with [`encode`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessageIn<'a> {
+    /// Kept as given (the server's callers mint a random id for 0 first, as the binary SDK does).
+    pub id: u128,
+    pub origin_timestamp: u64,
+    pub payload: &'a [u8],
+    pub user_headers: &'a [u8],
+}
+
+/// Encode messages as a client-format batch exactly as a 0.11 binary client would (§7.2-§7.3):
+/// zero partition/offset/timestamp fields, `offset_delta` = index, frame checksums and the
+/// batch checksum filled in. Used by transports that receive messages in another form (HTTP)
+/// so their sends pass through the same [`validate`] as binary ones. No limit is checked here
+/// (that is [`validate`]'s job); `None` only if a length or timestamp delta does not fit its
+/// field, which no batch within the u32-bounded limits can reach.
+pub fn encode(messages: &[MessageIn<'_>]) -> Option<Vec<u8>> {
+    let origin = messages.iter().map(|m| m.origin_timestamp).min().unwrap_or(0);
+    let total: usize = messages
+        .iter()
+        .map(|m| FRAME_HEADER_SIZE + m.payload.len() + m.user_headers.len())
+        .sum();
+    let mut bytes = vec![0u8; BATCH_HEADER_SIZE];
+    bytes.reserve(total);
+    for (index, m) in messages.iter().enumerate() {
+        let start = bytes.len();
+        bytes.extend_from_slice(&0u64.to_le_bytes());
+        bytes.extend_from_slice(&m.id.to_le_bytes());
+        bytes.extend_from_slice(&u32::try_from(index).ok()?.to_le_bytes());
+        let delta = u32::try_from(m.origin_timestamp - origin).ok()?;
+        bytes.extend_from_slice(&delta.to_le_bytes());
+        bytes.extend_from_slice(&u32::try_from(m.user_headers.len()).ok()?.to_le_bytes());
+        bytes.extend_from_slice(&u32::try_from(m.payload.len()).ok()?.to_le_bytes());
+        bytes.extend_from_slice(&0u64.to_le_bytes());
+        bytes.extend_from_slice(m.payload);
+        bytes.extend_from_slice(m.user_headers);
+        let checksum = xxh3::xxh3_64(&bytes[start + FRAME_CHECKSUM_LEN..]);
+        write_u64(&mut bytes, start, checksum);
+    }
+    let batch_length = bytes.len() as u64;
+    write_u64(&mut bytes, ORIGIN_TIMESTAMP_AT, origin);
+    write_u64(&mut bytes, BATCH_LENGTH_AT, batch_length);
+    let count = u32::try_from(messages.len()).ok()?;
+    bytes[MESSAGE_COUNT_AT..MESSAGE_COUNT_AT + 4].copy_from_slice(&count.to_le_bytes());
+    let checksum = compute_checksum(&bytes);
+    write_u64(&mut bytes, BATCH_CHECKSUM_AT, checksum);
+    Some(bytes)
+}
+
+/// One message of a stored or polled batch, as [`messages`] yields it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessageOut<'a> {
+    pub checksum: u64,
+    pub id: u128,
+    /// `base_offset + offset_delta`.
+    pub offset: u64,
+    /// The batch's append timestamp.
+    pub timestamp: u64,
+    /// `origin_timestamp + timestamp_delta`.
+    pub origin_timestamp: u64,
+    pub payload: &'a [u8],
+    pub user_headers: &'a [u8],
+}
+
+/// The messages of a run of whole batches back to back (a poll reply body after its 16-byte
+/// head), as a client derives them (§7.4). `None` if a batch or frame runs past the end.
+pub fn messages(batches: &[u8]) -> Option<Vec<MessageOut<'_>>> {
+    let mut out = Vec::new();
+    let mut rest = batches;
+    while !rest.is_empty() {
+        let head = header(rest)?;
+        let length = usize::try_from(head.batch_length).ok()?;
+        let batch = rest.get(..length)?;
+        let mut walker = FrameWalker::new(batch);
+        for frame in walker.by_ref() {
+            let payload_start = frame.start + FRAME_HEADER_SIZE;
+            let payload_end = payload_start + frame.payload_length as usize;
+            let id_bytes: [u8; 16] = batch.get(frame.start + 8..frame.start + 24)?.try_into().ok()?;
+            let timestamp_delta = read_u32(batch, frame.start + 28)?;
+            out.push(MessageOut {
+                checksum: read_u64(batch, frame.start)?,
+                id: u128::from_le_bytes(id_bytes),
+                offset: head.base_offset.checked_add(u64::from(frame.offset_delta))?,
+                timestamp: head.base_timestamp,
+                origin_timestamp: head.origin_timestamp.saturating_add(u64::from(timestamp_delta)),
+                payload: batch.get(payload_start..payload_end)?,
+                user_headers: batch.get(payload_end..frame.end)?,
+            });
+        }
+        if walker.overran {
+            return None;
+        }
+        rest = &rest[length..];
+    }
+    Some(out)
+}
+
 /// Check the layout a reader relies on, without hashing: a full header, `batch_length` equal
 /// to the slice length, zero reserved bytes (header and frames), and frames that tile the batch
 /// exactly `message_count` times. This is what a strict client applies to a poll reply (§7.4),

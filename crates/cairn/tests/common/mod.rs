@@ -1,8 +1,8 @@
 //! Shared harness for the Cairn integration tests.
 //!
 //! * [`TestServer`] launches the real `cairn` binary (`cairn serve --data-dir <dir>
-//!   --tcp-address 127.0.0.1:0`, root password from `CAIRN_ROOT_PASSWORD`) and waits for the
-//!   `CAIRN_READY tcp=<addr>` line on stdout.
+//!   --tcp-address 127.0.0.1:0 --http-address 127.0.0.1:0`, root password from
+//!   `CAIRN_ROOT_PASSWORD`) and waits for the `CAIRN_READY tcp=<addr> http=<addr>` line on stdout.
 //! * [`sdk_client`] / [`root_client`] build `iggy 0.11.0` SDK clients against it.
 //! * [`RawConn`] speaks the VSR-framed wire protocol by hand (256-byte headers, §2 of the
 //!   protocol reference) for the behaviours the SDK hides.
@@ -37,6 +37,8 @@ pub const RAW_REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct TestServer {
     child: Option<Child>,
     addr: SocketAddr,
+    /// `None` when the server runs without HTTP (`http=off`).
+    http_addr: Option<SocketAddr>,
     data_dir: PathBuf,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
 }
@@ -51,7 +53,15 @@ impl TestServer {
     /// environment variables.
     pub fn start_with(data_dir: &Path, extra_args: &[&str], extra_env: &[(&str, &str)]) -> TestServer {
         let dir = data_dir.to_str().expect("utf-8 data dir");
-        let mut args = vec!["--data-dir", dir, "--tcp-address", "127.0.0.1:0"];
+        // Port 0 for HTTP too, so parallel test servers never collide on the default port.
+        let mut args = vec![
+            "--data-dir",
+            dir,
+            "--tcp-address",
+            "127.0.0.1:0",
+            "--http-address",
+            "127.0.0.1:0",
+        ];
         args.extend_from_slice(extra_args);
         Self::start_args(data_dir, &args, extra_env)
     }
@@ -123,7 +133,7 @@ impl TestServer {
         });
 
         let deadline = Instant::now() + READY_TIMEOUT;
-        let addr = loop {
+        let (addr, http_addr) = loop {
             let now = Instant::now();
             if now >= deadline {
                 let _ = child.kill();
@@ -140,9 +150,15 @@ impl TestServer {
                             .split_whitespace()
                             .find_map(|kv| kv.strip_prefix("tcp="))
                             .unwrap_or_else(|| panic!("CAIRN_READY line without tcp=: {line:?}"));
-                        break addr
-                            .parse::<SocketAddr>()
-                            .unwrap_or_else(|e| panic!("bad address in {line:?}: {e}"));
+                        let http_addr = rest
+                            .split_whitespace()
+                            .find_map(|kv| kv.strip_prefix("http="))
+                            .and_then(|a| a.parse::<SocketAddr>().ok());
+                        break (
+                            addr.parse::<SocketAddr>()
+                                .unwrap_or_else(|e| panic!("bad address in {line:?}: {e}")),
+                            http_addr,
+                        );
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => continue,
@@ -160,6 +176,7 @@ impl TestServer {
         TestServer {
             child: Some(child),
             addr,
+            http_addr,
             data_dir: data_dir.to_path_buf(),
             stderr_tail,
         }
@@ -167,6 +184,11 @@ impl TestServer {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The HTTP address from the readiness line (panics if the server runs without HTTP).
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr.expect("server started without HTTP (http=off)")
     }
 
     pub fn data_dir(&self) -> &Path {
