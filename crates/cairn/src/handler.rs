@@ -401,46 +401,40 @@ impl Server {
                 stream,
                 topic,
                 partition_id,
-            } => {
-                let owner = offset_owner(&consumer)?;
-                let partition = self.partition(&stream, &topic, partition_id.unwrap_or(0))?;
-                let mut state = catalog::lock(&partition.state);
-                let data = serving(&mut state)?;
-                let mut out = Vec::new();
-                if let Some(stored) = data.offsets.get(&owner) {
-                    reply::consumer_offset(&mut out, partition.id, current_offset(&data.log), stored);
-                }
-                Ok(out)
-            }
+            } => self.with_consumer_offsets(
+                &consumer,
+                &stream,
+                &topic,
+                partition_id,
+                |owner, partition_id, data| {
+                    let mut out = Vec::new();
+                    if let Some(stored) = data.offsets.get(owner) {
+                        reply::consumer_offset(&mut out, partition_id, current_offset(&data.log), stored);
+                    }
+                    Ok(out)
+                },
+            ),
             Command::StoreConsumerOffset {
                 consumer,
                 stream,
                 topic,
                 partition_id,
                 offset,
-            } => {
-                let owner = offset_owner(&consumer)?;
-                let partition = self.partition(&stream, &topic, partition_id.unwrap_or(0))?;
-                let mut state = catalog::lock(&partition.state);
-                let data = serving(&mut state)?;
-                data.offsets.store(&owner, offset).map_err(storage_status)?;
+            } => self.with_consumer_offsets(&consumer, &stream, &topic, partition_id, |owner, _, data| {
+                data.offsets.store(owner, offset).map_err(storage_status)?;
                 Ok(Vec::new())
-            }
+            }),
             Command::DeleteConsumerOffset {
                 consumer,
                 stream,
                 topic,
                 partition_id,
-            } => {
-                let owner = offset_owner(&consumer)?;
-                let partition = self.partition(&stream, &topic, partition_id.unwrap_or(0))?;
-                let mut state = catalog::lock(&partition.state);
-                let data = serving(&mut state)?;
-                if !data.offsets.delete(&owner).map_err(storage_status)? {
+            } => self.with_consumer_offsets(&consumer, &stream, &topic, partition_id, |owner, _, data| {
+                if !data.offsets.delete(owner).map_err(storage_status)? {
                     return Err(codes::CONSUMER_OFFSET_NOT_FOUND);
                 }
                 Ok(Vec::new())
-            }
+            }),
             Command::CreatePersonalAccessToken { name, expiry } => self.create_token(session, name, expiry),
             Command::GetPersonalAccessTokens => {
                 let catalog = self.read();
@@ -747,6 +741,24 @@ impl Server {
         }
         catalog.save().map_err(storage_status)?;
         Ok(Vec::new())
+    }
+
+    /// The prelude of the consumer-offset commands: resolve whose offset it is and the
+    /// partition (a kind-1 consumer without a partition means partition 0), lock the serving
+    /// partition, and run `apply` with the owner, the partition id and its data.
+    fn with_consumer_offsets(
+        &self,
+        consumer: &Consumer,
+        stream: &Identifier,
+        topic: &Identifier,
+        partition_id: Option<u32>,
+        apply: impl FnOnce(&OffsetOwner, u32, &mut catalog::PartitionData) -> Reply,
+    ) -> Reply {
+        let owner = offset_owner(consumer)?;
+        let partition = self.partition(stream, topic, partition_id.unwrap_or(0))?;
+        let mut state = catalog::lock(&partition.state);
+        let data = serving(&mut state)?;
+        apply(&owner, partition.id, data)
     }
 
     /// Resolve a partition of a topic to its shared handle (catalog lock released after).
