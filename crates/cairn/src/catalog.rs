@@ -16,7 +16,7 @@ use crate::auth::{PersonalAccessToken, User};
 use crate::writer::{CommitCounters, WriterContext, WriterHandle};
 use cairn_storage::StorageError;
 use cairn_storage::log::{LogConfig, PartitionLog};
-use cairn_storage::offsets::ConsumerOffsets;
+use cairn_storage::offsets::{ConsumerOffsets, OffsetOwner};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -63,6 +63,20 @@ pub struct TopicDoc {
     pub max_topic_size_bytes: u64,
     /// Partition ids are 0..partitions.len(), in order.
     pub partitions: Vec<PartitionDoc>,
+    /// Consumer groups of this topic (membership is run-time only, see [`Topic::members`]).
+    /// Absent in metadata written before groups existed.
+    #[serde(default)]
+    pub consumer_groups: Vec<GroupDoc>,
+    /// The id the next consumer group of this topic gets (ids start at 0 per topic).
+    #[serde(default)]
+    pub next_group_id: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupDoc {
+    pub id: u32,
+    pub name: String,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -113,6 +127,81 @@ pub struct Topic {
     pub partitions: Vec<Arc<Partition>>,
     /// Round-robin cursor for balanced sends that the server resolves itself.
     pub balanced_cursor: AtomicU32,
+    /// Run-time membership of this topic's consumer groups, by group id (never persisted:
+    /// membership belongs to client sessions).
+    pub members: Mutex<BTreeMap<u32, Membership>>,
+}
+
+/// The members of one consumer group, in join order, and the assignment generation.
+#[derive(Debug, Default)]
+pub struct Membership {
+    /// Bumped on every join, leave and partition-count change.
+    pub generation: u64,
+    pub members: Vec<Member>,
+}
+
+#[derive(Debug)]
+pub struct Member {
+    /// The member's client (connection) id.
+    pub client_id: u32,
+    /// Round-robin cursor over the assigned partitions, for polls without a partition.
+    pub cursor: usize,
+    /// The partition most recently served to this member (offset commands without one).
+    pub last_served: Option<u32>,
+}
+
+impl Membership {
+    /// Position of `client_id` in join order.
+    pub fn position(&self, client_id: u32) -> Option<usize> {
+        self.members.iter().position(|m| m.client_id == client_id)
+    }
+
+    /// Partitions assigned to the member at `index`: partition i goes to member (i mod n).
+    pub fn assigned(&self, index: usize, partitions_count: u32) -> Vec<u32> {
+        let n = self.members.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        (0..partitions_count)
+            .filter(|p| *p as usize % n == index)
+            .collect()
+    }
+
+    /// Add a member (no-op if present). Returns whether it was added.
+    pub fn join(&mut self, client_id: u32) -> bool {
+        if self.position(client_id).is_some() {
+            return false;
+        }
+        self.members.push(Member {
+            client_id,
+            cursor: 0,
+            last_served: None,
+        });
+        self.generation += 1;
+        true
+    }
+
+    /// Remove a member. Returns whether it was one.
+    pub fn leave(&mut self, client_id: u32) -> bool {
+        let Some(index) = self.position(client_id) else {
+            return false;
+        };
+        self.members.remove(index);
+        self.generation += 1;
+        true
+    }
+
+    /// The next assigned partition of the member at `index`, round robin; `None` if it has none.
+    pub fn next_partition(&mut self, index: usize, partitions_count: u32) -> Option<u32> {
+        let assigned = self.assigned(index, partitions_count);
+        let member = self.members.get_mut(index)?;
+        if assigned.is_empty() {
+            return None;
+        }
+        let partition = assigned[member.cursor % assigned.len()];
+        member.cursor = member.cursor.wrapping_add(1);
+        Some(partition)
+    }
 }
 
 pub struct Stream {
@@ -279,6 +368,13 @@ impl Topic {
     pub fn partitions_count(&self) -> u32 {
         self.partitions.len() as u32
     }
+
+    /// Bump every group's generation (the partition count changed: assignments change).
+    pub fn bump_generations(&self) {
+        for membership in lock(&self.members).values_mut() {
+            membership.generation += 1;
+        }
+    }
 }
 
 impl Catalog {
@@ -336,6 +432,7 @@ impl Catalog {
                         doc: topic_doc,
                         partitions,
                         balanced_cursor: AtomicU32::new(0),
+                        members: Mutex::new(BTreeMap::new()),
                     },
                 );
             }
@@ -507,6 +604,7 @@ impl Catalog {
                 doc,
                 partitions,
                 balanced_cursor: AtomicU32::new(0),
+                members: Mutex::new(BTreeMap::new()),
             },
         );
         self.save()?;
@@ -525,6 +623,45 @@ impl Catalog {
             partition.destroy()?;
         }
         remove_dir(&topic_dir(&self.data_dir, stream_id, topic_id))?;
+        Ok(())
+    }
+
+    fn topic_mut(&mut self, stream_id: u32, topic_id: u32) -> Option<&mut Topic> {
+        self.streams
+            .get_mut(&stream_id)
+            .and_then(|s| s.topics.get_mut(&topic_id))
+    }
+
+    /// Create a consumer group; the caller has checked the name is free. Returns its id.
+    pub fn create_group(&mut self, stream_id: u32, topic_id: u32, name: String) -> Result<u32, CatalogError> {
+        let Some(topic) = self.topic_mut(stream_id, topic_id) else {
+            return Err(CatalogError::Encode(format!(
+                "topic {stream_id}/{topic_id} vanished"
+            )));
+        };
+        let id = topic.doc.next_group_id;
+        topic.doc.next_group_id += 1;
+        topic.doc.consumer_groups.push(GroupDoc { id, name });
+        self.save()?;
+        Ok(id)
+    }
+
+    /// Delete a consumer group, its run-time membership and (after the metadata) its stored
+    /// offsets. Group ids are never reused, so an offset left by a crash in between is inert.
+    pub fn delete_group(&mut self, stream_id: u32, topic_id: u32, group_id: u32) -> Result<(), CatalogError> {
+        let Some(topic) = self.topic_mut(stream_id, topic_id) else {
+            return Ok(());
+        };
+        topic.doc.consumer_groups.retain(|g| g.id != group_id);
+        lock(&topic.members).remove(&group_id);
+        let partitions = topic.partitions.clone();
+        self.save()?;
+        let owner = OffsetOwner::Group(group_id);
+        for partition in partitions {
+            if let PartitionState::Serving(data) = &mut *lock(&partition.state) {
+                data.offsets.delete(&owner)?;
+            }
+        }
         Ok(())
     }
 
@@ -558,6 +695,7 @@ impl Catalog {
                 .push(Arc::new(Partition::create(p_dir, p_doc, log_config, &writers)?));
             topic.doc.partitions.push(p_doc);
         }
+        topic.bump_generations();
         self.save()
     }
 
@@ -578,6 +716,7 @@ impl Catalog {
         let keep = topic.partitions.len().saturating_sub(count as usize);
         let removed: Vec<Arc<Partition>> = topic.partitions.drain(keep..).collect();
         topic.doc.partitions.truncate(keep);
+        topic.bump_generations();
         self.save()?;
         for partition in removed {
             partition.destroy()?;
@@ -618,4 +757,41 @@ pub fn next_balanced(topic: &Topic) -> Option<u32> {
         return None;
     }
     Some(topic.balanced_cursor.fetch_add(1, Ordering::Relaxed) % count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Metadata written before consumer groups existed still loads: the new topic fields
+    /// default to no groups and ids from 0.
+    #[test]
+    fn topic_doc_without_group_fields_loads() {
+        let json = r#"{"id":3,"name":"t","created_at_us":1,"message_expiry_us":0,
+            "compression":1,"max_topic_size_bytes":0,"partitions":[{"id":0,"created_at_us":1}]}"#;
+        let doc: TopicDoc = serde_json::from_str(json).expect("old topic doc decodes");
+        assert!(doc.consumer_groups.is_empty());
+        assert_eq!(doc.next_group_id, 0);
+    }
+
+    #[test]
+    fn assignment_is_round_robin_in_join_order() {
+        let mut m = Membership::default();
+        assert!(m.join(7));
+        assert!(!m.join(7), "joining twice is one membership");
+        assert!(m.join(9));
+        assert!(m.join(8));
+        assert_eq!(m.generation, 3);
+        assert_eq!(m.assigned(0, 7), [0, 3, 6]);
+        assert_eq!(m.assigned(1, 7), [1, 4]);
+        assert_eq!(m.assigned(2, 7), [2, 5]);
+        assert_eq!(m.next_partition(1, 7), Some(1));
+        assert_eq!(m.next_partition(1, 7), Some(4));
+        assert_eq!(m.next_partition(1, 7), Some(1));
+        assert!(m.leave(9));
+        assert!(!m.leave(9));
+        assert_eq!(m.generation, 4);
+        assert_eq!(m.assigned(1, 7), [1, 3, 5]);
+        assert_eq!(m.next_partition(1, 0), None);
+    }
 }

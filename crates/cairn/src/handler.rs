@@ -193,6 +193,7 @@ impl Server {
     fn handle_authenticated(&self, session: &mut Session, command: Command) -> Reply {
         match command {
             Command::Logout => {
+                self.drop_memberships(session.client_id);
                 session.user_id = None;
                 session.session_id = 0;
                 Ok(Vec::new())
@@ -200,7 +201,7 @@ impl Server {
             Command::GetClusterMetadata => Ok(self.cluster_metadata()),
             Command::GetMe => {
                 let mut out = Vec::new();
-                reply::client_details(&mut out, &client_record(session));
+                reply::client_details(&mut out, &self.client_record(session));
                 Ok(out)
             }
             Command::GetStats => Ok(self.stats()),
@@ -362,6 +363,7 @@ impl Server {
                 count,
                 auto_commit,
             } => self.poll_messages(
+                session,
                 &consumer,
                 &stream,
                 &topic,
@@ -402,6 +404,7 @@ impl Server {
                 topic,
                 partition_id,
             } => self.with_consumer_offsets(
+                session,
                 &consumer,
                 &stream,
                 &topic,
@@ -420,21 +423,35 @@ impl Server {
                 topic,
                 partition_id,
                 offset,
-            } => self.with_consumer_offsets(&consumer, &stream, &topic, partition_id, |owner, _, data| {
-                data.offsets.store(owner, offset).map_err(storage_status)?;
-                Ok(Vec::new())
-            }),
+            } => self.with_consumer_offsets(
+                session,
+                &consumer,
+                &stream,
+                &topic,
+                partition_id,
+                |owner, _, data| {
+                    data.offsets.store(owner, offset).map_err(storage_status)?;
+                    Ok(Vec::new())
+                },
+            ),
             Command::DeleteConsumerOffset {
                 consumer,
                 stream,
                 topic,
                 partition_id,
-            } => self.with_consumer_offsets(&consumer, &stream, &topic, partition_id, |owner, _, data| {
-                if !data.offsets.delete(owner).map_err(storage_status)? {
-                    return Err(codes::CONSUMER_OFFSET_NOT_FOUND);
-                }
-                Ok(Vec::new())
-            }),
+            } => self.with_consumer_offsets(
+                session,
+                &consumer,
+                &stream,
+                &topic,
+                partition_id,
+                |owner, _, data| {
+                    if !data.offsets.delete(owner).map_err(storage_status)? {
+                        return Err(codes::CONSUMER_OFFSET_NOT_FOUND);
+                    }
+                    Ok(Vec::new())
+                },
+            ),
             Command::CreatePersonalAccessToken { name, expiry } => self.create_token(session, name, expiry),
             Command::GetPersonalAccessTokens => {
                 let catalog = self.read();
@@ -462,22 +479,104 @@ impl Server {
             }
             // Single-object reads of capabilities not built yet answer "none" (empty body),
             // list reads answer an empty list, as the SDK expects for missing objects.
-            Command::GetClient { .. } | Command::GetUser { .. } | Command::GetConsumerGroup { .. } => {
-                Ok(Vec::new())
-            }
+            Command::GetClient { .. } | Command::GetUser { .. } => Ok(Vec::new()),
             Command::GetClients => {
                 let mut out = Vec::new();
-                reply::client(&mut out, &client_record(session));
+                reply::client(&mut out, &self.client_record(session));
                 Ok(out)
             }
-            Command::GetUsers | Command::GetConsumerGroups { .. } => Ok(Vec::new()),
-            // Consumer groups, user management and snapshots arrive with a later issue.
-            Command::SyncConsumerGroup { .. }
-            | Command::CreateConsumerGroup { .. }
-            | Command::DeleteConsumerGroup { .. }
-            | Command::JoinConsumerGroup { .. }
-            | Command::LeaveConsumerGroup { .. }
-            | Command::CreateUser { .. }
+            Command::GetUsers => Ok(Vec::new()),
+            Command::GetConsumerGroup { stream, topic, group } => {
+                let catalog = self.read();
+                let topic = find_topic(find_stream(&catalog, &stream)?, &topic)?;
+                let mut out = Vec::new();
+                if let Ok(group) = find_group(topic, &group) {
+                    reply::group_details(&mut out, &group_record(topic, group));
+                }
+                Ok(out)
+            }
+            Command::GetConsumerGroups { stream, topic } => {
+                let catalog = self.read();
+                let topic = find_topic(find_stream(&catalog, &stream)?, &topic)?;
+                let mut out = Vec::new();
+                for group in &topic.doc.consumer_groups {
+                    reply::group(&mut out, &group_record(topic, group));
+                }
+                Ok(out)
+            }
+            Command::CreateConsumerGroup { stream, topic, name } => {
+                check_name(&name, INVALID_CONSUMER_GROUP_NAME)?;
+                let mut catalog = self.write();
+                let stream = find_stream(&catalog, &stream)?;
+                let topic = find_topic(stream, &topic)?;
+                let (stream_id, topic_id) = (stream.id, topic.doc.id);
+                if topic.doc.consumer_groups.iter().any(|g| g.name == name) {
+                    return Err(codes::CONSUMER_GROUP_NAME_ALREADY_EXISTS);
+                }
+                let group_id = catalog
+                    .create_group(stream_id, topic_id, name)
+                    .map_err(storage_status)?;
+                let mut out = Vec::new();
+                if let Some(topic) = catalog
+                    .streams
+                    .get(&stream_id)
+                    .and_then(|s| s.topics.get(&topic_id))
+                    && let Some(group) = topic.doc.consumer_groups.iter().find(|g| g.id == group_id)
+                {
+                    reply::group_details(&mut out, &group_record(topic, group));
+                }
+                Ok(out)
+            }
+            Command::DeleteConsumerGroup { stream, topic, group } => {
+                let mut catalog = self.write();
+                let stream = find_stream(&catalog, &stream)?;
+                let topic = find_topic(stream, &topic)?;
+                let group_id = find_group(topic, &group)?.id;
+                let (stream_id, topic_id) = (stream.id, topic.doc.id);
+                catalog
+                    .delete_group(stream_id, topic_id, group_id)
+                    .map_err(storage_status)?;
+                Ok(Vec::new())
+            }
+            Command::JoinConsumerGroup { stream, topic, group } => {
+                let catalog = self.read();
+                let topic = find_topic(find_stream(&catalog, &stream)?, &topic)?;
+                let group_id = find_group(topic, &group)?.id;
+                catalog::lock(&topic.members)
+                    .entry(group_id)
+                    .or_default()
+                    .join(session.client_id);
+                Ok(Vec::new())
+            }
+            Command::LeaveConsumerGroup { stream, topic, group } => {
+                let catalog = self.read();
+                let topic = find_topic(find_stream(&catalog, &stream)?, &topic)?;
+                let group_id = find_group(topic, &group)?.id;
+                let left = catalog::lock(&topic.members)
+                    .get_mut(&group_id)
+                    .is_some_and(|m| m.leave(session.client_id));
+                if left {
+                    Ok(Vec::new())
+                } else {
+                    Err(codes::CONSUMER_GROUP_MEMBER_NOT_FOUND)
+                }
+            }
+            Command::SyncConsumerGroup { stream, topic, group } => {
+                let catalog = self.read();
+                let topic = find_topic(find_stream(&catalog, &stream)?, &topic)?;
+                let group_id = find_group(topic, &group)?.id;
+                let members = catalog::lock(&topic.members);
+                let mut out = Vec::new();
+                if let Some(membership) = members.get(&group_id)
+                    && let Some(index) = membership.position(session.client_id)
+                {
+                    let assigned = membership.assigned(index, topic.partitions_count());
+                    reply::group_sync(&mut out, membership.generation, &assigned);
+                }
+                Ok(out)
+            }
+            // User management and snapshots arrive with a later issue.
+            Command::CreateUser { .. }
             | Command::UpdateUser { .. }
             | Command::DeleteUser { .. }
             | Command::ChangePassword { .. }
@@ -688,6 +787,8 @@ impl Server {
             compression: settings.compression.unwrap_or(1),
             max_topic_size_bytes: settings.max_topic_size_bytes.unwrap_or(0),
             partitions: Vec::new(),
+            consumer_groups: Vec::new(),
+            next_group_id: 0,
         };
         let topic_id = catalog
             .create_topic(stream_id, doc, partitions_count)
@@ -748,17 +849,114 @@ impl Server {
     /// partition, and run `apply` with the owner, the partition id and its data.
     fn with_consumer_offsets(
         &self,
+        session: &Session,
         consumer: &Consumer,
         stream: &Identifier,
         topic: &Identifier,
         partition_id: Option<u32>,
         apply: impl FnOnce(&OffsetOwner, u32, &mut catalog::PartitionData) -> Reply,
     ) -> Reply {
-        let owner = offset_owner(consumer)?;
-        let partition = self.partition(stream, topic, partition_id.unwrap_or(0))?;
+        let (owner, partition_id) = match consumer {
+            Consumer::Consumer(id) => (OffsetOwner::Consumer(consumer_key(id)), partition_id.unwrap_or(0)),
+            Consumer::Group(group) => {
+                let catalog = self.read();
+                let topic = find_topic(find_stream(&catalog, stream)?, topic)?;
+                let group_id = find_group(topic, group)?.id;
+                let partition_id = match partition_id {
+                    Some(p) => p,
+                    // "Resolved server-side for consumer groups": the partition last served
+                    // to this member, else its first assigned one.
+                    None => {
+                        let members = catalog::lock(&topic.members);
+                        members
+                            .get(&group_id)
+                            .and_then(|m| {
+                                let index = m.position(session.client_id)?;
+                                m.members
+                                    .get(index)
+                                    .and_then(|member| member.last_served)
+                                    .or_else(|| m.assigned(index, topic.partitions_count()).first().copied())
+                            })
+                            .ok_or(codes::PARTITION_NOT_FOUND)?
+                    }
+                };
+                (OffsetOwner::Group(group_id), partition_id)
+            }
+        };
+        let partition = self.partition(stream, topic, partition_id)?;
         let mut state = catalog::lock(&partition.state);
         let data = serving(&mut state)?;
         apply(&owner, partition.id, data)
+    }
+
+    /// The group offset owner and the partition a kind-2 poll reads: the caller must be a
+    /// member (5006) and an explicit partition must be assigned to it (5009); without one the
+    /// member's assigned partitions are served round robin. `None`: it has no partitions.
+    fn group_poll_partition(
+        &self,
+        session: &Session,
+        group: &Identifier,
+        stream: &Identifier,
+        topic: &Identifier,
+        partition_id: Option<u32>,
+    ) -> Result<Option<(OffsetOwner, u32)>, u32> {
+        let catalog = self.read();
+        let topic = find_topic(find_stream(&catalog, stream)?, topic)?;
+        let group_id = find_group(topic, group)?.id;
+        let partitions_count = topic.partitions_count();
+        let mut members = catalog::lock(&topic.members);
+        let Some(membership) = members.get_mut(&group_id) else {
+            return Err(codes::CONSUMER_GROUP_MEMBER_NOT_FOUND);
+        };
+        let Some(index) = membership.position(session.client_id) else {
+            return Err(codes::CONSUMER_GROUP_MEMBER_NOT_FOUND);
+        };
+        let partition_id = match partition_id {
+            Some(p) if membership.assigned(index, partitions_count).contains(&p) => p,
+            Some(_) => return Err(CONSUMER_GROUP_PARTITION_NOT_OWNED),
+            None => match membership.next_partition(index, partitions_count) {
+                Some(p) => p,
+                None => return Ok(None),
+            },
+        };
+        if let Some(member) = membership.members.get_mut(index) {
+            member.last_served = Some(partition_id);
+        }
+        Ok(Some((OffsetOwner::Group(group_id), partition_id)))
+    }
+
+    /// Remove `client_id` from every consumer group (Logout, connection close).
+    pub fn drop_memberships(&self, client_id: u32) {
+        let catalog = self.read();
+        for stream in catalog.streams.values() {
+            for topic in stream.topics.values() {
+                for membership in catalog::lock(&topic.members).values_mut() {
+                    membership.leave(client_id);
+                }
+            }
+        }
+    }
+
+    /// The client record of `session`, with the groups it is a member of.
+    fn client_record(&self, session: &Session) -> reply::ClientRecord {
+        let mut consumer_groups = Vec::new();
+        let catalog = self.read();
+        for stream in catalog.streams.values() {
+            for topic in stream.topics.values() {
+                for (group_id, membership) in catalog::lock(&topic.members).iter() {
+                    if membership.position(session.client_id).is_some() {
+                        consumer_groups.push((stream.id, topic.doc.id, *group_id));
+                    }
+                }
+            }
+        }
+        reply::ClientRecord {
+            client_id: session.client_id,
+            user_id: session.user_id,
+            transport: 1,
+            address: session.address.clone(),
+            consumer_groups,
+        }
     }
 
     /// Resolve a partition of a topic to its shared handle (catalog lock released after).
@@ -815,6 +1013,7 @@ impl Server {
     #[allow(clippy::too_many_arguments)]
     fn poll_messages(
         &self,
+        session: &Session,
         consumer: &Consumer,
         stream: &Identifier,
         topic: &Identifier,
@@ -823,9 +1022,23 @@ impl Server {
         count: u32,
         auto_commit: bool,
     ) -> Reply {
-        let owner = offset_owner(consumer)?;
-        // A kind-1 consumer without a partition reads partition 0 (what the SDK documents).
-        let partition = self.partition(stream, topic, partition_id.unwrap_or(0))?;
+        let (owner, partition_id) = match consumer {
+            // A kind-1 consumer without a partition reads partition 0 (what the SDK documents).
+            Consumer::Consumer(id) => (OffsetOwner::Consumer(consumer_key(id)), partition_id.unwrap_or(0)),
+            Consumer::Group(group) => {
+                match self.group_poll_partition(session, group, stream, topic, partition_id)? {
+                    Some(pair) => pair,
+                    None => {
+                        // A member with no partitions: the empty head with partition u32::MAX
+                        // makes the 0.11 client re-sync.
+                        let mut out = Vec::new();
+                        reply::poll_head(&mut out, u32::MAX, 0, 0);
+                        return Ok(out);
+                    }
+                }
+            }
+        };
+        let partition = self.partition(stream, topic, partition_id)?;
         let mut state = catalog::lock(&partition.state);
         let data = serving(&mut state)?;
         // Polls see only what the log makes visible: in durable mode the committed frontier,
@@ -960,11 +1173,43 @@ fn refuse_options(options: &[OptionEntry]) -> Result<(), u32> {
     }
 }
 
-fn offset_owner(consumer: &Consumer) -> Result<OffsetOwner, u32> {
-    match consumer {
-        Consumer::Consumer(id) => Ok(OffsetOwner::Consumer(consumer_key(id))),
-        // Consumer groups arrive with a later issue: nobody can be a member yet.
-        Consumer::Group(_) => Err(codes::CONSUMER_GROUP_MEMBER_NOT_FOUND),
+/// 5009 ConsumerGroupPartitionNotOwned: the 0.11 client re-syncs (606) and retries.
+const CONSUMER_GROUP_PARTITION_NOT_OWNED: u32 = 5009;
+/// 5005 InvalidConsumerGroupName.
+const INVALID_CONSUMER_GROUP_NAME: u32 = 5005;
+
+fn find_group<'a>(topic: &'a Topic, id: &Identifier) -> Result<&'a catalog::GroupDoc, u32> {
+    let groups = &topic.doc.consumer_groups;
+    match id {
+        Identifier::Numeric(n) => groups
+            .iter()
+            .find(|g| g.id == *n)
+            .ok_or(codes::CONSUMER_GROUP_ID_NOT_FOUND),
+        Identifier::Name(name) => groups
+            .iter()
+            .find(|g| &g.name == name)
+            .ok_or(codes::CONSUMER_GROUP_NAME_NOT_FOUND),
+    }
+}
+
+fn group_record(topic: &Topic, group: &catalog::GroupDoc) -> reply::GroupRecord {
+    let partitions_count = topic.partitions_count();
+    let members = catalog::lock(&topic.members);
+    let members = members
+        .get(&group.id)
+        .map(|m| {
+            m.members
+                .iter()
+                .enumerate()
+                .map(|(index, member)| (member.client_id, m.assigned(index, partitions_count)))
+                .collect()
+        })
+        .unwrap_or_default();
+    reply::GroupRecord {
+        id: group.id,
+        partitions_count,
+        name: group.name.clone(),
+        members,
     }
 }
 
@@ -1003,16 +1248,6 @@ fn resolve_partition(topic: &Topic, partitioning: &Partitioning) -> Result<u32, 
         Partitioning::PartitionId(_) => Err(codes::PARTITION_NOT_FOUND),
         Partitioning::Balanced => catalog::next_balanced(topic).ok_or(codes::NO_PARTITIONS),
         Partitioning::MessagesKey(key) => Ok(xxhash_rust::xxh32::xxh32(key, 0) % count),
-    }
-}
-
-fn client_record(session: &Session) -> reply::ClientRecord {
-    reply::ClientRecord {
-        client_id: session.client_id,
-        user_id: session.user_id,
-        transport: 1,
-        address: session.address.clone(),
-        consumer_groups: Vec::new(),
     }
 }
 

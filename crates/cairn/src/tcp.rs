@@ -55,11 +55,19 @@ pub async fn serve(server: Arc<Server>, listener: TcpListener, mut shutdown: wat
             let _permit = permit;
             server.clients_connected.fetch_add(1, Ordering::Relaxed);
             let session = server.new_session(peer.to_string());
+            let client_id = session.client_id;
             if let Err(error) = Connection::new(server.clone(), socket, session, shutdown)
                 .run()
                 .await
             {
                 tracing::debug!(%peer, %error, "connection closed");
+            }
+            // Group membership belongs to the connection: it ends with it. On a blocking
+            // thread: it takes the catalog lock, which a metadata save may hold.
+            let dropper = server.clone();
+            if let Err(error) = tokio::task::spawn_blocking(move || dropper.drop_memberships(client_id)).await
+            {
+                tracing::error!(%error, "dropping group memberships panicked");
             }
             server.clients_connected.fetch_sub(1, Ordering::Relaxed);
         });
