@@ -322,6 +322,9 @@ const TOPIC: &str = "cg-topic";
 const PARTITIONS: u32 = 12;
 const TOTAL: u64 = 300_000;
 const CHUNK: u64 = 500;
+/// The killed-connection variant runs a smaller load: the killed member commits every message
+/// it hands over, and the point is the takeover, not volume.
+const KILL_TOTAL: u64 = 120_000;
 /// Commit with the poll itself: what a consumer received is the group's position at once, so
 /// a rebalance never hands it to another member.
 const POLL_COMMIT: AutoCommit = AutoCommit::When(AutoCommitWhen::PollingMessages);
@@ -334,10 +337,10 @@ async fn create_topic(admin: &IggyClient) {
         .expect("topic");
 }
 
-/// Produce ids 1..=TOTAL, balanced over the partitions.
-fn spawn_producer(producer_client: IggyClient) -> tokio::task::JoinHandle<IggyClient> {
+/// Produce ids 1..=total, balanced over the partitions.
+fn spawn_producer(producer_client: IggyClient, total: u64) -> tokio::task::JoinHandle<IggyClient> {
     tokio::spawn(async move {
-        for chunk in 0..TOTAL / CHUNK {
+        for chunk in 0..total / CHUNK {
             let mut messages: Vec<IggyMessage> = (chunk * CHUNK..(chunk + 1) * CHUNK)
                 .map(|i| sdk_message(u128::from(i) + 1, format!("m{i}").into_bytes()))
                 .collect();
@@ -431,7 +434,7 @@ async fn three_sdk_consumers_share_a_topic_exactly_once() {
         }
 
         // Produce concurrently, balanced over the 12 partitions.
-        let producer = spawn_producer(root_client(addr).await);
+        let producer = spawn_producer(root_client(addr).await, TOTAL);
 
         let mut seen: HashSet<u128> = HashSet::with_capacity(TOTAL as usize);
         let mut partitions_seen = HashSet::new();
@@ -515,7 +518,7 @@ async fn a_member_leaves_and_the_rest_continue_from_the_group_offsets() {
         .await;
         drop(tx);
         assert_eq!(members_count(&admin).await, 3);
-        let producer = spawn_producer(root_client(addr).await);
+        let producer = spawn_producer(root_client(addr).await, TOTAL);
 
         let mut seen: HashSet<u128> = HashSet::with_capacity(TOTAL as usize);
         let mut leaver = Some(leaver);
@@ -547,5 +550,167 @@ async fn a_member_leaves_and_the_rest_continue_from_the_group_offsets() {
     })
     .await;
     assert!(outcome.is_ok(), "leave test exceeded 90 s");
+    server.stop();
+}
+
+/// A TCP relay in front of the server whose connections can be cut at once, the way the kernel
+/// closes the sockets of a client process killed with SIGKILL. After the cut it accepts nothing
+/// more, so the SDK's reconnect attempts fail instead of rejoining.
+struct CuttableRelay {
+    addr: std::net::SocketAddr,
+    cut: tokio::sync::watch::Sender<bool>,
+    accept_task: tokio::task::JoinHandle<()>,
+}
+
+impl CuttableRelay {
+    async fn start(target: std::net::SocketAddr) -> CuttableRelay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("relay bind");
+        let addr = listener.local_addr().expect("relay addr");
+        let (cut, cut_rx) = tokio::sync::watch::channel(false);
+        let accept_task = tokio::spawn(async move {
+            let mut accept_cut = cut_rx.clone();
+            loop {
+                let (mut client_side, _) = tokio::select! {
+                    _ = accept_cut.changed() => return,
+                    accepted = listener.accept() => match accepted {
+                        Ok(pair) => pair,
+                        Err(_) => return,
+                    },
+                };
+                let mut connection_cut = cut_rx.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server_side) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = connection_cut.changed() => {}
+                        _ = tokio::io::copy_bidirectional(&mut client_side, &mut server_side) => {}
+                    }
+                    // Both sockets drop here: the server sees the connection end with no leave.
+                });
+            }
+        });
+        CuttableRelay {
+            addr,
+            cut,
+            accept_task,
+        }
+    }
+
+    async fn cut(self) {
+        self.cut.send(true).expect("relay tasks listen");
+        self.accept_task.await.expect("relay accept task");
+    }
+}
+
+/// One of three members loses its connection (the relay in front of it cuts every socket, as a
+/// SIGKILL of its process would) once it has consumed 2 000 messages. The server drops it from the
+/// group, the two others take over its partitions from the group's stored offsets, and every
+/// message is consumed. The cut member committed each message as it handed it over, so the
+/// only messages delivered twice are ones it handed over whose commit never reached the server;
+/// the survivors, which commit with each poll, never see a message twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_connection_is_killed_is_replaced_without_loss() {
+    let dir = temp_dir();
+    let server = TestServer::start(dir.path());
+    let addr = server.addr();
+    let outcome = tokio::time::timeout(Duration::from_secs(90), async move {
+        let admin = root_client(addr).await;
+        create_topic(&admin).await;
+        let (survivor_tx, mut survivor_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (victim_tx, mut victim_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let survivors = vec![
+            spawn_member(addr, POLL_COMMIT, survivor_tx.clone(), stop_rx.clone()).await,
+            spawn_member(addr, POLL_COMMIT, survivor_tx.clone(), stop_rx.clone()).await,
+        ];
+        drop(survivor_tx);
+        let relay = CuttableRelay::start(addr).await;
+        let (_victim_stop_tx, victim_stop_rx) = tokio::sync::watch::channel(false);
+        let victim = spawn_member(
+            relay.addr,
+            AutoCommit::When(AutoCommitWhen::ConsumingEachMessage),
+            victim_tx,
+            victim_stop_rx,
+        )
+        .await;
+        assert_eq!(members_count(&admin).await, 3);
+        let producer = spawn_producer(root_client(addr).await, KILL_TOTAL);
+
+        let mut from_victim: HashSet<u128> = HashSet::new();
+        let mut from_survivors: HashSet<u128> = HashSet::with_capacity(KILL_TOTAL as usize);
+        let mut victim = Some((victim, relay));
+        let covered = |a: &HashSet<u128>, b: &HashSet<u128>| a.union(b).count() as u64;
+        while covered(&from_victim, &from_survivors) < KILL_TOTAL {
+            let id = if victim.is_some() {
+                tokio::select! {
+                    Some((id, _)) = victim_rx.recv() => {
+                        assert!(from_victim.insert(id), "the cut member got message {id} twice");
+                        id
+                    }
+                    Some((id, _)) = survivor_rx.recv() => {
+                        assert!(from_survivors.insert(id), "message {id} consumed twice by survivors");
+                        id
+                    }
+                }
+            } else {
+                let (id, _) = survivor_rx.recv().await.expect("a survivor ended early");
+                assert!(
+                    from_survivors.insert(id),
+                    "message {id} consumed twice by survivors"
+                );
+                id
+            };
+            assert!(id >= 1 && id <= u128::from(KILL_TOTAL), "unexpected id {id}");
+            // The cut member commits every message it hands over (one offset store each), so
+            // it is the slow one: cut it once it has shown it consumes, not at a share of KILL_TOTAL.
+            if from_victim.len() >= 2_000
+                && let Some((task, relay)) = victim.take()
+            {
+                relay.cut().await;
+                // The member's process is gone as far as the server knows; stop its task
+                // without a shutdown (which would leave the group politely).
+                task.abort();
+                let _ = task.await;
+                // Whatever it forwarded before the cut still counts as consumed.
+                while let Ok((id, _)) = victim_rx.try_recv() {
+                    from_victim.insert(id);
+                }
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+                while members_count(&admin).await != 2 {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "the server never dropped the cut member from the group"
+                    );
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+        assert!(victim.is_none(), "the member was cut");
+        let _producer_client = producer.await.expect("producer task");
+        stop_tx.send(true).expect("stop survivors");
+        for member in survivors {
+            let _client = member.await.expect("member task");
+        }
+        // Every sender is gone with its task: anything left must still be new to the survivors.
+        while let Some((id, _)) = survivor_rx.recv().await {
+            assert!(
+                from_survivors.insert(id),
+                "message {id} consumed twice by survivors"
+            );
+        }
+        // Redeliveries are only of messages the cut member handed over without a commit
+        // reaching the server: a bounded tail per partition it held, never a survivor's message.
+        let redelivered = from_victim.intersection(&from_survivors).count();
+        assert!(
+            redelivered <= 4 * 100,
+            "{redelivered} messages redelivered: more than one poll batch per partition of the cut member"
+        );
+        assert_eq!(members_count(&admin).await, 0);
+    })
+    .await;
+    assert!(outcome.is_ok(), "kill test exceeded 90 s");
     server.stop();
 }
