@@ -260,12 +260,14 @@ impl HttpState {
             match tokens.get(token) {
                 Some(entry) if entry.expires_at > Instant::now() => return entry.session.clone(),
                 Some(_) => {
-                    tokens.remove(token);
+                    if let Some(expired) = tokens.remove(token) {
+                        self.server.unregister_client(expired.session.client_id);
+                    }
                 }
                 None => {}
             }
         }
-        self.server.new_session(peer.to_string())
+        self.server.new_session(peer.to_string(), handler::TRANSPORT_HTTP)
     }
 
     /// Apply `command` through the one request path: `Server::handle` on a blocking thread
@@ -391,7 +393,9 @@ async fn login(State(state): State<Shared>, ConnectInfo(peer): Peer, body: Bytes
         username: body.username,
         password: body.password,
     };
-    let session = state.server.new_session(peer.to_string());
+    let session = state
+        .server
+        .new_session(peer.to_string(), handler::TRANSPORT_HTTP);
     let (_, session) = state.apply(session, command).await?;
     let Some(user_id) = session.user_id else {
         return Err(ApiError::new(codes::ERROR, "login succeeded without a user"));
@@ -402,7 +406,15 @@ async fn login(State(state): State<Shared>, ConnectInfo(peer): Peer, body: Bytes
         let mut tokens = lock(&state.tokens);
         // Logins are the only way the map grows; dropping expired tokens here bounds it by
         // the logins of one token lifetime.
-        tokens.retain(|_, entry| entry.expires_at > now);
+        tokens.retain(|_, entry| {
+            let live = entry.expires_at > now;
+            if !live {
+                state.server.unregister_client(entry.session.client_id);
+            }
+            live
+        });
+        // Each HTTP login is one client (GetClients) until its logout or expiry.
+        state.server.register_client(&session);
         tokens.insert(
             token.clone(),
             TokenEntry {
@@ -423,8 +435,10 @@ async fn login(State(state): State<Shared>, ConnectInfo(peer): Peer, body: Bytes
 
 async fn logout(State(state): State<Shared>, ConnectInfo(peer): Peer, headers: HeaderMap) -> ApiResult {
     state.run(&headers, peer, Command::Logout).await?;
-    if let Some(token) = bearer(&headers) {
-        lock(&state.tokens).remove(token);
+    if let Some(token) = bearer(&headers)
+        && let Some(entry) = lock(&state.tokens).remove(token)
+    {
+        state.server.unregister_client(entry.session.client_id);
     }
     Ok(StatusCode::NO_CONTENT.into_response())
 }
