@@ -661,6 +661,20 @@ impl Server {
         if found.expiry_at_us != 0 && found.expiry_at_us <= self.clock.now_us() {
             return Err(codes::PAT_EXPIRED);
         }
+        // A token logs in as its user, so it is refused like that user's password would be.
+        let status = {
+            let catalog = self.read();
+            catalog
+                .users
+                .iter()
+                .find(|u| u.id == found.user_id)
+                .map(|u| u.status)
+        };
+        match status {
+            None => return Err(codes::INVALID_PAT),
+            Some(status) if status != auth::USER_STATUS_ACTIVE => return Err(codes::USER_INACTIVE),
+            Some(_) => {}
+        }
         Ok(self.start_session(session, found.user_id))
     }
 

@@ -37,6 +37,8 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+mod users;
+
 /// How long a bearer token from `/users/login` stays valid. Tokens live in memory only: a
 /// restart logs every HTTP client out, which the SDK handles by logging in again.
 const TOKEN_LIFETIME: Duration = Duration::from_secs(60 * 60);
@@ -96,7 +98,7 @@ pub async fn serve(server: Arc<Server>, listener: TcpListener, mut shutdown: wat
 }
 
 fn router(state: Shared) -> Router {
-    Router::new()
+    users::routes()
         .route("/ping", get(ping))
         .route("/users/login", axum::routing::post(login))
         .route("/users/logout", axum::routing::delete(logout))
@@ -192,7 +194,17 @@ fn code_name(code: u32) -> &'static str {
         codes::UNAUTHENTICATED => "unauthenticated",
         codes::UNAUTHORIZED => "unauthorized",
         codes::INVALID_CREDENTIALS => "invalid_credentials",
+        codes::INVALID_USERNAME => "invalid_username",
+        codes::INVALID_PASSWORD => "invalid_password",
+        45 => "invalid_user_status",
+        codes::USER_ALREADY_EXISTS => "user_already_exists",
         codes::USER_INACTIVE => "user_inactive",
+        48 => "cannot_delete_user",
+        49 => "cannot_change_permissions",
+        50 => "invalid_personal_access_token_name",
+        codes::PAT_ALREADY_EXISTS => "personal_access_token_already_exists",
+        52 => "personal_access_tokens_limit_reached",
+        55 => "users_limit_reached",
         codes::INVALID_PAT => "invalid_personal_access_token",
         codes::PAT_EXPIRED => "personal_access_token_expired",
         codes::STREAM_ID_NOT_FOUND => "stream_id_not_found",
@@ -393,6 +405,13 @@ async fn login(State(state): State<Shared>, ConnectInfo(peer): Peer, body: Bytes
         username: body.username,
         password: body.password,
     };
+    start_session(&state, peer, command).await
+}
+
+/// Run a login command on a fresh session and, if it succeeds, hand out a bearer token for
+/// that session (the HTTP client it stands for is listed by GetClients until logout or
+/// expiry).
+async fn start_session(state: &Shared, peer: SocketAddr, command: Command) -> ApiResult {
     let session = state
         .server
         .new_session(peer.to_string(), handler::TRANSPORT_HTTP);

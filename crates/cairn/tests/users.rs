@@ -403,6 +403,10 @@ async fn inactive_users_cannot_log_in_or_act() {
         .await
         .expect("active user logs in");
     client.get_me().await.expect("works while active");
+    let pat = client
+        .create_personal_access_token("frank-pat", PersonalAccessTokenExpiry::NeverExpire)
+        .await
+        .expect("PAT");
     root.update_user(
         &id_num(id),
         None,
@@ -412,7 +416,9 @@ async fn inactive_users_cannot_log_in_or_act() {
     .await
     .expect("deactivate");
     assert_code(client.get_me().await, 47);
-    drop((root, client));
+    let pat_client = sdk_client(addr).await;
+    assert_code(pat_client.login_with_personal_access_token(&pat.token).await, 47);
+    drop((root, client, pat_client));
     server.stop();
 }
 
@@ -616,5 +622,113 @@ async fn clients_are_listed_with_their_groups() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     drop((root, anonymous, http));
+    server.stop();
+}
+
+fn http_client(server: &TestServer) -> HttpClient {
+    HttpClient::create(std::sync::Arc::new(HttpClientConfig {
+        api_url: format!("http://{}", server.http_addr()),
+        // A retry would hide what the server answered first.
+        retries: 0,
+        ..Default::default()
+    }))
+    .expect("http client")
+}
+
+/// The user, token and client routes of the SDK's `HttpClient` go through the same handler:
+/// same records, same permission refusals (403 → 41).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_tokens_and_clients_over_http() {
+    let dir = temp_dir();
+    let server = TestServer::start(dir.path());
+    let root = http_client(&server);
+    root.login_user(ROOT_USER, ROOT_PASSWORD)
+        .await
+        .expect("root HTTP login");
+    let a = root.create_stream("http-a").await.expect("stream a").id;
+    root.create_stream("http-b").await.expect("stream b");
+
+    let created = root
+        .create_user("kim", "kim-pass", UserStatus::Active, Some(stream_reader(a)))
+        .await
+        .expect("create over HTTP");
+    assert_eq!(created.permissions, Some(stream_reader(a)));
+    let kim = created.id;
+    let fetched = root.get_user(&id_num(kim)).await.expect("get").expect("exists");
+    assert_eq!(fetched.username, "kim");
+    assert_eq!(fetched.permissions, Some(stream_reader(a)));
+    assert!(root.get_user(&id_num(4242)).await.expect("missing").is_none());
+    assert_eq!(root.get_users().await.expect("list").len(), 2);
+    root.update_user(&id_num(kim), Some("kim2"), None, &UserUpdateOptions::default())
+        .await
+        .expect("rename");
+    let mut more = stream_reader(a);
+    more.global.read_servers = true;
+    root.update_permissions(&id_num(kim), Some(more.clone()))
+        .await
+        .expect("permissions");
+    root.change_password(&id_num(kim), "ignored", "kim-new")
+        .await
+        .expect("reset");
+
+    let user = http_client(&server);
+    user.login_user("kim2", "kim-new")
+        .await
+        .expect("login with the new name and password");
+    let streams = user.get_streams().await.expect("streams");
+    assert_eq!(streams.iter().map(|s| s.id).collect::<Vec<_>>(), vec![a]);
+    assert_code(user.create_stream("nope").await, 41);
+    assert_code(user.get_users().await, 41);
+    let clients = user.get_clients().await.expect("read_servers lists clients");
+    assert!(
+        clients
+            .iter()
+            .any(|c| c.user_id == Some(kim) && c.transport == "HTTP"),
+        "{clients:?}"
+    );
+    let mine = clients
+        .iter()
+        .find(|c| c.user_id == Some(kim))
+        .expect("kim's client");
+    let details = user
+        .get_client(mine.client_id)
+        .await
+        .expect("get_client")
+        .expect("exists");
+    assert_eq!(details.user_id, Some(kim));
+    assert!(details.consumer_groups.is_empty());
+
+    // Tokens: create, list, log in with one (same permissions), delete.
+    let pat = user
+        .create_personal_access_token("kim-http", PersonalAccessTokenExpiry::NeverExpire)
+        .await
+        .expect("create PAT");
+    let listed = user.get_personal_access_tokens().await.expect("list PATs");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].name, "kim-http");
+    assert!(listed[0].expiry_at.is_none());
+    let via_pat = http_client(&server);
+    let identity = via_pat
+        .login_with_personal_access_token(&pat.token)
+        .await
+        .expect("PAT login over HTTP");
+    assert_eq!(identity.user_id, kim);
+    assert_code(via_pat.create_stream("nope").await, 41);
+    user.delete_personal_access_token("kim-http")
+        .await
+        .expect("delete PAT");
+    assert!(user.get_personal_access_tokens().await.expect("list").is_empty());
+
+    root.delete_user(&id_num(kim)).await.expect("delete");
+    assert_code(user.get_streams().await, 40);
+    // Other refusals are HTTP 400 with the Iggy code in the body.
+    match root.delete_user(&id_num(0)).await {
+        Err(IggyError::HttpResponseError(400, body)) => {
+            assert!(body.contains("\"id\":48"), "root delete refused with 48: {body}");
+            assert!(body.contains("cannot_delete_user"), "{body}");
+        }
+        other => panic!("deleting root over HTTP: expected 400 with code 48, got {other:?}"),
+    }
+    drop((root, user, via_pat));
     server.stop();
 }
