@@ -479,6 +479,31 @@ async fn duplicates_and_bounds() {
         .call(33, &create_user_body(&"u".repeat(50), &"p".repeat(100), 1))
         .await
         .ok_payload();
+    // Permissions listing more than 10 000 streams are refused (4), not stored.
+    let streams = 10_001u32;
+    let mut perms = vec![0u8; 10];
+    perms.push(1);
+    for id in 0..streams {
+        perms.extend_from_slice(&id.to_le_bytes());
+        perms.extend_from_slice(&[0, 1, 0, 0, 1, 0]);
+        perms.push(0); // no topics
+        perms.push(u8::from(id + 1 < streams));
+    }
+    let mut body = Vec::new();
+    enc::name(&mut body, "huge-perms");
+    body.push(9);
+    body.extend_from_slice(b"huge-pass");
+    body.push(1);
+    body.push(1);
+    body.extend_from_slice(&(perms.len() as u32).to_le_bytes());
+    body.extend_from_slice(&perms);
+    raw.call(33, &body).await.assert_error(4);
+    assert!(
+        root.get_user(&id_name("huge-perms"))
+            .await
+            .expect("get")
+            .is_none()
+    );
 
     // Personal access tokens: name bounds, duplicates, per-user limit, delete.
     assert_code(

@@ -36,6 +36,9 @@ pub(super) const INVALID_PAT_NAME: u32 = 50;
 pub(super) const PAT_LIMIT_REACHED: u32 = 52;
 /// 55 UsersLimitReached.
 const USERS_LIMIT_REACHED: u32 = 55;
+/// Most stream plus topic entries one user's permissions may list (they are stored in the
+/// metadata document and copied on every change): more is refused with 4 InvalidFormat.
+const PERMISSION_ENTRIES_MAX: usize = 10_000;
 
 /// One live client in the registry.
 #[derive(Debug, Clone)]
@@ -273,6 +276,7 @@ impl Server {
         check_username(&username)?;
         check_password(password)?;
         check_status(status)?;
+        check_permissions(permissions)?;
         // argon2 before the lock: it takes tens of milliseconds.
         let password_hash = hash(password)?;
         let now_us = self.clock.now_us();
@@ -393,6 +397,7 @@ impl Server {
     }
 
     pub(super) fn update_permissions(&self, user: &Identifier, permissions: Option<&Permissions>) -> Reply {
+        check_permissions(permissions)?;
         let mut catalog = self.write();
         let id = find_user(&catalog.users, user)
             .ok_or(codes::RESOURCE_NOT_FOUND)?
@@ -473,6 +478,17 @@ fn check_status(status: u8) -> Result<(), u32> {
         auth::USER_STATUS_ACTIVE | auth::USER_STATUS_INACTIVE => Ok(()),
         _ => Err(INVALID_USER_STATUS),
     }
+}
+
+fn check_permissions(permissions: Option<&Permissions>) -> Result<(), u32> {
+    let entries = permissions.map_or(0, |p| {
+        p.streams.len() + p.streams.iter().map(|(_, s)| s.topics.len()).sum::<usize>()
+    });
+    if entries > PERMISSION_ENTRIES_MAX {
+        tracing::debug!(entries, "permissions with too many entries refused");
+        return Err(codes::INVALID_FORMAT);
+    }
+    Ok(())
 }
 
 fn hash(secret: &str) -> Result<String, u32> {
