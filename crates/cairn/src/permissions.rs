@@ -19,10 +19,13 @@
 //!   `manage_topics` ⊇ `manage_topic` of each topic; `read_topics` ⊇ `read_topic` ⊇
 //!   `poll_messages`. `send_messages` is never implied: only an explicit `send_messages`
 //!   (global, stream or topic) allows sends and FlushUnsavedBuffer.
-//! - CreateStream: global `manage_streams`. GetStream: read the stream; GetStreams lists only
-//!   the streams the user may read. Update/Delete/PurgeStream: manage the stream.
-//!   CreateTopic and GetTopics: manage/read the stream's topics. GetTopic: read the topic.
-//!   Update/Delete/PurgeTopic, Create/DeletePartitions, DeleteSegments: manage the topic.
+//! - CreateStream: global `manage_streams`. Update/Delete/PurgeStream: manage the stream.
+//!   CreateTopic: manage the stream's topics. Update/Delete/PurgeTopic, Create/
+//!   DeletePartitions, DeleteSegments: manage the topic.
+//! - Metadata: GetStream and GetTopics need read on the stream or any grant inside it (a
+//!   topic's poll or send included); GetStreams lists only those streams. GetTopic needs read,
+//!   poll or send on the topic. Why: the SDK's `IggyProducer`/`IggyConsumer` look up the
+//!   stream and topic before they send or poll, so a send-only user must see them.
 //! - Polls, consumer offsets and Join/Leave/SyncConsumerGroup: `poll_messages` on the topic.
 //!   Get/Create/DeleteConsumerGroup(s): read the topic (iggy_common: "read_topics allows to
 //!   read the topics, manage consumer groups").
@@ -309,6 +312,29 @@ impl UserPermissionsView<'_> {
             || self.topic(stream, topic).poll_messages
     }
 
+    /// May see the stream's metadata (GetStream, GetStreams, GetTopics): read it, or hold
+    /// any grant inside it, since the SDK's producer and consumer look the stream up before
+    /// they send or poll.
+    pub fn see_stream(&self, stream: Option<u32>) -> bool {
+        let g = self.global();
+        let s = self.stream(stream);
+        self.read_stream(stream)
+            || self.read_topics(stream)
+            || g.poll_messages
+            || g.send_messages
+            || s.poll_messages
+            || s.send_messages
+            || s.topics
+                .values()
+                .any(|t| t.manage_topic || t.read_topic || t.poll_messages || t.send_messages)
+    }
+
+    /// May see the topic's metadata (GetTopic): read it, or poll from or send to it (the SDK
+    /// looks the topic up for its partition count before sending or polling).
+    pub fn see_topic(&self, stream: Option<u32>, topic: Option<u32>) -> bool {
+        self.read_topic(stream, topic) || self.poll(stream, topic) || self.send(stream, topic)
+    }
+
     pub fn send(&self, stream: Option<u32>, topic: Option<u32>) -> bool {
         self.global().send_messages
             || self.stream(stream).send_messages
@@ -399,11 +425,11 @@ pub fn authorize(user: &UserPermissionsView<'_>, command: &Command, ids: &Resolv
         CreateStream { .. } => user.create_streams(),
         // Filtered to the readable streams by the handler.
         GetStreams => true,
-        GetStream { .. } => user.read_stream(s),
+        GetStream { .. } | GetTopics { .. } => user.see_stream(s),
         UpdateStream { .. } | DeleteStream { .. } | PurgeStream { .. } => user.manage_stream(s),
-        GetTopics { .. } => user.read_topics(s),
         CreateTopic { .. } => user.manage_topics(s),
-        GetTopic { .. } | GetConsumerGroup { .. } | GetConsumerGroups { .. } => user.read_topic(s, t),
+        GetTopic { .. } => user.see_topic(s, t),
+        GetConsumerGroup { .. } | GetConsumerGroups { .. } => user.read_topic(s, t),
         CreateConsumerGroup { .. } | DeleteConsumerGroup { .. } => user.read_topic(s, t),
         UpdateTopic { .. }
         | DeleteTopic { .. }
@@ -574,8 +600,35 @@ mod tests {
         assert!(check(&p, &send(), at(1, 3)));
         assert!(check(&p, &poll(), at(1, 3)), "read_topic implies poll");
         assert!(!check(&p, &send(), at(1, 4)));
-        assert!(!check(&p, &Command::GetStream { stream: id(1) }, at(1, 3)));
-        assert!(!check(&p, &Command::GetTopics { stream: id(1) }, at(1, 3)));
+        // A grant inside a stream shows its metadata (the SDK producer looks it up)...
+        assert!(check(&p, &Command::GetStream { stream: id(1) }, at(1, 3)));
+        assert!(check(&p, &Command::GetTopics { stream: id(1) }, at(1, 3)));
+        assert!(check(
+            &p,
+            &Command::GetTopic {
+                stream: id(1),
+                topic: id(3)
+            },
+            at(1, 3)
+        ));
+        // ...but nothing else of the stream.
+        assert!(!check(
+            &p,
+            &Command::GetTopic {
+                stream: id(1),
+                topic: id(4)
+            },
+            at(1, 4)
+        ));
+        assert!(!check(&p, &Command::GetStream { stream: id(2) }, at(2, 0)));
+        assert!(!check(
+            &p,
+            &Command::DeleteTopic {
+                stream: id(1),
+                topic: id(3)
+            },
+            at(1, 3)
+        ));
         let create_group = Command::CreateConsumerGroup {
             stream: id(1),
             topic: id(3),
@@ -619,7 +672,11 @@ mod tests {
             at(1, 1)
         ));
         assert!(check(&p, &poll(), at(1, 1)));
-        assert!(!check(&p, &Command::GetStream { stream: id(1) }, at(1, 1)));
+        assert!(
+            check(&p, &Command::GetStream { stream: id(1) }, at(1, 1)),
+            "topics are inside streams"
+        );
+        assert!(!check(&p, &Command::DeleteStream { stream: id(1) }, at(1, 1)));
         assert!(!check(
             &p,
             &Command::CreateTopic {
@@ -635,6 +692,25 @@ mod tests {
         p.global.send_messages = true;
         assert!(check(&p, &send(), at(1, 1)));
         assert!(!check(&p, &poll(), at(1, 1)));
+        assert!(
+            check(
+                &p,
+                &Command::GetTopic {
+                    stream: id(1),
+                    topic: id(1)
+                },
+                at(1, 1)
+            ),
+            "a producer may look up the topic it sends to"
+        );
+        assert!(!check(
+            &p,
+            &Command::GetConsumerGroups {
+                stream: id(1),
+                topic: id(1)
+            },
+            at(1, 1)
+        ));
     }
 
     #[test]

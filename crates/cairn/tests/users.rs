@@ -757,3 +757,74 @@ async fn users_tokens_and_clients_over_http() {
     drop((root, user, via_pat));
     server.stop();
 }
+
+/// A user allowed only to send to one topic can run the SDK's high-level `IggyProducer`
+/// (whose init looks up the stream and the topic), and nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_only_user_runs_the_high_level_producer() {
+    let dir = temp_dir();
+    let server = TestServer::start(dir.path());
+    let addr = server.addr();
+    let root = root_client(addr).await;
+    let (s, t) = stream_with_topic(&root, "produce-here").await;
+    let (other, _) = stream_with_topic(&root, "elsewhere").await;
+    let mut topics = BTreeMap::new();
+    topics.insert(
+        t as usize,
+        TopicPermissions {
+            send_messages: true,
+            ..Default::default()
+        },
+    );
+    let mut streams = BTreeMap::new();
+    streams.insert(
+        s as usize,
+        StreamPermissions {
+            topics: Some(topics),
+            ..Default::default()
+        },
+    );
+    let permissions = Permissions {
+        global: GlobalPermissions::default(),
+        streams: Some(streams),
+    };
+    root.create_user(
+        "pat-producer",
+        "producer-pass",
+        UserStatus::Active,
+        Some(permissions),
+    )
+    .await
+    .expect("create producer user");
+
+    let client = login(addr, "pat-producer", "producer-pass").await;
+    let producer = client
+        .producer("produce-here", "t")
+        .expect("producer builder")
+        .direct(DirectConfig::builder().build())
+        .build();
+    producer
+        .init()
+        .await
+        .expect("producer init with send-only permission");
+    producer
+        .send(vec![sdk_message(7, b"from a producer".to_vec())])
+        .await
+        .expect("producer send");
+    producer.shutdown().await;
+
+    let polled = poll_first(&root, s, t).await.expect("root polls");
+    assert_eq!(polled.messages.len(), 1, "the producer's message arrived");
+    assert_code(poll_first(&client, s, t).await, 41);
+    assert_code(client.get_stream(&id_num(other)).await, 41);
+    let visible: Vec<u32> = client
+        .get_streams()
+        .await
+        .expect("streams")
+        .iter()
+        .map(|x| x.id)
+        .collect();
+    assert_eq!(visible, vec![s], "only the stream with a grant is listed");
+    drop((root, client));
+    server.stop();
+}

@@ -225,7 +225,7 @@ impl Server {
         }
     }
 
-    /// Whether the session's user may read stream `stream_id` (GetStreams lists only those).
+    /// Whether the session's user may see stream `stream_id` (GetStreams lists only those).
     pub(super) fn may_read_stream(&self, catalog: &Catalog, session: &Session, stream_id: u32) -> bool {
         let Some(user_id) = session.user_id else {
             return false;
@@ -242,7 +242,7 @@ impl Server {
                     user_id,
                     permissions: user.permissions.as_ref(),
                 }
-                .read_stream(Some(stream_id))
+                .see_stream(Some(stream_id))
             })
     }
 
