@@ -18,8 +18,12 @@ use cairn_wire::codes;
 use cairn_wire::command::Command;
 use cairn_wire::reply;
 use cairn_wire::types::{Consumer, Identifier, OptionEntry, Partitioning, PollingStrategy};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+mod users;
+pub use users::{TRANSPORT_HTTP, TRANSPORT_TCP};
 
 /// Status answered for every request to a partition that failed to open (damage or IO
 /// error at boot). 3003 CannotOpenPartitionLogFile: the 0.11 SDK does not retry it.
@@ -90,6 +94,8 @@ pub struct Session {
     /// Server-assigned connection id (GetMe / GetClients).
     pub client_id: u32,
     pub address: String,
+    /// 1 TCP, 3 HTTP (the Client record's transport).
+    pub transport: u8,
     /// Set by a successful login, cleared by Logout.
     pub user_id: Option<u32>,
     /// The session value handed out at login (> 0); 0 before login.
@@ -107,6 +113,8 @@ pub struct Server {
     pub clients_connected: AtomicU32,
     /// The port the TCP listener bound (differs from the config when it asked for port 0).
     pub bound_port: AtomicU32,
+    /// Live clients by client id (GetClients): TCP connections and HTTP logins.
+    clients: Mutex<BTreeMap<u32, users::ClientEntry>>,
 }
 
 /// Reported as the server version in login replies and stats.
@@ -133,13 +141,17 @@ impl Server {
             next_client_id: AtomicU32::new(1),
             clients_connected: AtomicU32::new(0),
             bound_port: AtomicU32::new(0),
+            clients: Mutex::new(BTreeMap::new()),
         }
     }
 
-    pub fn new_session(&self, address: String) -> Session {
+    /// A new, unauthenticated session. It is listed by GetClients once the shell registers
+    /// it ([`Server::register_client`]).
+    pub fn new_session(&self, address: String, transport: u8) -> Session {
         Session {
             client_id: self.next_client_id.fetch_add(1, Ordering::Relaxed),
             address,
+            transport,
             user_id: None,
             session_id: 0,
         }
@@ -162,6 +174,17 @@ impl Server {
     /// Apply one command for `session`. A send comes back as [`Handled::Send`] for the shell
     /// to complete; everything else is done.
     pub fn handle(&self, session: &mut Session, command: Command) -> Handled {
+        // Every command of a logged-in session passes the permission check first
+        // (`permissions`), against the user as it is now.
+        if session.user_id.is_some()
+            && !matches!(
+                command,
+                Command::Ping | Command::LoginUser { .. } | Command::LoginWithToken { .. }
+            )
+            && let Err(status) = self.authorize(session, &command)
+        {
+            return Handled::Done(Err(status));
+        }
         match command {
             Command::Ping => Handled::Done(Ok(Vec::new())),
             Command::LoginUser {
@@ -193,9 +216,7 @@ impl Server {
     fn handle_authenticated(&self, session: &mut Session, command: Command) -> Reply {
         match command {
             Command::Logout => {
-                self.drop_memberships(session.client_id);
-                session.user_id = None;
-                session.session_id = 0;
+                self.end_login(session);
                 Ok(Vec::new())
             }
             Command::GetClusterMetadata => Ok(self.cluster_metadata()),
@@ -216,7 +237,11 @@ impl Server {
             Command::GetStreams => {
                 let catalog = self.read();
                 let mut out = Vec::new();
-                for stream in catalog.streams.values() {
+                for stream in catalog
+                    .streams
+                    .values()
+                    .filter(|s| self.may_read_stream(&catalog, session, s.id))
+                {
                     reply::stream(&mut out, &stream_record(stream));
                 }
                 Ok(out)
@@ -477,15 +502,30 @@ impl Server {
                 catalog.save().map_err(storage_status)?;
                 Ok(Vec::new())
             }
-            // Single-object reads of capabilities not built yet answer "none" (empty body),
-            // list reads answer an empty list, as the SDK expects for missing objects.
-            Command::GetClient { .. } | Command::GetUser { .. } => Ok(Vec::new()),
-            Command::GetClients => {
-                let mut out = Vec::new();
-                reply::client(&mut out, &self.client_record(session));
-                Ok(out)
+            Command::GetClient { client_id } => self.get_client(client_id),
+            Command::GetClients => self.get_clients(),
+            Command::GetUser { user } => self.get_user(&user),
+            Command::GetUsers => self.get_users(),
+            Command::CreateUser {
+                username,
+                password,
+                status,
+                permissions,
+            } => self.create_user(username, &password, status, permissions.as_ref()),
+            Command::UpdateUser {
+                user,
+                username,
+                status,
+            } => self.update_user(&user, username, status),
+            Command::DeleteUser { user } => self.delete_user(&user),
+            Command::ChangePassword {
+                user,
+                current_password,
+                new_password,
+            } => self.change_password(session, &user, &current_password, &new_password),
+            Command::UpdatePermissions { user, permissions } => {
+                self.update_permissions(&user, permissions.as_ref())
             }
-            Command::GetUsers => Ok(Vec::new()),
             Command::GetConsumerGroup { stream, topic, group } => {
                 let catalog = self.read();
                 let topic = find_topic(find_stream(&catalog, &stream)?, &topic)?;
@@ -575,14 +615,8 @@ impl Server {
                 }
                 Ok(out)
             }
-            // User management and snapshots arrive with a later issue.
-            Command::CreateUser { .. }
-            | Command::UpdateUser { .. }
-            | Command::DeleteUser { .. }
-            | Command::ChangePassword { .. }
-            | Command::UpdatePermissions { .. }
-            | Command::GetSnapshot { .. }
-            | Command::DescribeOptions { .. } => Err(codes::FEATURE_UNAVAILABLE),
+            // Snapshots and option descriptions arrive with a later issue.
+            Command::GetSnapshot { .. } | Command::DescribeOptions { .. } => Err(codes::FEATURE_UNAVAILABLE),
             Command::Ping | Command::LoginUser { .. } | Command::LoginWithToken { .. } => {
                 unreachable!("handled before authentication")
             }
@@ -627,6 +661,20 @@ impl Server {
         if found.expiry_at_us != 0 && found.expiry_at_us <= self.clock.now_us() {
             return Err(codes::PAT_EXPIRED);
         }
+        // A token logs in as its user, so it is refused like that user's password would be.
+        let status = {
+            let catalog = self.read();
+            catalog
+                .users
+                .iter()
+                .find(|u| u.id == found.user_id)
+                .map(|u| u.status)
+        };
+        match status {
+            None => return Err(codes::INVALID_PAT),
+            Some(status) if status != auth::USER_STATUS_ACTIVE => return Err(codes::USER_INACTIVE),
+            Some(_) => {}
+        }
         Ok(self.start_session(session, found.user_id))
     }
 
@@ -634,6 +682,7 @@ impl Server {
         session.user_id = Some(user_id);
         session.session_id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
         debug_assert!(session.session_id > 0);
+        self.note_user(session);
         let mut out = Vec::new();
         reply::login_response(&mut out, user_id, session.session_id, SERVER_VERSION);
         out
@@ -643,8 +692,8 @@ impl Server {
         let Some(user_id) = session.user_id else {
             return Err(codes::UNAUTHENTICATED);
         };
-        if !(3..=30).contains(&name.len()) {
-            return Err(50); // InvalidPersonalAccessTokenName
+        if !auth::TOKEN_NAME_LEN.contains(&name.len()) {
+            return Err(users::INVALID_PAT_NAME);
         }
         let now_us = self.clock.now_us();
         let mut catalog = self.write();
@@ -654,6 +703,9 @@ impl Server {
             .any(|t| t.user_id == user_id && t.name == name)
         {
             return Err(codes::PAT_ALREADY_EXISTS);
+        }
+        if catalog.tokens.iter().filter(|t| t.user_id == user_id).count() >= auth::TOKENS_PER_USER_MAX {
+            return Err(users::PAT_LIMIT_REACHED);
         }
         let id = catalog.next_token_id;
         let raw = auth::new_token(id);
@@ -953,7 +1005,7 @@ impl Server {
         reply::ClientRecord {
             client_id: session.client_id,
             user_id: session.user_id,
-            transport: 1,
+            transport: session.transport,
             address: session.address.clone(),
             consumer_groups,
         }

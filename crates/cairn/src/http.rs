@@ -37,6 +37,8 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+mod users;
+
 /// How long a bearer token from `/users/login` stays valid. Tokens live in memory only: a
 /// restart logs every HTTP client out, which the SDK handles by logging in again.
 const TOKEN_LIFETIME: Duration = Duration::from_secs(60 * 60);
@@ -96,7 +98,7 @@ pub async fn serve(server: Arc<Server>, listener: TcpListener, mut shutdown: wat
 }
 
 fn router(state: Shared) -> Router {
-    Router::new()
+    users::routes()
         .route("/ping", get(ping))
         .route("/users/login", axum::routing::post(login))
         .route("/users/logout", axum::routing::delete(logout))
@@ -192,7 +194,17 @@ fn code_name(code: u32) -> &'static str {
         codes::UNAUTHENTICATED => "unauthenticated",
         codes::UNAUTHORIZED => "unauthorized",
         codes::INVALID_CREDENTIALS => "invalid_credentials",
+        codes::INVALID_USERNAME => "invalid_username",
+        codes::INVALID_PASSWORD => "invalid_password",
+        45 => "invalid_user_status",
+        codes::USER_ALREADY_EXISTS => "user_already_exists",
         codes::USER_INACTIVE => "user_inactive",
+        48 => "cannot_delete_user",
+        49 => "cannot_change_permissions",
+        50 => "invalid_personal_access_token_name",
+        codes::PAT_ALREADY_EXISTS => "personal_access_token_already_exists",
+        52 => "personal_access_tokens_limit_reached",
+        55 => "users_limit_reached",
         codes::INVALID_PAT => "invalid_personal_access_token",
         codes::PAT_EXPIRED => "personal_access_token_expired",
         codes::STREAM_ID_NOT_FOUND => "stream_id_not_found",
@@ -260,12 +272,14 @@ impl HttpState {
             match tokens.get(token) {
                 Some(entry) if entry.expires_at > Instant::now() => return entry.session.clone(),
                 Some(_) => {
-                    tokens.remove(token);
+                    if let Some(expired) = tokens.remove(token) {
+                        self.server.unregister_client(expired.session.client_id);
+                    }
                 }
                 None => {}
             }
         }
-        self.server.new_session(peer.to_string())
+        self.server.new_session(peer.to_string(), handler::TRANSPORT_HTTP)
     }
 
     /// Apply `command` through the one request path: `Server::handle` on a blocking thread
@@ -391,7 +405,16 @@ async fn login(State(state): State<Shared>, ConnectInfo(peer): Peer, body: Bytes
         username: body.username,
         password: body.password,
     };
-    let session = state.server.new_session(peer.to_string());
+    start_session(&state, peer, command).await
+}
+
+/// Run a login command on a fresh session and, if it succeeds, hand out a bearer token for
+/// that session (the HTTP client it stands for is listed by GetClients until logout or
+/// expiry).
+async fn start_session(state: &Shared, peer: SocketAddr, command: Command) -> ApiResult {
+    let session = state
+        .server
+        .new_session(peer.to_string(), handler::TRANSPORT_HTTP);
     let (_, session) = state.apply(session, command).await?;
     let Some(user_id) = session.user_id else {
         return Err(ApiError::new(codes::ERROR, "login succeeded without a user"));
@@ -402,7 +425,15 @@ async fn login(State(state): State<Shared>, ConnectInfo(peer): Peer, body: Bytes
         let mut tokens = lock(&state.tokens);
         // Logins are the only way the map grows; dropping expired tokens here bounds it by
         // the logins of one token lifetime.
-        tokens.retain(|_, entry| entry.expires_at > now);
+        tokens.retain(|_, entry| {
+            let live = entry.expires_at > now;
+            if !live {
+                state.server.unregister_client(entry.session.client_id);
+            }
+            live
+        });
+        // Each HTTP login is one client (GetClients) until its logout or expiry.
+        state.server.register_client(&session);
         tokens.insert(
             token.clone(),
             TokenEntry {
@@ -423,8 +454,10 @@ async fn login(State(state): State<Shared>, ConnectInfo(peer): Peer, body: Bytes
 
 async fn logout(State(state): State<Shared>, ConnectInfo(peer): Peer, headers: HeaderMap) -> ApiResult {
     state.run(&headers, peer, Command::Logout).await?;
-    if let Some(token) = bearer(&headers) {
-        lock(&state.tokens).remove(token);
+    if let Some(token) = bearer(&headers)
+        && let Some(entry) = lock(&state.tokens).remove(token)
+    {
+        state.server.unregister_client(entry.session.client_id);
     }
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -15,6 +15,7 @@ mod catalog;
 mod config;
 mod handler;
 mod http;
+mod permissions;
 mod tcp;
 mod tools;
 mod writer;
@@ -332,6 +333,7 @@ fn ensure_root_user(
         password_hash,
         status: auth::USER_STATUS_ACTIVE,
         created_at_us: now_us,
+        permissions: None,
     });
     catalog.next_user_id = catalog.next_user_id.max(auth::ROOT_USER_ID + 1);
     catalog.save().map_err(|e| format!("cannot save metadata: {e}"))?;

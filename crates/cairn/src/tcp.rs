@@ -54,8 +54,9 @@ pub async fn serve(server: Arc<Server>, listener: TcpListener, mut shutdown: wat
         connections.spawn(async move {
             let _permit = permit;
             server.clients_connected.fetch_add(1, Ordering::Relaxed);
-            let session = server.new_session(peer.to_string());
+            let session = server.new_session(peer.to_string(), handler::TRANSPORT_TCP);
             let client_id = session.client_id;
+            server.register_client(&session);
             if let Err(error) = Connection::new(server.clone(), socket, session, shutdown)
                 .run()
                 .await
@@ -69,6 +70,7 @@ pub async fn serve(server: Arc<Server>, listener: TcpListener, mut shutdown: wat
             {
                 tracing::error!(%error, "dropping group memberships panicked");
             }
+            server.unregister_client(client_id);
             server.clients_connected.fetch_sub(1, Ordering::Relaxed);
         });
         // Reap finished connection tasks so the set does not grow without bound.
