@@ -52,7 +52,9 @@ impl PreparedSend {
     /// confirmation.
     pub async fn complete(self) -> Reply {
         let queue = self.partition.writer_queue();
+        let batch_bytes = self.batch.len();
         let base_offset = writer::submit(queue, self.batch, self.received_at_us).await?;
+        crate::stats::record_written(batch_bytes);
         let mut out = Vec::new();
         reply::send_confirmations(
             &mut out,
@@ -348,10 +350,10 @@ impl Server {
                 partition_id,
                 segments_count,
             } => {
-                // Retention is a later capability; for now check the target exists and
-                // delete nothing (the reply is the same empty, section-less body).
-                let _ = segments_count;
-                self.partition(&stream, &topic, partition_id)?;
+                // The oldest `segments_count` sealed segments; never the active one.
+                let partition = self.partition(&stream, &topic, partition_id)?;
+                let count = usize::try_from(segments_count).unwrap_or(usize::MAX);
+                crate::retention::delete_segments(&partition, count, crate::retention::Reason::Request)?;
                 Ok(Vec::new())
             }
             Command::PollMessages {
@@ -706,11 +708,23 @@ impl Server {
     }
 
     fn stats(&self) -> Vec<u8> {
+        let run_time_us = self.clock.now_us().saturating_sub(self.started_at_us);
+        let machine = crate::stats::machine(run_time_us);
+        let (free_disk_space, total_disk_space) = crate::stats::disk_space(&self.config.data_dir);
         let catalog = self.read();
         let mut s = reply::Stats {
             process_id: std::process::id(),
-            run_time_us: self.clock.now_us().saturating_sub(self.started_at_us),
+            cpu_usage: machine.cpu_usage,
+            total_cpu_usage: machine.total_cpu_usage,
+            memory_usage: machine.memory_usage,
+            total_memory: machine.total_memory,
+            available_memory: machine.available_memory,
+            run_time_us,
             start_time_us: self.started_at_us,
+            read_bytes: crate::stats::read_bytes(),
+            written_bytes: crate::stats::written_bytes(),
+            free_disk_space,
+            total_disk_space,
             streams_count: catalog.streams.len() as u32,
             clients_count: self.clients_connected.load(Ordering::Relaxed),
             hostname: read_trimmed("/proc/sys/kernel/hostname"),
@@ -727,6 +741,7 @@ impl Server {
             s.topics_count += stream.topics.len() as u32;
             for topic in stream.topics.values() {
                 s.partitions_count += topic.partitions_count();
+                s.consumer_groups_count += topic.doc.consumer_groups.len() as u32;
                 for partition in &topic.partitions {
                     if let PartitionState::Serving(data) = &*catalog::lock(&partition.state) {
                         let log_stats = data.log.stats();
@@ -1090,6 +1105,7 @@ impl Server {
             debug_assert!(last >= first_returned && last < next_offset);
             data.offsets.store(&owner, last).map_err(storage_status)?;
         }
+        crate::stats::record_read(batches.len());
         let mut out = Vec::with_capacity(16 + batches.len());
         reply::poll_head(&mut out, partition.id, current_offset(&data.log), returned);
         out.extend_from_slice(&batches);

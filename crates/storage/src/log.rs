@@ -925,6 +925,11 @@ impl PartitionLog {
         self.segments[..sealed].iter().map(Segment::info).collect()
     }
 
+    /// The oldest sealed segment, if any (O(1), for retention's repeated checks).
+    pub fn oldest_sealed_segment(&self) -> Option<SegmentInfo> {
+        (self.segments.len() > 1).then(|| self.segments[0].info())
+    }
+
     /// Where the retained log starts: the base offset of the first retained segment (0, or
     /// the point of the last purge or retention deletion). Every offset below it is gone.
     pub fn start_offset(&self) -> u64 {
