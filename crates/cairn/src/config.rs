@@ -116,6 +116,11 @@ pub const KEYS: &[Key] = &[
 /// "never" in practice.
 pub const FLUSH_INTERVAL_MS_MAX: u64 = 3_600_000;
 
+/// Test-only fault hook: `CAIRN_TEST_CRASH_AT=<point>` aborts the process at a named point
+/// (`purge-after-marker`, `purge-after-first-partition`), as a crash there would. Not a
+/// configuration key; never set in production.
+pub const TEST_CRASH_AT_ENV: &str = "CAIRN_TEST_CRASH_AT";
+
 /// Upper bound of `storage.retention_interval_ms` (one day).
 pub const RETENTION_INTERVAL_MS_MAX: u64 = 86_400_000;
 
@@ -253,6 +258,10 @@ impl Sources {
     pub fn apply_env(&mut self, vars: impl IntoIterator<Item = (String, String)>) -> Result<(), ConfigError> {
         for (name, value) in vars {
             if !name.starts_with("CAIRN_") {
+                continue;
+            }
+            if name == TEST_CRASH_AT_ENV {
+                // A test-only fault hook read where it fires (see the handler), not a key.
                 continue;
             }
             if name == "CAIRN_ROOT_PASSWORD" {

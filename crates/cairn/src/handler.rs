@@ -248,18 +248,7 @@ impl Server {
                 catalog.delete_stream(id).map_err(storage_status)?;
                 Ok(Vec::new())
             }
-            Command::PurgeStream { stream } => {
-                let partitions: Vec<_> = {
-                    let catalog = self.read();
-                    let stream = find_stream(&catalog, &stream)?;
-                    stream
-                        .topics
-                        .values()
-                        .flat_map(|t| t.partitions.iter().cloned())
-                        .collect()
-                };
-                purge_partitions(&partitions)
-            }
+            Command::PurgeStream { stream } => self.purge(&stream, None),
             Command::GetTopic { stream, topic } => {
                 let catalog = self.read();
                 let mut out = Vec::new();
@@ -299,14 +288,7 @@ impl Server {
                     .map_err(storage_status)?;
                 Ok(Vec::new())
             }
-            Command::PurgeTopic { stream, topic } => {
-                let partitions: Vec<_> = {
-                    let catalog = self.read();
-                    let stream = find_stream(&catalog, &stream)?;
-                    find_topic(stream, &topic)?.partitions.clone()
-                };
-                purge_partitions(&partitions)
-            }
+            Command::PurgeTopic { stream, topic } => self.purge(&stream, Some(&topic)),
             Command::CreatePartitions {
                 stream,
                 topic,
@@ -1163,14 +1145,89 @@ fn storage_status(error: impl std::fmt::Display) -> u32 {
     codes::ERROR
 }
 
-fn purge_partitions(partitions: &[Arc<catalog::Partition>]) -> Reply {
-    for partition in partitions {
-        let mut state = catalog::lock(&partition.state);
-        let data = serving(&mut state)?;
-        data.log.purge().map_err(storage_status)?;
-        data.offsets.clear().map_err(storage_status)?;
+/// Test-only fault hook (`CAIRN_TEST_CRASH_AT=<point>`): abort the process at `point`, as a
+/// crash there would. Unset in production; read on every call (purges are rare).
+fn crash_point(point: &str) {
+    if std::env::var(crate::config::TEST_CRASH_AT_ENV).is_ok_and(|value| value == point) {
+        eprintln!("{}={point}: aborting", crate::config::TEST_CRASH_AT_ENV);
+        std::process::abort();
     }
-    Ok(Vec::new())
+}
+
+impl Server {
+    /// Purge a topic (or every topic of a stream): delete every message and stored consumer
+    /// offset; offsets keep counting (an offset is never handed out twice).
+    ///
+    /// Durable across a crash at any point: under the catalog write lock and every affected
+    /// partition's lock (so no send slips in between), the purge target of each partition (its
+    /// append counter) is recorded in the metadata first; then each partition is purged
+    /// (consumer offsets, then the log via `start.meta`). A boot finds any partition whose log
+    /// still starts below its target and finishes the purge before serving
+    /// (`catalog::finish_purge`). Refused before anything changes if a partition does not serve.
+    fn purge(&self, stream: &Identifier, topic: Option<&Identifier>) -> Reply {
+        let mut catalog = self.write();
+        let stream = find_stream(&catalog, stream)?;
+        let stream_id = stream.id;
+        let topic_ids: Vec<u32> = match topic {
+            Some(topic) => vec![find_topic(stream, topic)?.doc.id],
+            None => stream.topics.keys().copied().collect(),
+        };
+        // (topic id, partition) in catalog order; locked in that order (only a purge holds
+        // more than one partition lock, and only under the catalog write lock).
+        let partitions: Vec<(u32, Arc<catalog::Partition>)> = topic_ids
+            .iter()
+            .filter_map(|id| stream.topics.get(id))
+            .flat_map(|t| t.partitions.iter().map(|p| (t.doc.id, p.clone())))
+            .collect();
+        let mut guards: Vec<_> = partitions.iter().map(|(_, p)| catalog::lock(&p.state)).collect();
+        let mut targets = Vec::with_capacity(guards.len());
+        for guard in guards.iter_mut() {
+            targets.push(serving(guard)?.log.next_offset());
+        }
+        let Some(stream) = catalog.streams.get_mut(&stream_id) else {
+            return Err(codes::STREAM_ID_NOT_FOUND);
+        };
+        let mut previous = Vec::with_capacity(targets.len());
+        for ((topic_id, partition), &target) in partitions.iter().zip(&targets) {
+            let Some(doc) = stream
+                .topics
+                .get_mut(topic_id)
+                .and_then(|t| t.doc.partitions.get_mut(partition.id as usize))
+            else {
+                return Err(codes::PARTITION_NOT_FOUND);
+            };
+            debug_assert!(target >= doc.purge_target, "append counters never go back");
+            previous.push(doc.purge_target);
+            doc.purge_target = target;
+        }
+        if let Err(error) = catalog.save() {
+            // Nothing was purged; the marker in memory goes back to what the disk holds.
+            if let Some(stream) = catalog.streams.get_mut(&stream_id) {
+                for ((topic_id, partition), old) in partitions.iter().zip(previous) {
+                    if let Some(doc) = stream
+                        .topics
+                        .get_mut(topic_id)
+                        .and_then(|t| t.doc.partitions.get_mut(partition.id as usize))
+                    {
+                        doc.purge_target = old;
+                    }
+                }
+            }
+            return Err(storage_status(error));
+        }
+        crash_point("purge-after-marker");
+        for (((_, partition), guard), target) in partitions.iter().zip(guards.iter_mut()).zip(targets) {
+            let data = serving(guard)?;
+            // Offsets first: a crash after them is finished at boot (the log still starts
+            // below the target); no stored offset outlives its purge.
+            data.offsets.clear().map_err(storage_status)?;
+            data.log.purge().map_err(storage_status)?;
+            debug_assert_eq!(data.log.start_offset(), target);
+            tracing::info!(partition_dir = %partition.dir.display(), purged_below = target, "purged partition");
+            crash_point("purge-after-first-partition");
+        }
+        Ok(Vec::new())
+    }
 }
 
 fn check_name(name: &str, status: u32) -> Result<(), u32> {
