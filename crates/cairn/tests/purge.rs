@@ -217,6 +217,22 @@ async fn a_crash_mid_purge_is_finished_at_boot() {
         }
         server.kill();
 
+        // `cairn check` tells what the next start will do: finish the purge.
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .arg("check")
+            .arg(dir.path())
+            .output()
+            .expect("run cairn check");
+        let report = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !out.status.success(),
+            "{crash_point}: check must not say healthy:\n{report}"
+        );
+        assert!(
+            report.contains("finish a purge recorded in the metadata") && !report.contains("DAMAGED"),
+            "{crash_point}:\n{report}"
+        );
+
         let server = TestServer::start_with(dir.path(), &args(), &[]);
         // Logged at boot, before readiness; stderr is read by another thread, so wait for it.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
