@@ -51,7 +51,8 @@ pub fn delete_segments(partition: &Partition, count: usize, reason: Reason) -> R
             partition_dir = %partition.dir.display(),
             %error,
             reason = reason.as_str(),
-            "deleting segments failed: no segment was deleted"
+            "deleting segments failed: the segments are still served; if the new start marker reached the disk \
+             before the failure, the next start removes them"
         );
         cairn_wire::codes::ERROR
     })?;

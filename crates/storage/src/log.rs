@@ -947,6 +947,10 @@ impl PartitionLog {
     ///
     /// The segment holding the published frontier is kept; if it would be deleted the log
     /// commits first, which moves the frontier to the active segment.
+    ///
+    /// On `Err` nothing was deleted from the log in memory; if the error came from the marker's
+    /// directory sync, the marker may still have reached the disk, and the next open then
+    /// removes the segments (deleting what was asked for, nothing more).
     pub fn delete_oldest_segments(&mut self, count: usize) -> Result<Vec<SegmentInfo>, StorageError> {
         self.check_not_stopped()?;
         let sealed = self.segments.len() - 1;
