@@ -84,6 +84,17 @@ pub struct GroupDoc {
 pub struct PartitionDoc {
     pub id: u32,
     pub created_at_us: u64,
+    /// The topic-level purge marker: the partition's append counter when the last purge of
+    /// its topic or stream was decided (recorded here, durably, before any partition is
+    /// purged). Every offset below it is purged: a partition whose retained log starts below
+    /// it at boot finishes the purge before serving. 0 = never purged (absent in metadata
+    /// written before purge markers existed).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub purge_target: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 pub const METADATA_FORMAT_VERSION: u32 = 1;
@@ -291,7 +302,7 @@ impl Partition {
     }
 
     fn open(dir: PathBuf, doc: PartitionDoc, log_config: LogConfig, writers: &WriterContext) -> Partition {
-        let state = match Self::open_data(&dir, doc.id, log_config) {
+        let state = match Self::open_data(&dir, doc, log_config) {
             Ok(data) => PartitionState::Serving(Box::new(data)),
             Err(error) => {
                 tracing::error!(
@@ -309,11 +320,12 @@ impl Partition {
 
     fn open_data(
         dir: &Path,
-        partition_id: u32,
+        doc: PartitionDoc,
         log_config: LogConfig,
     ) -> Result<PartitionData, StorageError> {
-        let log = PartitionLog::open(dir, partition_id, log_config)?;
-        let offsets = ConsumerOffsets::open(&offsets_dir(dir))?;
+        let mut log = PartitionLog::open(dir, doc.id, log_config)?;
+        let mut offsets = ConsumerOffsets::open(&offsets_dir(dir))?;
+        finish_purge(dir, doc.purge_target, &mut log, &mut offsets)?;
         Ok(PartitionData { log, offsets })
     }
 
@@ -342,6 +354,43 @@ impl Partition {
         drop(state);
         remove_dir(&self.dir)
     }
+}
+
+/// At boot: if the metadata's purge marker says offsets below `purge_target` are purged but
+/// the log still starts below it (a purge interrupted before it reached this partition),
+/// purge now, before the partition serves: consumer offsets first, then the log.
+pub fn finish_purge(
+    dir: &Path,
+    purge_target: u64,
+    log: &mut PartitionLog,
+    offsets: &mut ConsumerOffsets,
+) -> Result<(), StorageError> {
+    if log.start_offset() >= purge_target {
+        return Ok(());
+    }
+    if log.next_offset() < purge_target {
+        // The target was this log's append counter, and the counter never goes back (the
+        // offset reservation is durable): a log ending below it lost data.
+        return Err(StorageError::Damaged {
+            path: dir.to_path_buf(),
+            position: 0,
+            reason: format!(
+                "the log ends at offset {}, below the purge target {purge_target} recorded in the metadata (lost data)",
+                log.next_offset()
+            ),
+        });
+    }
+    tracing::info!(
+        partition_dir = %dir.display(),
+        retained_start_offset = log.start_offset(),
+        purge_target,
+        next_offset = log.next_offset(),
+        "finishing an interrupted purge recorded in the metadata: purging the partition and its consumer offsets"
+    );
+    offsets.clear()?;
+    log.purge()?;
+    debug_assert!(log.start_offset() >= purge_target);
+    Ok(())
 }
 
 /// Lock a std mutex; a poisoned lock means a writer panicked mid-update, which is a bug:
@@ -586,6 +635,7 @@ impl Catalog {
             let p_doc = PartitionDoc {
                 id: partition_id,
                 created_at_us: doc.created_at_us,
+                purge_target: 0,
             };
             let p_dir = partition_dir(&data_dir, stream_id, topic_id, partition_id);
             partitions.push(Arc::new(Partition::create(
@@ -688,6 +738,7 @@ impl Catalog {
             let p_doc = PartitionDoc {
                 id: partition_id,
                 created_at_us: now_us,
+                purge_target: 0,
             };
             let p_dir = partition_dir(&data_dir, stream_id, topic_id, partition_id);
             topic

@@ -99,6 +99,12 @@ pub const KEYS: &[Key] = &[
         about: "relaxed durability only: longest time an acknowledged write waits for its fdatasync",
     },
     Key {
+        path: "storage.retention_interval_ms",
+        kind: ValueKind::Integer,
+        default: "1000",
+        about: "how often topics are checked against message_expiry and max_topic_size (whole sealed segments are deleted)",
+    },
+    Key {
         path: "auth.root_password",
         kind: ValueKind::Text,
         default: "",
@@ -109,6 +115,14 @@ pub const KEYS: &[Key] = &[
 /// Upper bound of `storage.flush_interval_ms` (one hour): beyond that "relaxed" would mean
 /// "never" in practice.
 pub const FLUSH_INTERVAL_MS_MAX: u64 = 3_600_000;
+
+/// Test-only fault hook: `CAIRN_TEST_CRASH_AT=<point>` aborts the process at a named point
+/// (`purge-after-marker`, `purge-after-first-partition`), as a crash there would. Not a
+/// configuration key; never set in production.
+pub const TEST_CRASH_AT_ENV: &str = "CAIRN_TEST_CRASH_AT";
+
+/// Upper bound of `storage.retention_interval_ms` (one day).
+pub const RETENTION_INTERVAL_MS_MAX: u64 = 86_400_000;
 
 /// How sends reach stable storage before they are acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +148,8 @@ pub struct Config {
     pub durability: Durability,
     /// Relaxed mode: longest wait between acknowledging a write and the barrier covering it.
     pub flush_interval_ms: u64,
+    /// Period of the retention pass (`retention`).
+    pub retention_interval_ms: u64,
     /// `None` when not configured (a password is generated on first start).
     pub root_password: Option<String>,
 }
@@ -244,6 +260,10 @@ impl Sources {
             if !name.starts_with("CAIRN_") {
                 continue;
             }
+            if name == TEST_CRASH_AT_ENV {
+                // A test-only fault hook read where it fires (see the handler), not a key.
+                continue;
+            }
             if name == "CAIRN_ROOT_PASSWORD" {
                 self.set("auth.root_password", value, format!("environment {name}"))?;
                 continue;
@@ -299,6 +319,11 @@ impl Sources {
                 }
             },
             flush_interval_ms: self.integer("storage.flush_interval_ms", 1, FLUSH_INTERVAL_MS_MAX)?,
+            retention_interval_ms: self.integer(
+                "storage.retention_interval_ms",
+                1,
+                RETENTION_INTERVAL_MS_MAX,
+            )?,
             root_password: {
                 let password = self.text("auth.root_password")?;
                 if password.is_empty() {

@@ -56,7 +56,9 @@ impl PreparedSend {
     /// confirmation.
     pub async fn complete(self) -> Reply {
         let queue = self.partition.writer_queue();
+        let batch_bytes = self.batch.len();
         let base_offset = writer::submit(queue, self.batch, self.received_at_us).await?;
+        crate::stats::record_written(batch_bytes);
         let mut out = Vec::new();
         reply::send_confirmations(
             &mut out,
@@ -271,18 +273,7 @@ impl Server {
                 catalog.delete_stream(id).map_err(storage_status)?;
                 Ok(Vec::new())
             }
-            Command::PurgeStream { stream } => {
-                let partitions: Vec<_> = {
-                    let catalog = self.read();
-                    let stream = find_stream(&catalog, &stream)?;
-                    stream
-                        .topics
-                        .values()
-                        .flat_map(|t| t.partitions.iter().cloned())
-                        .collect()
-                };
-                purge_partitions(&partitions)
-            }
+            Command::PurgeStream { stream } => self.purge(&stream, None),
             Command::GetTopic { stream, topic } => {
                 let catalog = self.read();
                 let mut out = Vec::new();
@@ -322,14 +313,7 @@ impl Server {
                     .map_err(storage_status)?;
                 Ok(Vec::new())
             }
-            Command::PurgeTopic { stream, topic } => {
-                let partitions: Vec<_> = {
-                    let catalog = self.read();
-                    let stream = find_stream(&catalog, &stream)?;
-                    find_topic(stream, &topic)?.partitions.clone()
-                };
-                purge_partitions(&partitions)
-            }
+            Command::PurgeTopic { stream, topic } => self.purge(&stream, Some(&topic)),
             Command::CreatePartitions {
                 stream,
                 topic,
@@ -373,10 +357,10 @@ impl Server {
                 partition_id,
                 segments_count,
             } => {
-                // Retention is a later capability; for now check the target exists and
-                // delete nothing (the reply is the same empty, section-less body).
-                let _ = segments_count;
-                self.partition(&stream, &topic, partition_id)?;
+                // The oldest `segments_count` sealed segments; never the active one.
+                let partition = self.partition(&stream, &topic, partition_id)?;
+                let count = usize::try_from(segments_count).unwrap_or(usize::MAX);
+                crate::retention::delete_segments(&partition, count, crate::retention::Reason::Request)?;
                 Ok(Vec::new())
             }
             Command::PollMessages {
@@ -758,11 +742,23 @@ impl Server {
     }
 
     fn stats(&self) -> Vec<u8> {
+        let run_time_us = self.clock.now_us().saturating_sub(self.started_at_us);
+        let machine = crate::stats::machine(run_time_us);
+        let (free_disk_space, total_disk_space) = crate::stats::disk_space(&self.config.data_dir);
         let catalog = self.read();
         let mut s = reply::Stats {
             process_id: std::process::id(),
-            run_time_us: self.clock.now_us().saturating_sub(self.started_at_us),
+            cpu_usage: machine.cpu_usage,
+            total_cpu_usage: machine.total_cpu_usage,
+            memory_usage: machine.memory_usage,
+            total_memory: machine.total_memory,
+            available_memory: machine.available_memory,
+            run_time_us,
             start_time_us: self.started_at_us,
+            read_bytes: crate::stats::read_bytes(),
+            written_bytes: crate::stats::written_bytes(),
+            free_disk_space,
+            total_disk_space,
             streams_count: catalog.streams.len() as u32,
             clients_count: self.clients_connected.load(Ordering::Relaxed),
             hostname: read_trimmed("/proc/sys/kernel/hostname"),
@@ -779,6 +775,7 @@ impl Server {
             s.topics_count += stream.topics.len() as u32;
             for topic in stream.topics.values() {
                 s.partitions_count += topic.partitions_count();
+                s.consumer_groups_count += topic.doc.consumer_groups.len() as u32;
                 for partition in &topic.partitions {
                     if let PartitionState::Serving(data) = &*catalog::lock(&partition.state) {
                         let log_stats = data.log.stats();
@@ -1142,6 +1139,7 @@ impl Server {
             debug_assert!(last >= first_returned && last < next_offset);
             data.offsets.store(&owner, last).map_err(storage_status)?;
         }
+        crate::stats::record_read(batches.len());
         let mut out = Vec::with_capacity(16 + batches.len());
         reply::poll_head(&mut out, partition.id, current_offset(&data.log), returned);
         out.extend_from_slice(&batches);
@@ -1199,14 +1197,89 @@ fn storage_status(error: impl std::fmt::Display) -> u32 {
     codes::ERROR
 }
 
-fn purge_partitions(partitions: &[Arc<catalog::Partition>]) -> Reply {
-    for partition in partitions {
-        let mut state = catalog::lock(&partition.state);
-        let data = serving(&mut state)?;
-        data.log.purge().map_err(storage_status)?;
-        data.offsets.clear().map_err(storage_status)?;
+/// Test-only fault hook (`CAIRN_TEST_CRASH_AT=<point>`): abort the process at `point`, as a
+/// crash there would. Unset in production; read on every call (purges are rare).
+fn crash_point(point: &str) {
+    if std::env::var(crate::config::TEST_CRASH_AT_ENV).is_ok_and(|value| value == point) {
+        eprintln!("{}={point}: aborting", crate::config::TEST_CRASH_AT_ENV);
+        std::process::abort();
     }
-    Ok(Vec::new())
+}
+
+impl Server {
+    /// Purge a topic (or every topic of a stream): delete every message and stored consumer
+    /// offset; offsets keep counting (an offset is never handed out twice).
+    ///
+    /// Durable across a crash at any point: under the catalog write lock and every affected
+    /// partition's lock (so no send slips in between), the purge target of each partition (its
+    /// append counter) is recorded in the metadata first; then each partition is purged
+    /// (consumer offsets, then the log via `start.meta`). A boot finds any partition whose log
+    /// still starts below its target and finishes the purge before serving
+    /// (`catalog::finish_purge`). Refused before anything changes if a partition does not serve.
+    fn purge(&self, stream: &Identifier, topic: Option<&Identifier>) -> Reply {
+        let mut catalog = self.write();
+        let stream = find_stream(&catalog, stream)?;
+        let stream_id = stream.id;
+        let topic_ids: Vec<u32> = match topic {
+            Some(topic) => vec![find_topic(stream, topic)?.doc.id],
+            None => stream.topics.keys().copied().collect(),
+        };
+        // (topic id, partition) in catalog order; locked in that order (only a purge holds
+        // more than one partition lock, and only under the catalog write lock).
+        let partitions: Vec<(u32, Arc<catalog::Partition>)> = topic_ids
+            .iter()
+            .filter_map(|id| stream.topics.get(id))
+            .flat_map(|t| t.partitions.iter().map(|p| (t.doc.id, p.clone())))
+            .collect();
+        let mut guards: Vec<_> = partitions.iter().map(|(_, p)| catalog::lock(&p.state)).collect();
+        let mut targets = Vec::with_capacity(guards.len());
+        for guard in guards.iter_mut() {
+            targets.push(serving(guard)?.log.next_offset());
+        }
+        let Some(stream) = catalog.streams.get_mut(&stream_id) else {
+            return Err(codes::STREAM_ID_NOT_FOUND);
+        };
+        let mut previous = Vec::with_capacity(targets.len());
+        for ((topic_id, partition), &target) in partitions.iter().zip(&targets) {
+            let Some(doc) = stream
+                .topics
+                .get_mut(topic_id)
+                .and_then(|t| t.doc.partitions.get_mut(partition.id as usize))
+            else {
+                return Err(codes::PARTITION_NOT_FOUND);
+            };
+            debug_assert!(target >= doc.purge_target, "append counters never go back");
+            previous.push(doc.purge_target);
+            doc.purge_target = target;
+        }
+        if let Err(error) = catalog.save() {
+            // Nothing was purged; the marker in memory goes back to what the disk holds.
+            if let Some(stream) = catalog.streams.get_mut(&stream_id) {
+                for ((topic_id, partition), old) in partitions.iter().zip(previous) {
+                    if let Some(doc) = stream
+                        .topics
+                        .get_mut(topic_id)
+                        .and_then(|t| t.doc.partitions.get_mut(partition.id as usize))
+                    {
+                        doc.purge_target = old;
+                    }
+                }
+            }
+            return Err(storage_status(error));
+        }
+        crash_point("purge-after-marker");
+        for (((_, partition), guard), target) in partitions.iter().zip(guards.iter_mut()).zip(targets) {
+            let data = serving(guard)?;
+            // Offsets first: a crash after them is finished at boot (the log still starts
+            // below the target); no stored offset outlives its purge.
+            data.offsets.clear().map_err(storage_status)?;
+            data.log.purge().map_err(storage_status)?;
+            debug_assert_eq!(data.log.start_offset(), target);
+            tracing::info!(partition_dir = %partition.dir.display(), purged_below = target, "purged partition");
+            crash_point("purge-after-first-partition");
+        }
+        Ok(Vec::new())
+    }
 }
 
 fn check_name(name: &str, status: u32) -> Result<(), u32> {

@@ -16,6 +16,8 @@ mod config;
 mod handler;
 mod http;
 mod permissions;
+mod retention;
+mod stats;
 mod tcp;
 mod tools;
 mod writer;
@@ -255,6 +257,11 @@ async fn serve(config: config::Config) -> Result<(), String> {
     let reporting = tokio::spawn(report_counters(global_counters.clone(), shutdown_rx.clone()));
     let http_serving = http_listener
         .map(|listener| tokio::spawn(http::serve(server.clone(), listener, shutdown_rx.clone())));
+    let retaining = tokio::spawn(retention::run(
+        server.clone(),
+        std::time::Duration::from_millis(server.config.retention_interval_ms),
+        shutdown_rx.clone(),
+    ));
     let serving = tokio::spawn(tcp::serve(server.clone(), listener, shutdown_rx));
     wait_for_stop_signal().await;
     tracing::info!("stop requested: finishing in-flight requests");
@@ -268,6 +275,10 @@ async fn serve(config: config::Config) -> Result<(), String> {
         tracing::error!(%error, "the HTTP shell ended abnormally");
     }
     let _ = reporting.await;
+    // No retention pass may run while the partitions close.
+    if let Err(error) = retaining.await {
+        tracing::error!(%error, "the retention task ended abnormally");
+    }
     stop_partitions(&server).await;
     tracing::info!("group commit totals: {}", global_counters.snapshot().summary());
     tracing::info!("stopped cleanly");

@@ -108,6 +108,10 @@ impl fmt::Display for Damage {
 pub enum BootAction {
     /// Delete the segments of a purge that was interrupted (everything below `start.meta`).
     FinishPurge { base_offsets: Vec<u64> },
+    /// The metadata records a topic or stream purge up to `purge_target` that did not reach
+    /// this partition (its log starts at `start_offset`): the server purges it (messages and
+    /// stored consumer offsets) before serving.
+    FinishMetadataPurge { purge_target: u64, start_offset: u64 },
     /// Delete a staging file of an interrupted index rebuild or `start.meta` write.
     RemoveStaging { path: PathBuf },
     /// Truncate the torn tail of the last segment.
@@ -139,6 +143,14 @@ impl fmt::Display for BootAction {
             BootAction::FinishPurge { base_offsets } => {
                 write!(f, "finish an interrupted purge: delete segments {base_offsets:?}")
             }
+            BootAction::FinishMetadataPurge {
+                purge_target,
+                start_offset,
+            } => write!(
+                f,
+                "finish a purge recorded in the metadata: delete every message below offset {purge_target} \
+                 (the log starts at {start_offset}) and the stored consumer offsets"
+            ),
             BootAction::RemoveStaging { path } => write!(f, "remove stale staging file {}", path.display()),
             BootAction::TruncateTornTail {
                 path,
@@ -1368,6 +1380,9 @@ pub struct MetadataReport {
     pub detail: String,
     /// `(stream, topic, partition)` ids it names, when it is readable.
     pub named: Option<BTreeSet<(u32, u32, u32)>>,
+    /// Purge targets the metadata records (`PartitionDoc::purge_target`, absent = 0), by
+    /// `(stream, topic, partition)`.
+    pub purge_targets: BTreeMap<(u32, u32, u32), u64>,
 }
 
 /// The report of [`check_data_dir`].
@@ -1481,7 +1496,7 @@ pub fn check_data_dir(data_dir: &Path) -> Result<DataDirReport, StorageError> {
             (Some(dir), _) => {
                 // One unreadable partition must not hide the verdicts of the others: open
                 // refuses it, so it is reported as damage.
-                let report = check_partition_on(&disk, dir, partition_id).unwrap_or_else(|error| {
+                let mut report = check_partition_on(&disk, dir, partition_id).unwrap_or_else(|error| {
                     let mut report = PartitionReport::empty(dir, partition_id);
                     report.damage.push(Damage {
                         path: dir.clone(),
@@ -1490,6 +1505,9 @@ pub fn check_data_dir(data_dir: &Path) -> Result<DataDirReport, StorageError> {
                     });
                     report
                 });
+                if let Some(&purge_target) = metadata.purge_targets.get(&id) {
+                    apply_purge_target(&mut report, purge_target);
+                }
                 PartitionStatus::Checked(Box::new(report))
             }
             (None, _) => PartitionStatus::Missing {
@@ -1516,6 +1534,35 @@ pub fn check_data_dir(data_dir: &Path) -> Result<DataDirReport, StorageError> {
     })
 }
 
+/// What the server's boot does with a purge target the metadata records for a partition that
+/// opens (`catalog::finish_purge` in the server): finish the purge if the log still starts
+/// below it; refuse the partition if the log ends below it (the target was its append counter).
+fn apply_purge_target(report: &mut PartitionReport, purge_target: u64) {
+    if report.verdict() == Verdict::Damaged {
+        return;
+    }
+    let (Some(log), Some(resume_offset)) = (report.log, report.resume_offset) else {
+        return;
+    };
+    if log.start_offset >= purge_target {
+        return;
+    }
+    if resume_offset < purge_target {
+        report.damage.push(Damage {
+            path: report.dir.clone(),
+            position: 0,
+            reason: format!(
+                "the log ends at offset {resume_offset}, below the purge target {purge_target} recorded in the metadata (lost data)"
+            ),
+        });
+    } else {
+        report.actions.push(BootAction::FinishMetadataPurge {
+            purge_target,
+            start_offset: log.start_offset,
+        });
+    }
+}
+
 /// Entries of `dir` whose names are numeric ids (as the catalog reads them); none if `dir`
 /// does not exist.
 fn numeric_dirs(disk: &dyn Disk, dir: &Path) -> Result<Vec<(u32, PathBuf)>, StorageError> {
@@ -1539,6 +1586,7 @@ fn check_metadata(
         verdict: Verdict::Damaged,
         detail,
         named: None,
+        purge_targets: BTreeMap::new(),
     };
     let contents = match atomic_file::read_verified_on(disk, &path) {
         Ok(Some(contents)) => contents,
@@ -1547,6 +1595,7 @@ fn check_metadata(
                 verdict: Verdict::Healthy,
                 detail: "none yet (first start)".into(),
                 named: None,
+                purge_targets: BTreeMap::new(),
             });
         }
         Ok(None) => {
@@ -1563,8 +1612,8 @@ fn check_metadata(
         }
         Err(error) => return Err(error),
     };
-    let named = match named_partitions(&contents) {
-        Ok(named) => named,
+    let (named, purge_targets) = match named_partitions(&contents) {
+        Ok(found) => found,
         Err(reason) => return Ok(damaged(format!("{}: {reason}", path.display()))),
     };
     let streams: BTreeSet<u32> = named.iter().map(|&(stream, _, _)| stream).collect();
@@ -1586,12 +1635,19 @@ fn check_metadata(
         verdict,
         detail,
         named: Some(named),
+        purge_targets,
     })
 }
 
+/// `(stream, topic, partition)`.
+type PartitionKey = (u32, u32, u32);
+/// Purge targets by partition, as read from the metadata.
+type PurgeTargets = BTreeMap<PartitionKey, u64>;
+
 /// `(stream, topic, partition)` ids named by the metadata JSON (the fields the catalog's
-/// `MetadataDoc` gives them; everything else is left to the server).
-fn named_partitions(contents: &[u8]) -> Result<BTreeSet<(u32, u32, u32)>, String> {
+/// `MetadataDoc` gives them; everything else is left to the server), and the non-zero purge
+/// targets among them.
+fn named_partitions(contents: &[u8]) -> Result<(BTreeSet<PartitionKey>, PurgeTargets), String> {
     let doc: serde_json::Value = serde_json::from_slice(contents)
         .map_err(|error| format!("metadata document does not decode: {error}"))?;
     let version = doc.get("format_version").and_then(serde_json::Value::as_u64);
@@ -1613,16 +1669,29 @@ fn named_partitions(contents: &[u8]) -> Result<BTreeSet<(u32, u32, u32)>, String
             .ok_or_else(|| "metadata entry lacks a valid \"id\"".to_string())
     };
     let mut named = BTreeSet::new();
+    let mut purge_targets = BTreeMap::new();
     for stream in array(&doc, "streams")? {
         let stream_id = id(&stream)?;
         for topic in array(&stream, "topics")? {
             let topic_id = id(&topic)?;
             for partition in array(&topic, "partitions")? {
-                named.insert((stream_id, topic_id, id(&partition)?));
+                let key = (stream_id, topic_id, id(&partition)?);
+                named.insert(key);
+                match partition.get("purge_target") {
+                    None => {}
+                    Some(value) => {
+                        let target = value.as_u64().ok_or_else(|| {
+                            "metadata partition has an invalid \"purge_target\"".to_string()
+                        })?;
+                        if target > 0 {
+                            purge_targets.insert(key, target);
+                        }
+                    }
+                }
             }
         }
     }
-    Ok(named)
+    Ok((named, purge_targets))
 }
 
 #[cfg(test)]
@@ -1632,8 +1701,14 @@ mod tests {
     #[test]
     fn metadata_ids() {
         let doc = br#"{"format_version":1,"streams":[{"id":1,"topics":[{"id":2,"partitions":[{"id":0},{"id":1}]}]}]}"#;
-        let named = named_partitions(doc).unwrap();
+        let (named, purge_targets) = named_partitions(doc).unwrap();
         assert_eq!(named, BTreeSet::from([(1, 2, 0), (1, 2, 1)]));
+        assert!(purge_targets.is_empty());
+        let doc = br#"{"format_version":1,"streams":[{"id":1,"topics":[{"id":2,"partitions":[{"id":0,"purge_target":7},{"id":1,"purge_target":0}]}]}]}"#;
+        let (_, purge_targets) = named_partitions(doc).unwrap();
+        assert_eq!(purge_targets, BTreeMap::from([((1, 2, 0), 7)]));
+        let doc = br#"{"format_version":1,"streams":[{"id":1,"topics":[{"id":2,"partitions":[{"id":0,"purge_target":-1}]}]}]}"#;
+        assert!(named_partitions(doc).is_err());
         assert!(named_partitions(br#"{"format_version":2,"streams":[]}"#).is_err());
         assert!(named_partitions(br#"{"format_version":1,"streams":[{"topics":[]}]}"#).is_err());
         assert!(named_partitions(b"not json").is_err());

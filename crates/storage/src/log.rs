@@ -9,7 +9,7 @@
 //! <dir>/00000000000000001234.log     next segment: base offset 1234 = end of the previous one
 //! <dir>/00000000000000001234.index
 //! <dir>/state                        frontier + offset reservation (see `state`)
-//! <dir>/start.meta                   only after a purge (atomic file, see below)
+//! <dir>/start.meta                   only after a purge or a retention deletion (atomic file)
 //! ```
 //!
 //! A segment is named by its base offset, 20 zero-padded digits, so names sort in offset
@@ -20,8 +20,9 @@
 //!
 //! `start.meta` (written with [`crate::atomic_file`], 24 bytes of contents: `start_offset u64`,
 //! `parent_checksum u64`, `next_op u64`, little-endian) records where the retained log begins
-//! after a purge: every segment below `start_offset` is purged data (deleted at open if a purge
-//! was interrupted), the first retained segment must be named `start_offset`, and its first
+//! after a purge or after [`PartitionLog::delete_oldest_segments`] (retention): every segment
+//! below `start_offset` is deleted data (removed at open if a purge or deletion was
+//! interrupted), the first retained segment must be named `start_offset`, and its first
 //! record must continue the stored chain. Without it the log begins at offset 0 with the
 //! genesis chain (parent 0, op 1).
 //!
@@ -159,6 +160,20 @@ pub struct LogStats {
     pub size_bytes: u64,
 }
 
+/// Facts about one segment, for retention (no file is read to produce them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentInfo {
+    pub base_offset: u64,
+    /// One past its last message (`base_offset` when it holds none).
+    pub end_offset: u64,
+    /// Messages it holds (offsets are contiguous inside a segment).
+    pub messages_count: u64,
+    /// Size of its `.log` (records, including a gap record).
+    pub size_bytes: u64,
+    /// Append timestamp of its newest message (from the index); `None` when it holds none.
+    pub newest_timestamp_us: Option<u64>,
+}
+
 /// What a [`PartitionLog::commit`] made durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommitInfo {
@@ -261,6 +276,9 @@ pub(crate) struct Segment {
     /// The gap record sealing this segment, if any. Invariant: only a non-active segment has
     /// one, and it is the last record (`position_bytes + size = size_bytes`).
     pub(crate) gap: Option<SegmentGap>,
+    /// The chain its first record continues (`start_chain.next_offset == base_offset`): what
+    /// `start.meta` must hold when this segment becomes the first retained one.
+    pub(crate) start_chain: Chain,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -271,13 +289,24 @@ pub(crate) struct SegmentGap {
 }
 
 impl Segment {
-    fn empty(base_offset: u64) -> Segment {
+    fn empty(start_chain: Chain) -> Segment {
         Segment {
-            base_offset,
-            end_offset: base_offset,
+            base_offset: start_chain.next_offset,
+            end_offset: start_chain.next_offset,
             size_bytes: 0,
             index: SegmentIndex::default(),
             gap: None,
+            start_chain,
+        }
+    }
+
+    fn info(&self) -> SegmentInfo {
+        SegmentInfo {
+            base_offset: self.base_offset,
+            end_offset: self.end_offset,
+            messages_count: self.end_offset - self.base_offset,
+            size_bytes: self.size_bytes,
+            newest_timestamp_us: self.index.entries().last().map(|entry| entry.timestamp_us),
         }
     }
 
@@ -383,7 +412,7 @@ impl PartitionLog {
             dir: dir.to_path_buf(),
             partition_id,
             config,
-            segments: vec![Segment::empty(0)],
+            segments: vec![Segment::empty(Chain::genesis(partition_id))],
             active,
             chain: Chain::genesis(partition_id),
             state,
@@ -872,7 +901,7 @@ impl PartitionLog {
             self.disk.sync_dir(&self.dir)?;
             active.synced_len_bytes = 0;
             self.active = active;
-            self.segments.push(Segment::empty(start.next_offset));
+            self.segments.push(Segment::empty(start));
         }
         let purged: Vec<u64> = self
             .segments
@@ -888,6 +917,107 @@ impl PartitionLog {
             .retain(|segment| segment.base_offset >= start.next_offset);
         debug_assert_eq!(self.segments.len(), 1);
         Ok(())
+    }
+
+    /// The sealed segments (every segment but the active one), oldest first.
+    pub fn sealed_segments(&self) -> Vec<SegmentInfo> {
+        let sealed = self.segments.len() - 1;
+        self.segments[..sealed].iter().map(Segment::info).collect()
+    }
+
+    /// The oldest sealed segment, if any (O(1), for retention's repeated checks).
+    pub fn oldest_sealed_segment(&self) -> Option<SegmentInfo> {
+        (self.segments.len() > 1).then(|| self.segments[0].info())
+    }
+
+    /// Where the retained log starts: the base offset of the first retained segment (0, or
+    /// the point of the last purge or retention deletion). Every offset below it is gone.
+    pub fn start_offset(&self) -> u64 {
+        self.segments[0].base_offset
+    }
+
+    /// Delete the oldest `count` sealed segments (fewer if fewer are sealed); the active
+    /// segment is never deleted. Returns the deleted segments, oldest first.
+    ///
+    /// Crash-safe in the same order as a purge: first `start.meta` durably names the first
+    /// retained segment and the chain its first record continues (exactly what open
+    /// verifies), then the files go (index first), then the directory is synced. From the
+    /// marker on, the deleted segments are gone for readers too; a crash before the files are
+    /// removed is finished by the next open (it deletes every segment below `start.meta`).
+    ///
+    /// The segment holding the published frontier is kept; if it would be deleted the log
+    /// commits first, which moves the frontier to the active segment.
+    ///
+    /// On `Err` nothing was deleted from the log in memory; if the error came from the marker's
+    /// directory sync, the marker may still have reached the disk, and the next open then
+    /// removes the segments (deleting what was asked for, nothing more).
+    pub fn delete_oldest_segments(&mut self, count: usize) -> Result<Vec<SegmentInfo>, StorageError> {
+        self.check_not_stopped()?;
+        let sealed = self.segments.len() - 1;
+        let mut delete = count.min(sealed);
+        if delete == 0 {
+            return Ok(Vec::new());
+        }
+        if self.frontier_segment_position() < delete {
+            self.commit()?;
+            // After a commit the frontier lies at the end of the log: in the active segment,
+            // unless the active segment is empty and nothing was appended since.
+            delete = delete.min(self.frontier_segment_position());
+            if delete == 0 {
+                return Ok(Vec::new());
+            }
+        }
+        let start = self.segments[delete].start_chain;
+        debug_assert_eq!(start.next_offset, self.segments[delete - 1].next_base_offset());
+        atomic_file::write_on(
+            self.disk.as_ref(),
+            &self.dir.join(START_FILE_NAME),
+            &encode_start(&start),
+        )?;
+        // From here the disk says the segments are gone: memory follows at once, whatever
+        // happens to the file removals below (the next open finishes them).
+        let deleted: Vec<SegmentInfo> = self
+            .segments
+            .drain(..delete)
+            .map(|segment| segment.info())
+            .collect();
+        let mut removal_error = None;
+        for info in &deleted {
+            if let Err(error) = remove_segment_files(self.disk.as_ref(), &self.dir, info.base_offset) {
+                removal_error = Some(error);
+                break;
+            }
+        }
+        if removal_error.is_none()
+            && let Err(error) = self.disk.sync_dir(&self.dir)
+        {
+            removal_error = Some(error);
+        }
+        if let Some(error) = removal_error {
+            tracing::warn!(
+                dir = %self.dir.display(),
+                %error,
+                start_offset = start.next_offset,
+                "segments below the retained start could not all be removed now; they are no longer \
+                 part of the log and the next open removes what is left"
+            );
+        }
+        debug_assert!(self.check_invariants());
+        Ok(deleted)
+    }
+
+    /// Position in `segments` of the segment the published frontier lies in.
+    fn frontier_segment_position(&self) -> usize {
+        let base = self.state.current().frontier.segment_base_offset;
+        let position = self
+            .segments
+            .iter()
+            .position(|segment| segment.base_offset == base);
+        debug_assert!(
+            position.is_some(),
+            "invariant: the frontier lies in a retained segment"
+        );
+        position.unwrap_or(0)
     }
 
     /// The directory holding this log.
@@ -919,7 +1049,9 @@ impl PartitionLog {
                 && pair[0].size_bytes > 0
         });
         let each_ok = self.segments.iter().all(|segment| {
-            segment.index.check_invariants()
+            segment.start_chain.next_offset == segment.base_offset
+                && segment.start_chain.partition_id == self.partition_id
+                && segment.index.check_invariants()
                 && segment.index.is_empty() == (segment.batches_end_bytes() == 0)
                 && segment.index.is_empty() == (segment.end_offset == segment.base_offset)
                 && segment.end_offset >= segment.base_offset
@@ -1025,7 +1157,8 @@ impl PartitionLog {
         let active = create_segment_files(self.disk.as_ref(), &self.dir, next_offset)?;
         self.disk.sync_dir(&self.dir)?;
         self.active = active;
-        self.segments.push(Segment::empty(next_offset));
+        debug_assert_eq!(self.chain.next_offset, next_offset);
+        self.segments.push(Segment::empty(self.chain));
         Ok(())
     }
 
@@ -1074,7 +1207,8 @@ impl PartitionLog {
             return Err(error);
         }
         self.active = active;
-        self.segments.push(Segment::empty(base_offset));
+        debug_assert_eq!(self.chain.next_offset, base_offset);
+        self.segments.push(Segment::empty(self.chain));
         Ok(())
     }
 
@@ -1494,6 +1628,7 @@ pub(crate) fn plan_recovery(
                 position_bytes: gap.position_bytes,
                 next_offset: gap.next_offset,
             }),
+            start_chain: plan.chain,
         });
         plan.chain = scanned.end;
         if is_last && scanned.gap.is_some() {
@@ -1511,7 +1646,8 @@ pub(crate) fn plan_recovery(
             // The frontier names the empty segment about to be (re)created: nothing below it.
             frontier_found = true;
         }
-        plan.segments.push(Segment::empty(base_offset));
+        debug_assert_eq!(plan.chain.next_offset, base_offset);
+        plan.segments.push(Segment::empty(plan.chain));
     }
     if !frontier_found {
         return Err(damaged(

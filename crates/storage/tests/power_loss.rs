@@ -39,9 +39,10 @@ struct History {
     seen: BTreeMap<u64, Vec<u8>>,
     /// Offsets of messages a durable-mode client was promised (ACKed or shown by a poll).
     promised: BTreeMap<u64, Vec<u8>>,
-    /// A purge was attempted when the counter was here: offsets below may be gone.
+    /// A purge (or a deletion of old segments) was attempted up to here: offsets below may be
+    /// gone.
     purge_attempted_below: u64,
-    /// A purge completed here: nothing below may ever be readable again.
+    /// A purge or deletion completed up to here: nothing below may ever be readable again.
     purged_below: u64,
 }
 
@@ -260,6 +261,33 @@ impl Sim {
         self.reopen();
     }
 
+    /// Retention: delete the oldest 1..=3 sealed segments.
+    fn delete_oldest(&mut self) {
+        let count = self.rng.range_inclusive(1, 3) as usize;
+        let sealed = self.log().sealed_segments();
+        // Without a failure, the new start is the base of the first segment kept; a failure
+        // may come after the marker, so then anything up to the counter may be gone.
+        let bound = sealed
+            .get(count)
+            .map_or(self.log().next_offset(), |kept| kept.base_offset);
+        let counter = self.log().next_offset();
+        match self.log().delete_oldest_segments(count) {
+            Ok(deleted) => {
+                let start = self.log().start_offset();
+                self.history.purge_attempted_below = self.history.purge_attempted_below.max(start);
+                assert_eq!(deleted.len(), count.min(sealed.len()));
+                assert_eq!(deleted[..], sealed[..deleted.len()]);
+                assert!(start <= bound);
+                self.history.purged_below = self.history.purged_below.max(start);
+                self.uncommitted.retain(|(base, _)| *base >= start);
+            }
+            Err(error) => {
+                self.history.purge_attempted_below = self.history.purge_attempted_below.max(counter);
+                self.after_failure(error)
+            }
+        }
+    }
+
     fn purge(&mut self) {
         let counter = self.log().next_offset();
         self.history.purge_attempted_below = counter;
@@ -387,7 +415,8 @@ impl Sim {
                 72..=79 => self.poll(),
                 80..=84 => self.close(),
                 85..=89 => self.restart(),
-                90..=96 => self.power_loss(),
+                90..=95 => self.power_loss(),
+                96..=97 => self.delete_oldest(),
                 _ => self.purge(),
             }
             if self.disk.power_is_cut() {
