@@ -75,6 +75,9 @@ pub struct StreamDoc {
     pub read_topics: bool,
     pub poll_messages: bool,
     pub send_messages: bool,
+    /// `null` for "no topic entries", as the SDK's JSON writes it (the metadata document uses
+    /// the same form).
+    #[serde(deserialize_with = "null_as_empty", serialize_with = "empty_as_null")]
     pub topics: BTreeMap<u32, TopicDoc>,
 }
 
@@ -85,6 +88,23 @@ pub struct TopicDoc {
     pub read_topic: bool,
     pub poll_messages: bool,
     pub send_messages: bool,
+}
+
+fn empty_as_null<S: serde::Serializer>(
+    topics: &BTreeMap<u32, TopicDoc>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    if topics.is_empty() {
+        serializer.serialize_none()
+    } else {
+        serializer.serialize_some(topics)
+    }
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<BTreeMap<u32, TopicDoc>, D::Error> {
+    Ok(Option::<BTreeMap<u32, TopicDoc>>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 impl GlobalDoc {

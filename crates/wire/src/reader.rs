@@ -317,3 +317,16 @@ fn tlv_field<'a>(reader: &mut Reader<'a>) -> Result<(u8, &'a [u8]), DecodeError>
     }
     Ok((kind, reader.bytes(len, WHAT)?))
 }
+
+impl Permissions {
+    /// Decode one complete Permissions record (§6.0), as user requests and UserDetails replies
+    /// carry it; bytes left after the record are an error.
+    pub fn decode(bytes: &[u8]) -> Result<Permissions, DecodeError> {
+        let mut reader = Reader::new(bytes);
+        let permissions = reader.permissions()?;
+        if reader.remaining() != 0 {
+            return Err(DecodeError::Malformed("bytes after the permissions record"));
+        }
+        Ok(permissions)
+    }
+}

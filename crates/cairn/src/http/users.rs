@@ -5,7 +5,7 @@
 use super::{
     ApiError, ApiResult, Cursor, Peer, Shared, identifier, json, malformed_reply, parse_json, start_session,
 };
-use crate::permissions::{GlobalDoc, TopicDoc};
+use crate::permissions::{GlobalDoc, PermissionsDoc, StreamDoc};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, State};
@@ -14,7 +14,7 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post, put};
 use cairn_wire::codes;
 use cairn_wire::command::{ClientVersionInfo, Command};
-use cairn_wire::types::{self, Permissions};
+use cairn_wire::types::Permissions;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -44,74 +44,23 @@ pub(super) fn routes() -> Router<Shared> {
 struct PermissionsJson {
     global: GlobalDoc,
     #[serde(default)]
-    streams: Option<BTreeMap<u32, StreamPermissionsJson>>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct StreamPermissionsJson {
-    #[serde(default)]
-    manage_stream: bool,
-    #[serde(default)]
-    read_stream: bool,
-    #[serde(default)]
-    manage_topics: bool,
-    #[serde(default)]
-    read_topics: bool,
-    #[serde(default)]
-    poll_messages: bool,
-    #[serde(default)]
-    send_messages: bool,
-    #[serde(default)]
-    topics: Option<BTreeMap<u32, TopicDoc>>,
+    streams: Option<BTreeMap<u32, StreamDoc>>,
 }
 
 impl PermissionsJson {
     fn to_wire(&self) -> Permissions {
-        let g = &self.global;
-        Permissions {
-            global: types::GlobalPermissions {
-                manage_servers: g.manage_servers,
-                read_servers: g.read_servers,
-                manage_users: g.manage_users,
-                read_users: g.read_users,
-                manage_streams: g.manage_streams,
-                read_streams: g.read_streams,
-                manage_topics: g.manage_topics,
-                read_topics: g.read_topics,
-                poll_messages: g.poll_messages,
-                send_messages: g.send_messages,
-            },
-            streams: self
-                .streams
-                .iter()
-                .flatten()
-                .map(|(id, s)| {
-                    let topics = s
-                        .topics
-                        .iter()
-                        .flatten()
-                        .map(|(tid, t)| {
-                            let wire = types::TopicPermissions {
-                                manage_topic: t.manage_topic,
-                                read_topic: t.read_topic,
-                                poll_messages: t.poll_messages,
-                                send_messages: t.send_messages,
-                            };
-                            (*tid, wire)
-                        })
-                        .collect();
-                    let wire = types::StreamPermissions {
-                        manage_stream: s.manage_stream,
-                        read_stream: s.read_stream,
-                        manage_topics: s.manage_topics,
-                        read_topics: s.read_topics,
-                        poll_messages: s.poll_messages,
-                        send_messages: s.send_messages,
-                        topics,
-                    };
-                    (*id, wire)
-                })
-                .collect(),
+        PermissionsDoc {
+            global: self.global,
+            streams: self.streams.clone().unwrap_or_default(),
+        }
+        .to_wire()
+    }
+
+    fn from_wire(permissions: &Permissions) -> PermissionsJson {
+        let doc = PermissionsDoc::from_wire(permissions);
+        PermissionsJson {
+            global: doc.global,
+            streams: (!doc.streams.is_empty()).then_some(doc.streams),
         }
     }
 }
@@ -182,73 +131,8 @@ impl Cursor<'_> {
             return Some(None);
         }
         let len = self.u32()? as usize;
-        let mut inner = Cursor::new(self.take(len)?);
-        let p = inner.permissions()?;
-        inner.is_empty().then_some(Some(p))
-    }
-
-    fn permissions(&mut self) -> Option<PermissionsJson> {
-        let mut g = [false; 10];
-        for b in &mut g {
-            *b = self.flag()?;
-        }
-        let global = GlobalDoc {
-            manage_servers: g[0],
-            read_servers: g[1],
-            manage_users: g[2],
-            read_users: g[3],
-            manage_streams: g[4],
-            read_streams: g[5],
-            manage_topics: g[6],
-            read_topics: g[7],
-            poll_messages: g[8],
-            send_messages: g[9],
-        };
-        let mut streams = BTreeMap::new();
-        let mut more_streams = self.flag()?;
-        while more_streams {
-            let stream_id = self.u32()?;
-            let mut s = [false; 6];
-            for b in &mut s {
-                *b = self.flag()?;
-            }
-            let mut topics = BTreeMap::new();
-            let mut more_topics = self.flag()?;
-            while more_topics {
-                let topic_id = self.u32()?;
-                let mut t = [false; 4];
-                for b in &mut t {
-                    *b = self.flag()?;
-                }
-                topics.insert(
-                    topic_id,
-                    TopicDoc {
-                        manage_topic: t[0],
-                        read_topic: t[1],
-                        poll_messages: t[2],
-                        send_messages: t[3],
-                    },
-                );
-                more_topics = self.flag()?;
-            }
-            streams.insert(
-                stream_id,
-                StreamPermissionsJson {
-                    manage_stream: s[0],
-                    read_stream: s[1],
-                    manage_topics: s[2],
-                    read_topics: s[3],
-                    poll_messages: s[4],
-                    send_messages: s[5],
-                    topics: (!topics.is_empty()).then_some(topics),
-                },
-            );
-            more_streams = self.flag()?;
-        }
-        Some(PermissionsJson {
-            global,
-            streams: (!streams.is_empty()).then_some(streams),
-        })
+        let permissions = Permissions::decode(self.take(len)?).ok()?;
+        Some(Some(PermissionsJson::from_wire(&permissions)))
     }
 
     fn user_details(&mut self) -> Option<UserJson> {
