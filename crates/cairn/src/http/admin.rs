@@ -768,7 +768,9 @@ mod tests {
         };
         let mut payload = Vec::new();
         cairn_wire::reply::group_details(&mut payload, &record);
-        let details = group_details(&payload).ok().expect("decodes");
+        let Ok(details) = group_details(&payload) else {
+            panic!("group details do not decode");
+        };
         assert_eq!(details.members_count, 1);
         assert_eq!(details.members[0].partitions, vec![0, 1]);
         assert!(group_details(&[]).is_err());
