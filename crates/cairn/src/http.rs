@@ -15,6 +15,8 @@
 //! declared `Content-Length` above the bound is refused at once, and a body that grows past it
 //! while being read is refused as soon as it does.
 
+mod admin;
+
 use crate::auth;
 use crate::handler::{self, Handled, Server, Session};
 use axum::Router;
@@ -117,6 +119,7 @@ fn router(state: Shared) -> Router {
             "/streams/{stream}/topics/{topic}/consumer-offsets",
             get(get_consumer_offset).put(store_consumer_offset),
         )
+        .merge(admin::routes())
         .layer(DefaultBodyLimit::max(SMALL_BODY_LIMIT))
         .with_state(state)
 }

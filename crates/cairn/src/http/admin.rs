@@ -1,0 +1,778 @@
+//! The administrative routes of the HTTP shell (protocol reference §10): stream and topic
+//! updates and purges, partitions and segments, consumer-offset deletion, flushing, consumer
+//! groups, stats and cluster metadata.
+//!
+//! Same rule as the parent module: each route only translates the request into the
+//! [`Command`] a binary client would send, runs it through [`HttpState::run`], and turns the
+//! binary reply (§6.0, §6.1, §4.4) into the JSON the 0.11 SDK's `HttpClient` deserializes.
+//! Every number taken from a path or query is parsed as a `u32` here and refused with 400
+//! and a reason naming the parameter when it is not one; ranges are checked by the handler.
+
+use super::{
+    ApiError, ApiResult, CreateTopicBody, Cursor, Peer, Shared, consumer, identifier, json, malformed_reply,
+    parse_json, topic_options,
+};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{delete, get, post, put};
+use cairn_wire::codes;
+use cairn_wire::command::Command;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+
+pub(super) fn routes() -> Router<Shared> {
+    Router::new()
+        .route("/stats", get(get_stats))
+        .route("/cluster/metadata", get(get_cluster_metadata))
+        .route("/streams/{stream}", put(update_stream))
+        .route("/streams/{stream}/purge", delete(purge_stream))
+        .route("/streams/{stream}/topics/{topic}", put(update_topic))
+        .route("/streams/{stream}/topics/{topic}/purge", delete(purge_topic))
+        .route(
+            "/streams/{stream}/topics/{topic}/partitions",
+            post(create_partitions).delete(delete_partitions),
+        )
+        .route(
+            "/streams/{stream}/topics/{topic}/partitions/{partition}",
+            delete(delete_segments),
+        )
+        .route(
+            "/streams/{stream}/topics/{topic}/consumer-offsets/{consumer}",
+            delete(delete_consumer_offset),
+        )
+        .route(
+            "/streams/{stream}/topics/{topic}/messages/flush/{partition}/{fsync}",
+            get(flush_unsaved_buffer),
+        )
+        .route(
+            "/streams/{stream}/topics/{topic}/consumer-groups",
+            get(get_consumer_groups).post(create_consumer_group),
+        )
+        .route(
+            "/streams/{stream}/topics/{topic}/consumer-groups/{group}",
+            get(get_consumer_group).delete(delete_consumer_group),
+        )
+}
+
+// ---- parsing path and query values ----
+
+fn bad_request(reason: String) -> ApiError {
+    ApiError {
+        status: StatusCode::BAD_REQUEST,
+        id: codes::INVALID_FORMAT,
+        reason,
+    }
+}
+
+/// A numeric path or query value: a `u32`, or 400 naming the parameter.
+fn u32_param(name: &str, text: &str) -> Result<u32, ApiError> {
+    text.parse::<u32>().map_err(|_| {
+        bad_request(format!(
+            "`{name}` must be an unsigned 32-bit integer, got `{}`",
+            text.chars().take(64).collect::<String>()
+        ))
+    })
+}
+
+/// A query string, or 400 with axum's description of what did not parse.
+fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    query
+        .map(|Query(value)| value)
+        .map_err(|rejection| bad_request(rejection.body_text()))
+}
+
+/// The last segment of `…/flush/{p}/fsync={bool}`; a bare `true`/`false` is accepted too.
+fn fsync_flag(text: &str) -> Result<bool, ApiError> {
+    match text.strip_prefix("fsync=").unwrap_or(text) {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(bad_request(format!(
+            "expected `fsync=true` or `fsync=false`, got `{}`",
+            text.chars().take(64).collect::<String>()
+        ))),
+    }
+}
+
+fn string_options(options: BTreeMap<String, String>) -> Vec<cairn_wire::types::OptionEntry> {
+    options
+        .into_iter()
+        .map(|(key, value)| cairn_wire::types::OptionEntry {
+            key,
+            value_kind: cairn_wire::types::value_kind::STRING,
+            value: value.into_bytes(),
+        })
+        .collect()
+}
+
+fn no_content() -> ApiResult {
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+// ---- streams and topics ----
+
+#[derive(Deserialize)]
+struct UpdateStreamBody {
+    name: String,
+    #[serde(default)]
+    options: BTreeMap<String, String>,
+}
+
+async fn update_stream(
+    State(state): State<Shared>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(stream): Path<String>,
+    body: Bytes,
+) -> ApiResult {
+    let body: UpdateStreamBody = parse_json(&body)?;
+    let command = Command::UpdateStream {
+        stream: identifier(&stream)?,
+        name: body.name,
+        // Streams have no option keys yet: the handler refuses any, as over TCP.
+        options: string_options(body.options),
+    };
+    state.run(&headers, peer, command).await?;
+    no_content()
+}
+
+async fn purge_stream(
+    State(state): State<Shared>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(stream): Path<String>,
+) -> ApiResult {
+    let command = Command::PurgeStream {
+        stream: identifier(&stream)?,
+    };
+    state.run(&headers, peer, command).await?;
+    no_content()
+}
+
+/// PUT `/streams/{s}/topics/{t}`: the SDK's `UpdateTopic` (absent or null typed fields leave
+/// the topic's value alone).
+#[derive(Deserialize)]
+struct UpdateTopicBody {
+    name: String,
+    #[serde(default)]
+    compression_algorithm: Option<String>,
+    #[serde(default)]
+    message_expiry: Option<u64>,
+    #[serde(default)]
+    max_topic_size: Option<u64>,
+    #[serde(default)]
+    options: BTreeMap<String, String>,
+}
+
+async fn update_topic(
+    State(state): State<Shared>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((stream, topic)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult {
+    let body: UpdateTopicBody = parse_json(&body)?;
+    let mut raw = body.options;
+    // As in the SDK's own encoding, a typed field wins over a raw entry with the same key
+    // (two entries for one key would be a malformed option block).
+    for (key, present) in [
+        ("compression_algorithm", body.compression_algorithm.is_some()),
+        ("message_expiry", body.message_expiry.is_some()),
+        ("max_topic_size", body.max_topic_size.is_some()),
+    ] {
+        if present {
+            raw.remove(key);
+        }
+    }
+    // The same option entries CreateTopic's JSON becomes, so the handler checks them alike.
+    let fields = CreateTopicBody {
+        name: body.name,
+        partitions_count: 0,
+        compression_algorithm: body.compression_algorithm,
+        message_expiry: body.message_expiry,
+        max_topic_size: body.max_topic_size,
+        options: raw,
+    };
+    let command = Command::UpdateTopic {
+        stream: identifier(&stream)?,
+        topic: identifier(&topic)?,
+        options: topic_options(&fields),
+        name: fields.name,
+    };
+    state.run(&headers, peer, command).await?;
+    no_content()
+}
+
+async fn purge_topic(
+    State(state): State<Shared>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((stream, topic)): Path<(String, String)>,
+) -> ApiResult {
+    let command = Command::PurgeTopic {
+        stream: identifier(&stream)?,
+        topic: identifier(&topic)?,
+    };
+    state.run(&headers, peer, command).await?;
+    no_content()
+}
+
+// ---- partitions and segments ----
+
+#[derive(Deserialize)]
+struct CreatePartitionsBody {
+    partitions_count: u32,
+}
+
+async fn create_partitions(
+    State(state): State<Shared>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((stream, topic)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult {
+    let body: CreatePartitionsBody = parse_json(&body)?;
+    let command = Command::CreatePartitions {
+        stream: identifier(&stream)?,
+        topic: identifier(&topic)?,
+        partitions_count: body.partitions_count,
+    };
+    state.run(&headers, peer, command).await?;
+    no_content()
+}
+
+#[derive(Deserialize)]
+struct DeletePartitionsQuery {
+    partitions_count: u32,
+}
+
+async fn delete_partitions(
+    State(state): State<Shared>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((stream, topic)): Path<(String, String)>,
+    params: Result<Query<DeletePartitionsQuery>, QueryRejection>,
+) -> ApiResult {
+    let params = query(params)?;
+    let command = Command::DeletePartitions {
+        stream: identifier(&stream)?,
+        topic: identifier(&topic)?,
+        partitions_count: params.partitions_count,
+    };
+    state.run(&headers, peer, command).await?;
+    no_content()
+}
+
+#[derive(Deserialize)]
+struct DeleteSegmentsQuery {
+    segments_count: u32,
+}
+
+async fn delete_segments(
+    State(state): State<Shared>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((stream, topic, partition)): Path<(String, String, String)>,
+    params: Result<Query<DeleteSegmentsQuery>, QueryRejection>,
+) -> ApiResult {
+    let params = query(params)?;
+    let command = Command::DeleteSegments {
+        stream: identifier(&stream)?,
+        topic: identifier(&topic)?,
+        partition_id: u32_param("partition_id", &partition)?,
+        segments_count: params.segments_count,
+    };
+    state.run(&headers, peer, command).await?;
+    no_content()
+}
+
+// ---- consumer offsets and flushing ----
+
+#[derive(Deserialize)]
+struct PartitionQuery {
+    #[serde(default)]
+    partition_id: Option<u32>,
+}
+
+async fn delete_consumer_offset(
+    State(state): State<Shared>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((stream, topic, consumer_id)): Path<(String, String, String)>,
+    params: Result<Query<PartitionQuery>, QueryRejection>,
+) -> ApiResult {
+    let params = query(params)?;
+    let command = Command::DeleteConsumerOffset {
+        consumer: consumer(Some(&consumer_id))?,
+        stream: identifier(&stream)?,
+        topic: identifier(&topic)?,
+        partition_id: params.partition_id,
+    };
+    state.run(&headers, peer, command).await?;
+    no_content()
+}
+
+/// GET `…/messages/flush/{p}/fsync={bool}`. The SDK repeats both values as a query
+/// (`?partition_id=P&fsync=bool`); the path is what counts.
+async fn flush_unsaved_buffer(
+    State(state): State<Shared>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((stream, topic, partition, fsync)): Path<(String, String, String, String)>,
+) -> ApiResult {
+    let command = Command::FlushUnsavedBuffer {
+        stream: identifier(&stream)?,
+        topic: identifier(&topic)?,
+        partition_id: u32_param("partition_id", &partition)?,
+        fsync: fsync_flag(&fsync)?,
+    };
+    state.run(&headers, peer, command).await?;
+    no_content()
+}
+
+// ---- consumer groups ----
+
+/// `ConsumerGroup` in the SDK.
+#[derive(Serialize)]
+struct GroupJson {
+    id: u32,
+    name: String,
+    partitions_count: u32,
+    members_count: u32,
+}
+
+/// `ConsumerGroupDetails` in the SDK.
+#[derive(Serialize)]
+struct GroupDetailsJson {
+    id: u32,
+    name: String,
+    partitions_count: u32,
+    members_count: u32,
+    members: Vec<GroupMemberJson>,
+}
+
+#[derive(Serialize)]
+struct GroupMemberJson {
+    id: u32,
+    partitions_count: u32,
+    partitions: Vec<u32>,
+}
+
+impl Cursor<'_> {
+    fn u16(&mut self) -> Option<u16> {
+        self.take(2)?.try_into().ok().map(u16::from_le_bytes)
+    }
+
+    fn f32(&mut self) -> Option<f32> {
+        self.u32().map(f32::from_bits)
+    }
+
+    /// `LStr` = `[len u32][utf-8]` (stats strings, cluster metadata).
+    fn long_str(&mut self) -> Option<String> {
+        let len = usize::try_from(self.u32()?).ok()?;
+        Some(String::from_utf8_lossy(self.take(len)?).into_owned())
+    }
+
+    /// Group record (§6.0): `[id u32][partitions_count u32][members_count u32][name Name]`.
+    fn group(&mut self) -> Option<GroupJson> {
+        let id = self.u32()?;
+        let partitions_count = self.u32()?;
+        let members_count = self.u32()?;
+        let name = self.name()?;
+        Some(GroupJson {
+            id,
+            name,
+            partitions_count,
+            members_count,
+        })
+    }
+
+    fn group_member(&mut self) -> Option<GroupMemberJson> {
+        let id = self.u32()?;
+        let partitions_count = self.u32()?;
+        // Counts come from the payload: grow as entries decode rather than pre-allocating.
+        let mut partitions = Vec::new();
+        for _ in 0..partitions_count {
+            partitions.push(self.u32()?);
+        }
+        Some(GroupMemberJson {
+            id,
+            partitions_count,
+            partitions,
+        })
+    }
+}
+
+/// GroupDetails from its binary form; an empty payload means "no such group" (404, which
+/// the SDK's `get_consumer_group` turns into `None`).
+fn group_details(payload: &[u8]) -> Result<GroupDetailsJson, ApiError> {
+    if payload.is_empty() {
+        return Err(ApiError::new(
+            codes::CONSUMER_GROUP_ID_NOT_FOUND,
+            "consumer group not found",
+        ));
+    }
+    let mut cursor = Cursor::new(payload);
+    let group = cursor.group().ok_or_else(malformed_reply)?;
+    let mut members = Vec::new();
+    for _ in 0..group.members_count {
+        members.push(cursor.group_member().ok_or_else(malformed_reply)?);
+    }
+    if !cursor.is_empty() {
+        return Err(malformed_reply());
+    }
+    Ok(GroupDetailsJson {
+        id: group.id,
+        name: group.name,
+        partitions_count: group.partitions_count,
+        members_count: group.members_count,
+        members,
+    })
+}
+
+async fn get_consumer_groups(
+    State(state): State<Shared>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((stream, topic)): Path<(String, String)>,
+) -> ApiResult {
+    let command = Command::GetConsumerGroups {
+        stream: identifier(&stream)?,
+        topic: identifier(&topic)?,
+    };
+    let payload = state.run(&headers, peer, command).await?;
+    let mut cursor = Cursor::new(&payload);
+    let mut groups = Vec::new();
+    while !cursor.is_empty() {
+        groups.push(cursor.group().ok_or_else(malformed_reply)?);
+    }
+    Ok(json(StatusCode::OK, &groups))
+}
+
+async fn get_consumer_group(
+    State(state): State<Shared>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((stream, topic, group)): Path<(String, String, String)>,
+) -> ApiResult {
+    let command = Command::GetConsumerGroup {
+        stream: identifier(&stream)?,
+        topic: identifier(&topic)?,
+        group: identifier(&group)?,
+    };
+    let payload = state.run(&headers, peer, command).await?;
+    Ok(json(StatusCode::OK, &group_details(&payload)?))
+}
+
+#[derive(Deserialize)]
+struct CreateGroupBody {
+    name: String,
+}
+
+async fn create_consumer_group(
+    State(state): State<Shared>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((stream, topic)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult {
+    let body: CreateGroupBody = parse_json(&body)?;
+    let command = Command::CreateConsumerGroup {
+        stream: identifier(&stream)?,
+        topic: identifier(&topic)?,
+        name: body.name,
+    };
+    let payload = state.run(&headers, peer, command).await?;
+    Ok(json(StatusCode::CREATED, &group_details(&payload)?))
+}
+
+async fn delete_consumer_group(
+    State(state): State<Shared>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((stream, topic, group)): Path<(String, String, String)>,
+) -> ApiResult {
+    let command = Command::DeleteConsumerGroup {
+        stream: identifier(&stream)?,
+        topic: identifier(&topic)?,
+        group: identifier(&group)?,
+    };
+    state.run(&headers, peer, command).await?;
+    no_content()
+}
+
+// ---- stats ----
+
+/// The SDK's `Stats`: byte sizes (`IggyByteSize`), `run_time` (`IggyDuration`) and
+/// `start_time` (`IggyTimestamp`) all deserialize from plain numbers (bytes, µs, µs);
+/// `cache_metrics` is keyed `"<stream>-<topic>-<partition>"`.
+#[derive(Serialize)]
+struct StatsJson {
+    process_id: u32,
+    cpu_usage: f32,
+    total_cpu_usage: f32,
+    memory_usage: u64,
+    total_memory: u64,
+    available_memory: u64,
+    run_time: u64,
+    start_time: u64,
+    read_bytes: u64,
+    written_bytes: u64,
+    messages_size_bytes: u64,
+    streams_count: u32,
+    topics_count: u32,
+    partitions_count: u32,
+    segments_count: u32,
+    messages_count: u64,
+    clients_count: u32,
+    consumer_groups_count: u32,
+    hostname: String,
+    os_name: String,
+    os_version: String,
+    kernel_version: String,
+    iggy_server_version: String,
+    iggy_server_semver: Option<u32>,
+    cache_metrics: HashMap<String, CacheMetricsJson>,
+    threads_count: u32,
+    free_disk_space: u64,
+    total_disk_space: u64,
+}
+
+#[derive(Serialize)]
+struct CacheMetricsJson {
+    hits: u64,
+    misses: u64,
+    hit_ratio: f32,
+}
+
+/// JSON has no NaN or infinity (serde_json writes `null`, which the SDK's `f32` refuses).
+fn finite(value: f32) -> f32 {
+    if value.is_finite() { value } else { 0.0 }
+}
+
+/// The GetStats payload (§6.1); every field is required and nothing may follow it.
+fn decode_stats(payload: &[u8]) -> Option<StatsJson> {
+    let mut c = Cursor::new(payload);
+    let process_id = c.u32()?;
+    let cpu_usage = finite(c.f32()?);
+    let total_cpu_usage = finite(c.f32()?);
+    let memory_usage = c.u64()?;
+    let total_memory = c.u64()?;
+    let available_memory = c.u64()?;
+    let run_time = c.u64()?;
+    let start_time = c.u64()?;
+    let read_bytes = c.u64()?;
+    let written_bytes = c.u64()?;
+    let messages_size_bytes = c.u64()?;
+    let streams_count = c.u32()?;
+    let topics_count = c.u32()?;
+    let partitions_count = c.u32()?;
+    let segments_count = c.u32()?;
+    let messages_count = c.u64()?;
+    let clients_count = c.u32()?;
+    let consumer_groups_count = c.u32()?;
+    let hostname = c.long_str()?;
+    let os_name = c.long_str()?;
+    let os_version = c.long_str()?;
+    let kernel_version = c.long_str()?;
+    let iggy_server_version = c.long_str()?;
+    let iggy_server_semver = match c.u32()? {
+        0 => None,
+        semver => Some(semver),
+    };
+    let cache_count = c.u32()?;
+    let mut cache_metrics = HashMap::new();
+    for _ in 0..cache_count {
+        let (stream, topic, partition) = (c.u32()?, c.u32()?, c.u32()?);
+        let metrics = CacheMetricsJson {
+            hits: c.u64()?,
+            misses: c.u64()?,
+            hit_ratio: finite(c.f32()?),
+        };
+        cache_metrics.insert(format!("{stream}-{topic}-{partition}"), metrics);
+    }
+    let threads_count = c.u32()?;
+    let free_disk_space = c.u64()?;
+    let total_disk_space = c.u64()?;
+    if !c.is_empty() {
+        return None;
+    }
+    Some(StatsJson {
+        process_id,
+        cpu_usage,
+        total_cpu_usage,
+        memory_usage,
+        total_memory,
+        available_memory,
+        run_time,
+        start_time,
+        read_bytes,
+        written_bytes,
+        messages_size_bytes,
+        streams_count,
+        topics_count,
+        partitions_count,
+        segments_count,
+        messages_count,
+        clients_count,
+        consumer_groups_count,
+        hostname,
+        os_name,
+        os_version,
+        kernel_version,
+        iggy_server_version,
+        iggy_server_semver,
+        cache_metrics,
+        threads_count,
+        free_disk_space,
+        total_disk_space,
+    })
+}
+
+async fn get_stats(State(state): State<Shared>, ConnectInfo(peer): Peer, headers: HeaderMap) -> ApiResult {
+    let payload = state.run(&headers, peer, Command::GetStats).await?;
+    let stats = decode_stats(&payload).ok_or_else(malformed_reply)?;
+    Ok(json(StatusCode::OK, &stats))
+}
+
+// ---- cluster metadata ----
+
+/// The SDK's `ClusterMetadata`.
+#[derive(Serialize)]
+struct ClusterMetadataJson {
+    name: String,
+    nodes: Vec<ClusterNodeJson>,
+}
+
+#[derive(Serialize)]
+struct ClusterNodeJson {
+    name: String,
+    ip: String,
+    endpoints: EndpointsJson,
+    role: &'static str,
+    status: &'static str,
+}
+
+#[derive(Serialize)]
+struct EndpointsJson {
+    tcp: u16,
+    quic: u16,
+    http: u16,
+    websocket: u16,
+}
+
+/// The cluster metadata payload (§4.4); an unknown role or status fails, as in the SDK.
+fn decode_cluster_metadata(payload: &[u8]) -> Option<ClusterMetadataJson> {
+    let mut c = Cursor::new(payload);
+    let name = c.long_str()?;
+    let nodes_count = c.u32()?;
+    let mut nodes = Vec::new();
+    for _ in 0..nodes_count {
+        let name = c.long_str()?;
+        let ip = c.long_str()?;
+        let endpoints = EndpointsJson {
+            tcp: c.u16()?,
+            quic: c.u16()?,
+            http: c.u16()?,
+            websocket: c.u16()?,
+        };
+        let role = match c.u8()? {
+            0 => "leader",
+            1 => "follower",
+            _ => return None,
+        };
+        let status = match c.u8()? {
+            0 => "healthy",
+            1 => "starting",
+            2 => "stopping",
+            3 => "unreachable",
+            4 => "maintenance",
+            _ => return None,
+        };
+        nodes.push(ClusterNodeJson {
+            name,
+            ip,
+            endpoints,
+            role,
+            status,
+        });
+    }
+    if !c.is_empty() {
+        return None;
+    }
+    Some(ClusterMetadataJson { name, nodes })
+}
+
+async fn get_cluster_metadata(
+    State(state): State<Shared>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+) -> ApiResult {
+    let payload = state.run(&headers, peer, Command::GetClusterMetadata).await?;
+    let metadata = decode_cluster_metadata(&payload).ok_or_else(malformed_reply)?;
+    Ok(json(StatusCode::OK, &metadata))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fsync_segment_parses_the_sdk_form_only() {
+        assert!(matches!(fsync_flag("fsync=true"), Ok(true)));
+        assert!(matches!(fsync_flag("fsync=false"), Ok(false)));
+        assert!(fsync_flag("fsync=yes").is_err());
+        assert!(fsync_flag("").is_err());
+    }
+
+    #[test]
+    fn numeric_params_are_u32_or_refused() {
+        assert!(matches!(u32_param("p", "7"), Ok(7)));
+        assert!(u32_param("p", "-1").is_err());
+        assert!(u32_param("p", "4294967296").is_err());
+    }
+
+    #[test]
+    fn stats_decode_the_wire_encoding_and_refuse_truncation() {
+        let stats = cairn_wire::reply::Stats {
+            process_id: 9,
+            cpu_usage: f32::NAN,
+            streams_count: 2,
+            messages_count: 5,
+            hostname: "h".to_string(),
+            server_semver: 0,
+            ..Default::default()
+        };
+        let mut payload = Vec::new();
+        cairn_wire::reply::stats(&mut payload, &stats);
+        let decoded = decode_stats(&payload).expect("decodes");
+        assert_eq!(decoded.process_id, 9);
+        assert_eq!(decoded.cpu_usage, 0.0);
+        assert_eq!(decoded.streams_count, 2);
+        assert_eq!(decoded.messages_count, 5);
+        assert_eq!(decoded.hostname, "h");
+        assert_eq!(decoded.iggy_server_semver, None);
+        assert!(decode_stats(&payload[..payload.len() - 1]).is_none());
+    }
+
+    #[test]
+    fn group_details_decode_members() {
+        let record = cairn_wire::reply::GroupRecord {
+            id: 3,
+            partitions_count: 2,
+            name: "g".to_string(),
+            members: vec![(1, vec![0, 1])],
+        };
+        let mut payload = Vec::new();
+        cairn_wire::reply::group_details(&mut payload, &record);
+        let Ok(details) = group_details(&payload) else {
+            panic!("group details do not decode");
+        };
+        assert_eq!(details.members_count, 1);
+        assert_eq!(details.members[0].partitions, vec![0, 1]);
+        assert!(group_details(&[]).is_err());
+    }
+}
