@@ -115,6 +115,8 @@ pub struct Server {
     pub clients_connected: AtomicU32,
     /// The port the TCP listener bound (differs from the config when it asked for port 0).
     pub bound_port: AtomicU32,
+    /// The port the HTTP listener bound; 0 while HTTP is off (cluster metadata reports it).
+    pub http_bound_port: AtomicU32,
     /// Live clients by client id (GetClients): TCP connections and HTTP logins.
     clients: Mutex<BTreeMap<u32, users::ClientEntry>>,
 }
@@ -143,6 +145,7 @@ impl Server {
             next_client_id: AtomicU32::new(1),
             clients_connected: AtomicU32::new(0),
             bound_port: AtomicU32::new(0),
+            http_bound_port: AtomicU32::new(0),
             clients: Mutex::new(BTreeMap::new()),
         }
     }
@@ -724,7 +727,7 @@ impl Server {
             ip: self.config.tcp_address.ip().to_string(),
             tcp_port: self.tcp_port(),
             quic_port: 0,
-            http_port: 0,
+            http_port: self.http_bound_port.load(Ordering::Relaxed) as u16,
             websocket_port: 0,
             role: 0,
             status: 0,

@@ -228,6 +228,11 @@ async fn serve(config: config::Config) -> Result<(), String> {
     };
     let server = Arc::new(handler::Server::new(config, catalog, clock));
     server.bound_port.store(bound.port() as u32, Ordering::Relaxed);
+    if let Some(http_bound) = http_bound {
+        server
+            .http_bound_port
+            .store(http_bound.port() as u32, Ordering::Relaxed);
+    }
 
     if let Some(password) = generated_password {
         println!(

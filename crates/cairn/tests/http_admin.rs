@@ -463,6 +463,7 @@ async fn cluster_metadata_lists_one_healthy_leader() {
     assert_eq!(node.role, ClusterNodeRole::Leader);
     assert_eq!(node.status, ClusterNodeStatus::Healthy);
     assert_eq!(node.endpoints.tcp, server.addr().port());
+    assert_eq!(node.endpoints.http, server.http_addr().port());
     server.stop();
 }
 
