@@ -316,6 +316,15 @@ async fn measure(
         consumer_clients.push(client);
     }
 
+    // Read before any actor is spawned: a failure here leaves nobody waiting at the start.
+    let started_at_unix_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let cpu_before = match pid {
+        Some(pid) => Some(server::process_cpu_seconds(pid)?),
+        None => None,
+    };
     let context = Arc::new(ActorContext {
         connection: connection.clone(),
         epoch: Instant::now(),
@@ -366,14 +375,6 @@ async fn measure(
             start.clone(),
         )));
     }
-    let started_at_unix_s = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let cpu_before = match pid {
-        Some(pid) => Some(server::process_cpu_seconds(pid)?),
-        None => None,
-    };
     start.wait().await;
     let mut samples: Vec<Sample> = Vec::new();
     let mut empty_polls = 0;

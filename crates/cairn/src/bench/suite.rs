@@ -133,8 +133,10 @@ fn markdown(base: &BenchArgs, results: &[(Shape, Vec<Report>)]) -> String {
          MB = 10⁶ B, GB = 10⁹ B. Throughput is total payload over wall time (first send to last \
          reply); latency is per request (a send until its acknowledgement, a poll until its \
          reply) over all samples of all actors.\n\n",
-        if runs >= 2 {
+        if runs >= 3 {
             format!("Each figure is the median of runs 2–{runs} of {runs} (the first, cold, run discarded).")
+        } else if runs == 2 {
+            "Each figure is from run 2 of 2 (the first, cold, run discarded; not a median).".to_string()
         } else {
             "One run per shape (nothing discarded: not a measurement to quote).".to_string()
         },
