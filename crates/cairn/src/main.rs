@@ -9,8 +9,10 @@
 //! - [`catalog`]: streams, topics, partitions, users and their persistence.
 //! - [`writer`]: group commit, one writer per partition sharing a data barrier among sends.
 //! - [`auth`]: password and token hashing.
+//! - [`bench`]: `cairn bench`, the load generator (an SDK client, not part of the server).
 
 mod auth;
+mod bench;
 mod catalog;
 mod config;
 mod handler;
@@ -65,6 +67,9 @@ enum Command {
         /// The data directory (the server must be stopped; its lock is checked).
         data_dir: PathBuf,
     },
+    /// Load generator: drives an Iggy 0.11 server over TCP with the published SDK and reports
+    /// wall-clock throughput, latency percentiles over all samples and server CPU per GB.
+    Bench(Box<bench::BenchArgs>),
 }
 
 #[derive(Args, Default)]
@@ -110,6 +115,7 @@ fn main() -> ExitCode {
         None => ServeArgs::default(),
         Some(Command::Check { data_dir }) => return tools::run_check(&data_dir),
         Some(Command::Repair { target, data_dir }) => return tools::run_repair(&target, &data_dir),
+        Some(Command::Bench(args)) => return bench::run(*args),
     };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

@@ -1,0 +1,265 @@
+//! The report: what was run, the figures, and its three renderings (table, JSON, HTML).
+
+use super::stats::{Kind, PhaseSummary, SecondBucket};
+use super::workload::{BenchArgs, DurabilityLabel, Workload};
+use serde::Serialize;
+
+pub const DURABILITY_NOTE: &str = "durability is the server's storage.durability setting; the \
+bench only labels the report with it, except with --start-server, which starts the server in \
+that mode";
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Parameters {
+    pub workload: Workload,
+    pub server_address: String,
+    pub started_server: bool,
+    pub server_pid: Option<u32>,
+    pub producers: usize,
+    pub consumers: usize,
+    pub streams: usize,
+    pub partitions: u32,
+    pub message_size: usize,
+    pub messages_per_batch: u32,
+    pub batches: u64,
+    pub rate_limit_bytes_per_s: Option<u64>,
+    pub durability: DurabilityLabel,
+    pub durability_note: &'static str,
+}
+
+impl Parameters {
+    pub fn new(args: &BenchArgs, server_address: &str, server_pid: Option<u32>) -> Parameters {
+        Parameters {
+            workload: args.workload,
+            server_address: server_address.to_string(),
+            started_server: args.start_server,
+            server_pid,
+            producers: if args.workload.produces() {
+                args.producers
+            } else {
+                0
+            },
+            consumers: if args.workload.consumes() {
+                args.consumers
+            } else {
+                0
+            },
+            streams: args.streams(),
+            partitions: args.partitions,
+            message_size: args.message_size,
+            messages_per_batch: args.messages_per_batch,
+            batches: args.batches,
+            rate_limit_bytes_per_s: args.rate_limit,
+            durability: args.durability,
+            durability_note: DURABILITY_NOTE,
+        }
+    }
+}
+
+/// Everything measured, from the first request's start to the last reply, all kinds together.
+#[derive(Clone, Debug, Serialize)]
+pub struct Totals {
+    pub messages: u64,
+    pub payload_bytes: u64,
+    pub wall_seconds: f64,
+    pub throughput_bytes_per_s: f64,
+    pub throughput_mb_per_s: f64,
+    pub messages_per_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ServerCpu {
+    pub pid: u32,
+    /// User + system CPU seconds of the server process during the measured phase.
+    pub cpu_seconds: f64,
+    pub gb_ingested: f64,
+    pub gb_served: f64,
+    /// Over ingested + served bytes.
+    pub cpu_seconds_per_gb: f64,
+    /// Only when the run only sent.
+    pub cpu_seconds_per_gb_ingested: Option<f64>,
+    /// Only when the run only polled.
+    pub cpu_seconds_per_gb_served: Option<f64>,
+}
+
+impl ServerCpu {
+    pub fn new(pid: u32, cpu_seconds: f64, ingested: u64, served: u64) -> ServerCpu {
+        let gb_ingested = ingested as f64 / 1e9;
+        let gb_served = served as f64 / 1e9;
+        let per = |gb: f64| if gb > 0.0 { cpu_seconds / gb } else { 0.0 };
+        ServerCpu {
+            pid,
+            cpu_seconds,
+            gb_ingested,
+            gb_served,
+            cpu_seconds_per_gb: per(gb_ingested + gb_served),
+            cpu_seconds_per_gb_ingested: (served == 0 && ingested > 0).then(|| per(gb_ingested)),
+            cpu_seconds_per_gb_served: (ingested == 0 && served > 0).then(|| per(gb_served)),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub tool: &'static str,
+    pub version: &'static str,
+    /// The exact command line of this process.
+    pub command_line: String,
+    /// The single-run command equivalent to these parameters.
+    pub equivalent_command: String,
+    pub started_at_unix_s: u64,
+    pub parameters: Parameters,
+    pub send: Option<PhaseSummary>,
+    pub poll: Option<PhaseSummary>,
+    pub totals: Totals,
+    pub server_cpu: Option<ServerCpu>,
+    /// Per second of the run, by completion time, per kind of traffic.
+    pub time_series: Vec<SecondBucket>,
+}
+
+impl Report {
+    pub fn phases(&self) -> impl Iterator<Item = &PhaseSummary> {
+        self.send.iter().chain(self.poll.iter())
+    }
+}
+
+/// The command line of this process, quoted for a POSIX shell where needed.
+pub fn this_command_line() -> String {
+    std::env::args()
+        .map(|a| shell_quote(&a))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub fn shell_quote(arg: &str) -> String {
+    if !arg.is_empty()
+        && arg
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c))
+    {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', "'\\''"))
+    }
+}
+
+pub fn format_us(us: u64) -> String {
+    if us >= 1_000_000 {
+        format!("{:.2} s", us as f64 / 1e6)
+    } else if us >= 1_000 {
+        format!("{:.2} ms", us as f64 / 1e3)
+    } else {
+        format!("{us} µs")
+    }
+}
+
+fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Send => "send",
+        Kind::Poll => "poll",
+    }
+}
+
+/// The human-readable table.
+pub fn table(report: &Report) -> String {
+    let p = &report.parameters;
+    let mut out = String::new();
+    out.push_str(&format!(
+        "cairn bench: {} ({}), server {}{}\n",
+        p.workload.name(),
+        p.durability.name(),
+        p.server_address,
+        if p.started_server {
+            " (started by the bench)"
+        } else {
+            ""
+        }
+    ));
+    out.push_str(&format!(
+        "  {} producers, {} consumers, {} streams x {} partitions, {} batches x {} messages x {} B{}\n",
+        p.producers,
+        p.consumers,
+        p.streams,
+        p.partitions,
+        p.batches,
+        p.messages_per_batch,
+        p.message_size,
+        p.rate_limit_bytes_per_s
+            .map(|r| format!(", rate limit {:.1} MB/s per producer", r as f64 / 1e6))
+            .unwrap_or_default()
+    ));
+    out.push_str(&format!(
+        "{:<6} {:>8} {:>12} {:>9} {:>11} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+        "kind", "requests", "messages", "wall s", "MB/s", "msgs/s", "p50", "p90", "p99", "p999", "max"
+    ));
+    for phase in report.phases() {
+        let l = &phase.latency;
+        out.push_str(&format!(
+            "{:<6} {:>8} {:>12} {:>9.3} {:>11.1} {:>12.0} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+            kind_name(phase.kind),
+            phase.requests,
+            phase.messages,
+            phase.wall_seconds,
+            phase.throughput_mb_per_s,
+            phase.messages_per_s,
+            format_us(l.p50_us),
+            format_us(l.p90_us),
+            format_us(l.p99_us),
+            format_us(l.p999_us),
+            format_us(l.max_us),
+        ));
+    }
+    let t = &report.totals;
+    out.push_str(&format!(
+        "total  {} messages, {:.1} MB in {:.3} s: {:.1} MB/s, {:.0} msgs/s (wall clock, all actors)\n",
+        t.messages,
+        t.payload_bytes as f64 / 1e6,
+        t.wall_seconds,
+        t.throughput_mb_per_s,
+        t.messages_per_s
+    ));
+    if let Some(poll) = &report.poll
+        && poll.empty_polls > 0
+    {
+        out.push_str(&format!(
+            "       {} empty polls (waiting for data; not in the latency figures)\n",
+            poll.empty_polls
+        ));
+    }
+    if let Some(cpu) = &report.server_cpu {
+        out.push_str(&format!(
+            "server pid {}: {:.2} CPU s, {:.3} CPU s/GB moved{}{}\n",
+            cpu.pid,
+            cpu.cpu_seconds,
+            cpu.cpu_seconds_per_gb,
+            cpu.cpu_seconds_per_gb_ingested
+                .map(|v| format!(" ({v:.3} per GB ingested)"))
+                .unwrap_or_default(),
+            cpu.cpu_seconds_per_gb_served
+                .map(|v| format!(" ({v:.3} per GB served)"))
+                .unwrap_or_default(),
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(shell_quote("--producers"), "--producers");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+
+    #[test]
+    fn cpu_per_gb() {
+        let cpu = ServerCpu::new(1, 2.0, 4_000_000_000, 0);
+        assert_eq!(cpu.cpu_seconds_per_gb, 0.5);
+        assert_eq!(cpu.cpu_seconds_per_gb_ingested, Some(0.5));
+        assert_eq!(cpu.cpu_seconds_per_gb_served, None);
+        assert_eq!(ServerCpu::new(1, 1.0, 0, 0).cpu_seconds_per_gb, 0.0);
+    }
+}

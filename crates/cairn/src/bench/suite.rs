@@ -1,0 +1,208 @@
+//! `cairn bench --suite`: the standard shapes of issue 5, each on a server the bench starts
+//! itself, repeated, and written up as a markdown section for `docs/PERFORMANCE.md`.
+
+use super::report::{Report, format_us};
+use super::stats::median;
+use super::workload::{BenchArgs, DurabilityLabel, Workload};
+use std::process::ExitCode;
+
+/// Batches per actor at `--suite-scale 1` (8 producers x 100 x 1 MB = 800 MB per run).
+const BASE_BATCHES: f64 = 100.0;
+
+struct Shape {
+    title: &'static str,
+    args: BenchArgs,
+}
+
+fn shapes(base: &BenchArgs) -> Vec<Shape> {
+    let batches = (BASE_BATCHES * base.suite_scale).round().max(1.0) as u64;
+    let shape = |workload: Workload, actors: usize, durability: DurabilityLabel, rate: Option<u64>| {
+        let mut args = base.clone();
+        args.workload = workload;
+        args.producers = actors;
+        args.consumers = actors;
+        args.streams = Some(actors);
+        args.partitions = 1;
+        args.message_size = 1000;
+        args.messages_per_batch = 1000;
+        args.batches = batches;
+        args.rate_limit = rate;
+        args.durability = durability;
+        args.start_server = true;
+        args.keep = false;
+        args.suite = false;
+        args.output_json = None;
+        args.output_html = None;
+        args.server_pid = None;
+        args
+    };
+    vec![
+        Shape {
+            title: "8 producers × 8 streams",
+            args: shape(Workload::PinnedProducer, 8, DurabilityLabel::Durable, None),
+        },
+        Shape {
+            title: "8 producers × 8 streams",
+            args: shape(Workload::PinnedProducer, 8, DurabilityLabel::Relaxed, None),
+        },
+        Shape {
+            title: "8 pinned consumers × 8 streams",
+            args: shape(Workload::PinnedConsumer, 8, DurabilityLabel::Durable, None),
+        },
+        Shape {
+            title: "1 producer at 100 MB/s",
+            args: shape(
+                Workload::PinnedProducer,
+                1,
+                DurabilityLabel::Durable,
+                Some(100_000_000),
+            ),
+        },
+    ]
+}
+
+pub fn run(base: &BenchArgs, runtime: &tokio::runtime::Runtime) -> ExitCode {
+    let shapes = shapes(base);
+    let mut results: Vec<(Shape, Vec<Report>)> = Vec::new();
+    for shape in shapes {
+        if let Err(error) = shape.args.validate() {
+            eprintln!("cairn bench --suite: {error}");
+            return ExitCode::from(2);
+        }
+        let mut reports = Vec::new();
+        for run in 1..=base.suite_runs {
+            eprintln!(
+                "cairn bench --suite: {} ({}), run {run} of {}",
+                shape.title,
+                shape.args.durability.name(),
+                base.suite_runs
+            );
+            match super::run_once(&shape.args, runtime, true) {
+                Ok(report) => {
+                    eprint!("{}", super::report::table(&report));
+                    reports.push(report);
+                }
+                Err(error) => {
+                    eprintln!("cairn bench --suite: {} failed: {error}", shape.title);
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        results.push((shape, reports));
+    }
+    let text = markdown(base, &results);
+    print!("{text}");
+    if let Some(path) = &base.suite_markdown
+        && let Err(error) = std::fs::write(path, &text)
+    {
+        eprintln!("cairn bench --suite: cannot write {}: {error}", path.display());
+        return ExitCode::FAILURE;
+    }
+    if let Some(path) = &base.output_json {
+        let all: Vec<&Report> = results.iter().flat_map(|(_, reports)| reports.iter()).collect();
+        let written = serde_json::to_string_pretty(&all)
+            .map_err(|e| e.to_string())
+            .and_then(|json| std::fs::write(path, json + "\n").map_err(|e| e.to_string()));
+        if let Err(error) = written {
+            eprintln!("cairn bench --suite: cannot write {}: {error}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// The runs that count: all but the first (cold) one when there are two or more.
+fn kept(reports: &[Report]) -> &[Report] {
+    if reports.len() >= 2 {
+        &reports[1..]
+    } else {
+        reports
+    }
+}
+
+fn markdown(base: &BenchArgs, results: &[(Shape, Vec<Report>)]) -> String {
+    let runs = base.suite_runs;
+    let batches = results.first().map_or(0, |(shape, _)| shape.args.batches);
+    let mut out = String::new();
+    out.push_str("## `cairn bench --suite`\n\n");
+    out.push_str(&format!(
+        "Server and load generator on the same host over loopback; this machine's 2 cores are \
+         shared and noisy. {} Every shape runs on a fresh server started by the bench \
+         (`--start-server`, temporary data directory) and deletes its streams afterwards. \
+         Batches are 1 000 messages × 1 000 B, {batches} batches per actor (`--suite-scale {}`). \
+         MB = 10⁶ B, GB = 10⁹ B. Throughput is total payload over wall time (first send to last \
+         reply); latency is per request (a send until its acknowledgement, a poll until its \
+         reply) over all samples of all actors.\n\n",
+        if runs >= 3 {
+            format!("Each figure is the median of runs 2–{runs} of {runs} (the first, cold, run discarded).")
+        } else if runs == 2 {
+            "Each figure is from run 2 of 2 (the first, cold, run discarded; not a median).".to_string()
+        } else {
+            "One run per shape (nothing discarded: not a measurement to quote).".to_string()
+        },
+        base.suite_scale
+    ));
+    out.push_str(&format!(
+        "Suite command: `cairn bench --suite --suite-scale {} --suite-runs {runs}`\n\n",
+        base.suite_scale
+    ));
+    out.push_str("| shape | durability | MB/s | msgs/s | p50 | p90 | p99 | p999 | max | server CPU s/GB |\n");
+    out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (shape, reports) in results {
+        let kept = kept(reports);
+        let phases: Vec<_> = kept
+            .iter()
+            .filter_map(|r| r.send.as_ref().or(r.poll.as_ref()))
+            .collect();
+        let med = |f: &dyn Fn(&super::stats::PhaseSummary) -> f64| {
+            median(&phases.iter().map(|p| f(p)).collect::<Vec<_>>())
+        };
+        let cpu: Vec<f64> = kept
+            .iter()
+            .filter_map(|r| r.server_cpu.as_ref().map(|c| c.cpu_seconds_per_gb))
+            .collect();
+        out.push_str(&format!(
+            "| {}{} | {} | {:.1} | {:.0} | {} | {} | {} | {} | {} | {} |\n",
+            shape.title,
+            if shape.args.workload == Workload::PinnedConsumer {
+                " (served)"
+            } else {
+                " (ingested)"
+            },
+            shape.args.durability.name(),
+            med(&|p| p.throughput_mb_per_s),
+            med(&|p| p.messages_per_s),
+            format_us(med(&|p| p.latency.p50_us as f64) as u64),
+            format_us(med(&|p| p.latency.p90_us as f64) as u64),
+            format_us(med(&|p| p.latency.p99_us as f64) as u64),
+            format_us(med(&|p| p.latency.p999_us as f64) as u64),
+            format_us(med(&|p| p.latency.max_us as f64) as u64),
+            if cpu.is_empty() {
+                "–".to_string()
+            } else {
+                format!("{:.3}", median(&cpu))
+            },
+        ));
+    }
+    out.push_str("\nRaw MB/s per run (the first is the cold run):\n\n");
+    for (shape, reports) in results {
+        let raw: Vec<String> = reports
+            .iter()
+            .filter_map(|r| r.send.as_ref().or(r.poll.as_ref()))
+            .map(|p| format!("{:.1}", p.throughput_mb_per_s))
+            .collect();
+        out.push_str(&format!(
+            "- {}, {}: {}\n",
+            shape.title,
+            shape.args.durability.name(),
+            raw.join(" / ")
+        ));
+    }
+    out.push_str("\nOne run of each shape:\n\n```sh\n");
+    for (shape, _) in results {
+        out.push_str(&shape.args.to_command_line());
+        out.push('\n');
+    }
+    out.push_str("```\n");
+    out
+}
