@@ -46,7 +46,8 @@ pub struct PreparedSend {
     stream_id: u32,
     topic_id: u32,
     partition: Arc<catalog::Partition>,
-    batch: Vec<u8>,
+    /// The client's batch as received (a view of the request body, not a copy).
+    batch: bytes::Bytes,
     received_at_us: u64,
 }
 
@@ -210,7 +211,7 @@ impl Server {
                 partitioning,
                 messages_count,
                 batch,
-            } => match self.prepare_send(&stream, &topic, &partitioning, messages_count, &batch) {
+            } => match self.prepare_send(&stream, &topic, &partitioning, messages_count, batch) {
                 Ok(send) => Handled::Send(send),
                 Err(status) => Handled::Done(Err(status)),
             },
@@ -1038,9 +1039,9 @@ impl Server {
         topic: &Identifier,
         partitioning: &Partitioning,
         messages_count: u32,
-        batch: &[u8],
+        batch: bytes::Bytes,
     ) -> Result<PreparedSend, u32> {
-        batch::validate(batch, messages_count, &self.limits).map_err(|e| e.status())?;
+        batch::validate(&batch, messages_count, &self.limits).map_err(|e| e.status())?;
         let (stream_id, topic_id, partition) = {
             let catalog = self.read();
             let stream = find_stream(&catalog, stream)?;
@@ -1057,7 +1058,7 @@ impl Server {
             stream_id,
             topic_id,
             partition,
-            batch: batch.to_vec(),
+            batch,
             received_at_us: self.clock.now_us(),
         })
     }

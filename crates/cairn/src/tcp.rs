@@ -213,10 +213,19 @@ impl Connection {
         Ok(true)
     }
 
+    /// Read the `size - HEADER_SIZE` body bytes of a frame (`size` was bounded by the
+    /// caller). Read straight into the buffer's spare capacity: no zero-fill of memory that is
+    /// about to be overwritten (a send body is up to the frame limit).
     async fn read_body(&mut self, size: u32) -> std::io::Result<BytesMut> {
         let body_len = (size as usize).saturating_sub(HEADER_SIZE);
-        let mut body = BytesMut::zeroed(body_len);
-        self.socket.read_exact(&mut body).await?;
+        let mut body = BytesMut::with_capacity(body_len);
+        let mut limited = (&mut self.socket).take(body_len as u64);
+        while body.len() < body_len {
+            if limited.read_buf(&mut body).await? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+        debug_assert_eq!(body.len(), body_len);
         Ok(body)
     }
 

@@ -352,8 +352,9 @@ impl CountersSnapshot {
 /// One send waiting for its partition's writer.
 #[derive(Debug)]
 pub struct PendingSend {
-    /// A validated client batch; the log stamps it in place.
-    pub batch: Vec<u8>,
+    /// A validated client batch as received; the log stamps a copy of its header and writes
+    /// the frames as they are.
+    pub batch: bytes::Bytes,
     /// When the server took the send in (the append timestamp; the log keeps it monotone).
     pub received_at_us: u64,
     pub reply: oneshot::Sender<SendOutcome>,
@@ -426,7 +427,7 @@ impl WriterHandle {
 /// outcome. `None` means the writer is closed (clean stop in progress).
 pub async fn submit(
     queue: Option<mpsc::Sender<PendingSend>>,
-    batch: Vec<u8>,
+    batch: bytes::Bytes,
     received_at_us: u64,
 ) -> SendOutcome {
     let Some(queue) = queue else {
@@ -584,12 +585,12 @@ fn commit_group(shared: &WriterShared, sends: Vec<PendingSend>, barrier_required
         // if no stop happens before the group ends (and, when required, the barrier succeeds).
         let mut written: Vec<(oneshot::Sender<SendOutcome>, u64)> = Vec::with_capacity(sends_count);
         let mut stop_cause: Option<String> = None;
-        for mut send in sends {
+        for send in sends {
             if stop_cause.is_some() {
                 replies.push((send.reply, Err(PARTITION_STOPPED_STATUS)));
                 continue;
             }
-            match log.append(&mut send.batch, send.received_at_us) {
+            match log.append(&send.batch, send.received_at_us) {
                 Ok(base_offset) => written.push((send.reply, base_offset)),
                 Err(error) if log.stopped_reason().is_some() => {
                     // E.g. a partial write that could not be cut back, or a failed seal barrier
@@ -1059,7 +1060,7 @@ mod tests {
         for &count in counts {
             let (reply, outcome) = oneshot::channel();
             sends.push(PendingSend {
-                batch: client_batch(count, 10),
+                batch: client_batch(count, 10).into(),
                 received_at_us: 1_000,
                 reply,
             });
@@ -1229,7 +1230,7 @@ mod tests {
         const SENDERS: u32 = 32;
         for _ in 0..SENDERS {
             let queue = handle.queue();
-            tasks.spawn(async move { submit(Some(queue), client_batch(2, 5), 1_000).await });
+            tasks.spawn(async move { submit(Some(queue), client_batch(2, 5).into(), 1_000).await });
         }
         let mut bases = Vec::new();
         while let Some(joined) = tasks.join_next().await {
@@ -1264,7 +1265,7 @@ mod tests {
             counters.clone(),
         );
         assert_eq!(
-            submit(Some(handle.queue()), client_batch(1, 5), 1_000).await,
+            submit(Some(handle.queue()), client_batch(1, 5).into(), 1_000).await,
             Ok(0)
         );
         // The background barrier follows without further traffic; wait for it, bounded.

@@ -95,7 +95,7 @@ use crate::record::{
     self, BATCH_BYTES_MAX, Chain, GAP_BODY_SIZE, RECORD_HEADER_SIZE, RecordHeader, RecordKind, Tail,
 };
 use crate::state::{self, Frontier, PartitionState, STATE_FILE_NAME, STATE_FILE_SIZE_BYTES, StateFile};
-use cairn_wire::batch;
+use cairn_wire::batch::{self, BATCH_HEADER_SIZE};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -361,8 +361,6 @@ pub struct PartitionLog {
     /// Set when a write failed in a way that leaves the on-disk state unknown (a failed barrier):
     /// every later write is refused until the log is reopened.
     stopped: Option<String>,
-    /// Reused buffer holding header + batch for the single write of a record.
-    record_buffer: Vec<u8>,
 }
 
 impl PartitionLog {
@@ -418,7 +416,6 @@ impl PartitionLog {
             state,
             last_timestamp_us: 0,
             stopped: None,
-            record_buffer: Vec::new(),
         };
         log.assert_invariants();
         Ok(log)
@@ -487,7 +484,6 @@ impl PartitionLog {
             state,
             last_timestamp_us,
             stopped: None,
-            record_buffer: Vec::new(),
         };
         let recovered_end_offset = log.chain.next_offset;
         let next_offset = next_offset_after_open(recovered_end_offset, &loaded);
@@ -511,9 +507,10 @@ impl PartitionLog {
     }
 
     /// Append one validated client batch (256-byte header + frames): assigns the next
-    /// offsets, stamps partition id, base offset and `timestamp_us` (recomputing the batch
-    /// checksum via `cairn_wire::batch::stamp`), writes it, rotates the segment when full.
-    /// Returns the base offset.
+    /// offsets, stamps partition id, base offset and `timestamp_us` into a copy of the batch
+    /// header (recomputing the batch checksum via `cairn_wire::batch::stamped_header`), writes
+    /// record header, stamped batch header and the frames as given with one vectored write,
+    /// rotates the segment when full. `batch` itself is not modified. Returns the base offset.
     ///
     /// Durability per [`SyncMode`]: in `GroupCommit` the record is written with no barrier and
     /// is neither durable nor visible to reads until [`PartitionLog::commit`] returns `Ok`; in
@@ -523,7 +520,7 @@ impl PartitionLog {
     ///
     /// `timestamp_us` is raised to the last stored timestamp if it is lower, so timestamps
     /// never go backwards within a partition (a clock step back must not break lookups).
-    pub fn append(&mut self, batch: &mut [u8], timestamp_us: u64) -> Result<u64, StorageError> {
+    pub fn append(&mut self, batch: &[u8], timestamp_us: u64) -> Result<u64, StorageError> {
         self.check_not_stopped()?;
         let batch_header = batch::header(batch)
             .ok_or_else(|| StorageError::Invalid("batch shorter than its header".into()))?;
@@ -566,7 +563,14 @@ impl PartitionLog {
         }
 
         let base_offset = self.chain.next_offset;
-        batch::stamp(batch, u64::from(self.partition_id), base_offset, timestamp_us);
+        // The client's frames go to disk as received; only the 256-byte batch header is
+        // stamped, in a copy (no copy of the whole batch on the write path).
+        let stamped_head =
+            batch::stamped_header(batch, u64::from(self.partition_id), base_offset, timestamp_us)
+                .ok_or_else(|| StorageError::Invalid("batch shorter than its header".into()))?;
+        let frames = batch
+            .get(BATCH_HEADER_SIZE..)
+            .ok_or_else(|| StorageError::Invalid("batch shorter than its header".into()))?;
         let mut header = RecordHeader {
             kind: RecordKind::Batch,
             checksum: 0,
@@ -579,11 +583,12 @@ impl PartitionLog {
             batch_length_bytes: batch.len() as u32,
             timestamp_us,
         };
-        let header_bytes = header.seal(batch);
-        self.record_buffer.clear();
-        self.record_buffer.extend_from_slice(&header_bytes);
-        self.record_buffer.extend_from_slice(batch);
-        debug_assert_eq!(record::verify(&self.record_buffer, &self.chain), Ok(header));
+        let header_bytes = header.seal_parts(&[&stamped_head, frames]);
+        #[cfg(debug_assertions)]
+        {
+            let record_bytes = [&header_bytes[..], &stamped_head, frames].concat();
+            debug_assert_eq!(record::verify(&record_bytes, &self.chain), Ok(header));
+        }
 
         let segment = self.segments.last().expect("invariant: at least one segment");
         let position_bytes = segment.size_bytes;
@@ -595,7 +600,11 @@ impl PartitionLog {
         };
         let index_position_bytes = (segment.index.len() * INDEX_ENTRY_SIZE) as u64;
 
-        if let Err(error) = self.active.log.write_all_at(position_bytes, &self.record_buffer) {
+        if let Err(error) = self
+            .active
+            .log
+            .write_all_vectored_at(position_bytes, &[&header_bytes[..], &stamped_head[..], frames])
+        {
             // Cut a partial write back, so the file again ends at the last whole record and a
             // retry (e.g. once disk space returns) starts clean.
             if let Err(cut_error) = self.active.log.set_len(position_bytes) {

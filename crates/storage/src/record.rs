@@ -233,9 +233,24 @@ impl RecordHeader {
 
     /// Compute the checksum over `self` and `batch`, store it, and return the encoded header.
     pub fn seal(&mut self, batch: &[u8]) -> [u8; RECORD_HEADER_SIZE] {
-        debug_assert_eq!(batch.len() as u64, u64::from(self.batch_length_bytes));
+        self.seal_parts(&[batch])
+    }
+
+    /// [`RecordHeader::seal`] for a batch given in pieces that follow each other on disk
+    /// (e.g. a stamped batch header and the client's frames), so the batch never has to be
+    /// copied into one buffer to be sealed.
+    pub fn seal_parts(&mut self, batch_parts: &[&[u8]]) -> [u8; RECORD_HEADER_SIZE] {
+        debug_assert_eq!(
+            batch_parts.iter().map(|part| part.len() as u64).sum::<u64>(),
+            u64::from(self.batch_length_bytes)
+        );
         let mut bytes = self.encode();
-        self.checksum = compute_checksum(&bytes, batch);
+        let mut hasher = Xxh3::new();
+        hasher.update(&bytes[CHECKSUM_COVERAGE_START..]);
+        for part in batch_parts {
+            hasher.update(part);
+        }
+        self.checksum = hasher.digest();
         put_u64(&mut bytes, OFFSET_CHECKSUM, self.checksum);
         debug_assert_eq!(decode(&bytes), Ok(*self));
         bytes

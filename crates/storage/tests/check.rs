@@ -19,8 +19,8 @@ fn fill(log: &mut PartitionLog, messages: u64) {
     let mut batch_number = 0u64;
     while log.next_offset() < messages {
         let count = (1 + batch_number % 5).min(messages - log.next_offset()) as u32;
-        let mut batch = reference_batch(log.next_offset(), count);
-        log.append(&mut batch, 1_000 * (batch_number + 1)).unwrap();
+        let batch = reference_batch(log.next_offset(), count);
+        log.append(&batch, 1_000 * (batch_number + 1)).unwrap();
         batch_number += 1;
     }
 }
@@ -272,8 +272,8 @@ fn repair_cuts_at_the_damage_quarantines_the_rest_and_never_reissues_an_offset()
             next >= 80 && next >= reserved_before,
             "above every offset that ever existed"
         );
-        let mut batch = reference_batch(next, 2);
-        assert_eq!(log.append(&mut batch, 1).unwrap(), next);
+        let batch = reference_batch(next, 2);
+        assert_eq!(log.append(&batch, 1).unwrap(), next);
         log.commit().unwrap();
         log.close().unwrap();
         let log = open(dir);

@@ -19,9 +19,9 @@ fn fill(log: &mut PartitionLog, messages: u64) {
     let mut batch_number = 0u64;
     while log.next_offset() < messages {
         let count = (1 + batch_number % 5).min(messages - log.next_offset()) as u32;
-        let mut batch = reference_batch(log.next_offset(), count);
+        let batch = reference_batch(log.next_offset(), count);
         let expected_base = log.next_offset();
-        let base = log.append(&mut batch, 1_000 * (batch_number + 1)).unwrap();
+        let base = log.append(&batch, 1_000 * (batch_number + 1)).unwrap();
         assert_eq!(base, expected_base);
         batch_number += 1;
     }
@@ -129,11 +129,11 @@ fn every_append_sync_mode_and_a_batch_larger_than_a_segment() {
     let mut log = PartitionLog::create(tmp.path(), PARTITION, config).unwrap();
     fill(&mut log, 10);
     let segments_before = log.stats().segments_count;
-    let mut big = reference_batch(10, 40);
+    let big = reference_batch(10, 40);
     assert!(big.len() > 1_000);
-    assert_eq!(log.append(&mut big, 5).unwrap(), 10);
-    let mut small = reference_batch(50, 1);
-    assert_eq!(log.append(&mut small, 5).unwrap(), 50);
+    assert_eq!(log.append(&big, 5).unwrap(), 10);
+    let small = reference_batch(50, 1);
+    assert_eq!(log.append(&small, 5).unwrap(), 50);
     // The big batch went alone into a fresh segment, and the next one into another.
     assert_eq!(log.stats().segments_count, segments_before + 2);
     log.flush().unwrap();
@@ -273,8 +273,8 @@ fn torn_tails_are_truncated_and_the_log_continues() {
             "{name}"
         );
         assert_reference(&read_all(&log, 0, u32::MAX), 0, recovered_end);
-        let mut batch = reference_batch(reserved, 3);
-        assert_eq!(log.append(&mut batch, 1).unwrap(), reserved);
+        let batch = reference_batch(reserved, 3);
+        assert_eq!(log.append(&batch, 1).unwrap(), reserved);
         log.close().unwrap();
         let log = open(&dir).unwrap();
         assert_eq!(
@@ -415,8 +415,8 @@ fn bit_flip_in_the_middle_is_refused_and_files_are_untouched() {
         let mut log = new_log(tmp.path(), 3_000, 80);
         // Make sure the last segment holds at least three records too.
         while record_ends(&std::fs::read(last_log_file(tmp.path())).unwrap()).len() < 3 {
-            let mut batch = reference_batch(log.next_offset(), 1);
-            log.append(&mut batch, 1).unwrap();
+            let batch = reference_batch(log.next_offset(), 1);
+            log.append(&batch, 1).unwrap();
         }
         drop(log);
         let files = log_files(tmp.path());
@@ -687,8 +687,8 @@ fn offset_at_timestamp() {
     assert_eq!(log.offset_at_timestamp(0).unwrap(), None);
     let mut bases = Vec::new();
     for i in 0..40u64 {
-        let mut batch = reference_batch(log.next_offset(), 3);
-        bases.push(log.append(&mut batch, 100 * (i + 1)).unwrap());
+        let batch = reference_batch(log.next_offset(), 3);
+        bases.push(log.append(&batch, 100 * (i + 1)).unwrap());
     }
     assert!(log.stats().segments_count > 3);
     assert_eq!(log.offset_at_timestamp(0).unwrap(), Some(0));
@@ -703,8 +703,8 @@ fn offset_at_timestamp() {
     }
     assert_eq!(log.offset_at_timestamp(4_001).unwrap(), None);
     // A clock stepping back is clamped: the batch is stamped with the last timestamp.
-    let mut batch = reference_batch(log.next_offset(), 1);
-    let base = log.append(&mut batch, 5).unwrap();
+    let batch = reference_batch(log.next_offset(), 1);
+    let base = log.append(&batch, 5).unwrap();
     let messages = read_all(&log, base, 1);
     assert_eq!(messages[0].timestamp_us, 4_000);
     drop(log);
@@ -725,15 +725,15 @@ fn create_refuses_an_existing_log_and_rejects_bad_input() {
         Err(StorageError::Invalid(_))
     ));
     assert!(matches!(
-        log.append(&mut [0u8; 100], 1),
+        log.append(&[0u8; 100], 1),
         Err(StorageError::Invalid(_))
     ));
-    let mut empty = client_batch(&[]);
-    assert!(matches!(log.append(&mut empty, 1), Err(StorageError::Invalid(_))));
+    let empty = client_batch(&[]);
+    assert!(matches!(log.append(&empty, 1), Err(StorageError::Invalid(_))));
     let mut wrong_length = reference_batch(5, 2);
     wrong_length.pop();
     assert!(matches!(
-        log.append(&mut wrong_length, 1),
+        log.append(&wrong_length, 1),
         Err(StorageError::Invalid(_))
     ));
     assert_eq!(log.next_offset(), 5);
@@ -823,8 +823,8 @@ fn a_failed_barrier_stops_the_log_until_reopen() {
     fill(&mut log, 20);
     let reserved = log.offset_reserved();
     fail_sync.store(true, Ordering::SeqCst);
-    let mut batch = reference_batch(20, 2);
-    assert!(log.append(&mut batch, 1).is_err());
+    let batch = reference_batch(20, 2);
+    assert!(log.append(&batch, 1).is_err());
     assert_eq!(
         log.next_offset(),
         20,
@@ -832,11 +832,8 @@ fn a_failed_barrier_stops_the_log_until_reopen() {
     );
     assert_reference(&read_all(&log, 0, u32::MAX), 0, 20);
     fail_sync.store(false, Ordering::SeqCst);
-    let mut batch = reference_batch(20, 2);
-    assert!(
-        log.append(&mut batch, 1).is_err(),
-        "no retry on the same descriptor"
-    );
+    let batch = reference_batch(20, 2);
+    assert!(log.append(&batch, 1).is_err(), "no retry on the same descriptor");
     assert!(log.flush().is_err());
     assert!(log.stopped_reason().is_some());
     drop(log);
@@ -848,8 +845,8 @@ fn a_failed_barrier_stops_the_log_until_reopen() {
     assert_reference(&read_all(&log, 0, 20), 0, 20);
     assert_eq!(log.next_offset(), reserved);
     let next = log.next_offset();
-    let mut batch = reference_batch(next, 1);
-    assert_eq!(log.append(&mut batch, 1).unwrap(), next);
+    let batch = reference_batch(next, 1);
+    assert_eq!(log.append(&batch, 1).unwrap(), next);
 }
 
 #[test]
@@ -872,8 +869,8 @@ fn append_until(log: &mut PartitionLog, until: u64) {
     let mut i = 0u64;
     while log.next_offset() < until {
         let count = (1 + i % 3).min(until - log.next_offset()) as u32;
-        let mut batch = reference_batch(log.next_offset(), count);
-        log.append(&mut batch, 1_000 + i).unwrap();
+        let batch = reference_batch(log.next_offset(), count);
+        log.append(&batch, 1_000 + i).unwrap();
         i += 1;
     }
 }
@@ -1025,8 +1022,8 @@ fn a_bit_flip_in_the_last_record_is_damage_below_the_frontier_and_a_torn_tail_ab
     let mut log = PartitionLog::open(&above, PARTITION, config).unwrap();
     assert_eq!(log.next_offset(), reserved);
     let reserved = log.offset_reserved();
-    let mut batch = reference_batch(reserved, 2);
-    log.append(&mut batch, 9_999).unwrap();
+    let batch = reference_batch(reserved, 2);
+    log.append(&batch, 9_999).unwrap();
     drop(log);
     let active = above.join(segment_log_name(reserved));
     let mut bytes = std::fs::read(&active).unwrap();
@@ -1122,7 +1119,7 @@ fn a_failed_commit_acknowledges_nothing_and_stops_the_log() {
     assert_reference(&read_all(&log, 0, u32::MAX), 0, 6);
     fail_sync.store(false, Ordering::SeqCst);
     assert!(log.commit().is_err(), "no retry on the same descriptor");
-    assert!(log.append(&mut reference_batch(9, 1), 1).is_err());
+    assert!(log.append(&reference_batch(9, 1), 1).is_err());
     assert!(log.stopped_reason().is_some());
     let reserved = log.offset_reserved();
     drop(log);

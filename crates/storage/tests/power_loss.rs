@@ -139,9 +139,9 @@ impl Sim {
 
     fn append(&mut self) {
         let payloads = self.new_payloads();
-        let mut batch = client_batch(&payloads);
+        let batch = client_batch(&payloads);
         let timestamp_us = 1_000 + self.next_message_id;
-        match self.log().append(&mut batch, timestamp_us) {
+        match self.log().append(&batch, timestamp_us) {
             Ok(base_offset) => match self.config.sync {
                 SyncMode::Os | SyncMode::EveryAppend => self.ack(base_offset, &payloads),
                 SyncMode::GroupCommit => self.uncommitted.push((base_offset, payloads)),
@@ -480,8 +480,8 @@ fn a_log_on_the_sim_disk_round_trips_without_faults() {
     let config = LogConfig::new(1_000, SyncMode::GroupCommit);
     let mut log = PartitionLog::create_on(Arc::new(disk.clone()), dir, PARTITION, config).unwrap();
     for i in 0..30u64 {
-        let mut batch = client_batch(&[format!("m{i}").into_bytes()]);
-        assert_eq!(log.append(&mut batch, i).unwrap(), i);
+        let batch = client_batch(&[format!("m{i}").into_bytes()]);
+        assert_eq!(log.append(&batch, i).unwrap(), i);
     }
     assert_eq!(log.visible_next_offset(), 0, "nothing visible before a commit");
     assert_eq!(log.read(0, 100, &mut Vec::new()).unwrap(), 0);

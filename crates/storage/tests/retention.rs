@@ -15,8 +15,8 @@ const PARTITION: u32 = 5;
 fn fill(log: &mut PartitionLog, messages: u64) {
     while log.next_offset() < messages {
         let count = 3.min(messages - log.next_offset()) as u32;
-        let mut batch = reference_batch(log.next_offset(), count);
-        log.append(&mut batch, 1_000 + log.next_offset()).unwrap();
+        let batch = reference_batch(log.next_offset(), count);
+        log.append(&batch, 1_000 + log.next_offset()).unwrap();
     }
     log.commit().unwrap();
     assert!(log.check_invariants());
@@ -179,8 +179,8 @@ fn the_frontier_segment_is_committed_before_it_is_deleted() {
     let mut log = PartitionLog::create(tmp.path(), PARTITION, LogConfig::new(2_000, SyncMode::Os)).unwrap();
     log.commit().unwrap();
     while log.next_offset() < 150 {
-        let mut batch = reference_batch(log.next_offset(), 3);
-        log.append(&mut batch, 1_000 + log.next_offset()).unwrap();
+        let batch = reference_batch(log.next_offset(), 3);
+        log.append(&batch, 1_000 + log.next_offset()).unwrap();
     }
     assert_eq!(log.durable_next_offset(), 0);
     let sealed = log.sealed_segments();

@@ -164,12 +164,11 @@ pub fn validate(batch: &[u8], expected_count: u32, limits: &BatchLimits) -> Resu
         return Err(BatchError::InvalidReservedField);
     }
 
-    let mut frames =
-        Vec::with_capacity((head.message_count as usize).min(batch.len() / (FRAME_HEADER_SIZE + 1)));
+    // Pass 1, no hashing: the frames must tile the batch and obey the limits.
+    let mut frames_count = 0u32;
     let mut walker = FrameWalker::new(batch);
     for frame in walker.by_ref() {
-        let index = u32::try_from(frames.len())
-            .map_err(|_| BatchError::InvalidMessagesCount("more frames than message_count"))?;
+        let index = frames_count;
         if index >= head.message_count {
             return Err(BatchError::InvalidMessagesCount("more frames than message_count"));
         }
@@ -198,28 +197,33 @@ pub fn validate(batch: &[u8], expected_count: u32, limits: &BatchLimits) -> Resu
                 "offset_delta must equal the frame index",
             ));
         }
-        frames.push(frame);
+        // Cannot overflow: index < message_count <= u32::MAX.
+        frames_count = index + 1;
     }
     if walker.overran {
         return Err(BatchError::InvalidMessagesCount(
             "a frame runs past the end of the batch",
         ));
     }
-    if frames.len() != head.message_count as usize {
+    if frames_count != head.message_count {
         return Err(BatchError::InvalidMessagesCount(
             "fewer frames than message_count",
         ));
     }
 
-    for (index, frame) in (0u32..).zip(&frames) {
+    // Pass 2: every frame checksum, feeding the batch checksum on the way (one walk, no
+    // allocation; the layout is known good).
+    let mut batch_hasher = BatchChecksum::new(batch);
+    for (index, frame) in (0u32..).zip(FrameWalker::new(batch)) {
         let computed = batch
             .get(frame.start + FRAME_CHECKSUM_LEN..frame.end)
             .map(xxh3::xxh3_64);
         if computed.is_none() || computed != read_u64(batch, frame.start) {
             return Err(BatchError::InvalidMessageChecksum { index });
         }
+        batch_hasher.add_frame(batch, &frame);
     }
-    if checksum_of(batch, &frames) != head.batch_checksum {
+    if batch_hasher.digest() != head.batch_checksum {
         return Err(BatchError::InvalidBatchChecksum);
     }
     Ok(head)
@@ -360,21 +364,42 @@ pub fn check_layout(batch: &[u8]) -> Result<BatchHeader, BatchError> {
 /// Stamp partition id, base offset and append timestamp into a validated batch and recompute
 /// the batch checksum.
 pub fn stamp(batch: &mut [u8], partition_id: u64, base_offset: u64, base_timestamp: u64) {
-    if batch.len() < BATCH_HEADER_SIZE {
-        return;
+    if let Some(head) = stamped_header(batch, partition_id, base_offset, base_timestamp) {
+        batch[..BATCH_HEADER_SIZE].copy_from_slice(&head);
     }
-    write_u64(batch, PARTITION_ID_AT, partition_id);
-    write_u64(batch, BASE_OFFSET_AT, base_offset);
-    write_u64(batch, BASE_TIMESTAMP_AT, base_timestamp);
-    let checksum = compute_checksum(batch);
-    write_u64(batch, BATCH_CHECKSUM_AT, checksum);
+}
+
+/// The header [`stamp`] would give `batch`, without touching `batch`: partition id, base
+/// offset and append timestamp written, the batch checksum recomputed over the new header
+/// fields and the frames' stored checksums. The frames after the header are stored as they
+/// are, so a writer can send this header and `batch[BATCH_HEADER_SIZE..]` to disk side by
+/// side. `None` if `batch` is shorter than a header.
+pub fn stamped_header(
+    batch: &[u8],
+    partition_id: u64,
+    base_offset: u64,
+    base_timestamp: u64,
+) -> Option<[u8; BATCH_HEADER_SIZE]> {
+    let mut head: [u8; BATCH_HEADER_SIZE] = batch.get(..BATCH_HEADER_SIZE)?.try_into().ok()?;
+    write_u64(&mut head, PARTITION_ID_AT, partition_id);
+    write_u64(&mut head, BASE_OFFSET_AT, base_offset);
+    write_u64(&mut head, BASE_TIMESTAMP_AT, base_timestamp);
+    let mut hasher = BatchChecksum::new(&head);
+    for frame in FrameWalker::new(batch) {
+        hasher.add_frame(batch, &frame);
+    }
+    write_u64(&mut head, BATCH_CHECKSUM_AT, hasher.digest());
+    Some(head)
 }
 
 /// The batch checksum over the header fields and every frame's 8-byte checksum (§7.3).
 /// `batch` must have passed layout validation.
 pub fn compute_checksum(batch: &[u8]) -> u64 {
-    let frames: Vec<Frame> = FrameWalker::new(batch).collect();
-    checksum_of(batch, &frames)
+    let mut hasher = BatchChecksum::new(batch);
+    for frame in FrameWalker::new(batch) {
+        hasher.add_frame(batch, &frame);
+    }
+    hasher.digest()
 }
 
 /// Append to `out` the messages of the stored (stamped) `batch` with offset >= `from_offset`,
@@ -521,18 +546,31 @@ impl Iterator for FrameWalker<'_> {
 /// Streaming XXH3-64 over batch bytes 0..40 (partition_id, base_offset, base_timestamp,
 /// origin_timestamp, batch_length: consecutive u64 LE fields), message_count, then each
 /// frame's stored checksum in order.
-fn checksum_of(batch: &[u8], frames: &[Frame]) -> u64 {
-    let mut hasher = xxh3::Xxh3Default::new();
-    hasher.update(batch.get(..BATCH_CHECKSUM_AT).unwrap_or(&[]));
-    hasher.update(batch.get(MESSAGE_COUNT_AT..MESSAGE_COUNT_AT + 4).unwrap_or(&[]));
-    for frame in frames {
-        hasher.update(
+struct BatchChecksum {
+    hasher: xxh3::Xxh3Default,
+}
+
+impl BatchChecksum {
+    /// Start with the header fields of `head` (a batch, or just its header).
+    fn new(head: &[u8]) -> BatchChecksum {
+        let mut hasher = xxh3::Xxh3Default::new();
+        hasher.update(head.get(..BATCH_CHECKSUM_AT).unwrap_or(&[]));
+        hasher.update(head.get(MESSAGE_COUNT_AT..MESSAGE_COUNT_AT + 4).unwrap_or(&[]));
+        BatchChecksum { hasher }
+    }
+
+    /// Add the stored checksum of `frame`, a frame of `batch`.
+    fn add_frame(&mut self, batch: &[u8], frame: &Frame) {
+        self.hasher.update(
             batch
                 .get(frame.start..frame.start + FRAME_CHECKSUM_LEN)
                 .unwrap_or(&[]),
         );
     }
-    hasher.digest()
+
+    fn digest(&self) -> u64 {
+        self.hasher.digest()
+    }
 }
 
 /// Bytes 52..256 of the batch header: the client's decoder rejects anything but zeros.

@@ -68,6 +68,22 @@ fn golden_vector_send_body() {
 }
 
 #[test]
+fn stamped_header_is_the_header_stamp_writes_and_leaves_the_batch_alone() {
+    let batch = golden_batch();
+    let before = batch.clone();
+    let head = batch::stamped_header(&batch, 3, 10, 2_000_000).unwrap();
+    assert_eq!(batch, before, "stamped_header must not modify the batch");
+    let mut stamped = batch.clone();
+    batch::stamp(&mut stamped, 3, 10, 2_000_000);
+    assert_eq!(&head[..], &stamped[..batch::BATCH_HEADER_SIZE]);
+    // Header copy + frames as received is the stamped batch, and it validates.
+    let joined = [&head[..], &batch[batch::BATCH_HEADER_SIZE..]].concat();
+    assert_eq!(joined, stamped);
+    batch::validate(&joined, 2, &LIMITS).unwrap();
+    assert_eq!(batch::stamped_header(&batch[..100], 0, 0, 0), None);
+}
+
+#[test]
 fn golden_hashes() {
     assert_eq!(xxh3_64(&[]), 0x2d06_8005_38d3_94c2);
     assert_eq!(xxh32(b"key", 0), 3_017_358_048);
