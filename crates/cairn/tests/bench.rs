@@ -179,6 +179,44 @@ fn bench_reports_a_tiny_producer_and_consumer_run() {
 }
 
 #[test]
+fn disk_ceiling_writes_and_syncs_every_block_then_removes_its_files() {
+    let dir = temp_dir();
+    let json = dir.path().join("disk.json");
+    let output = cairn_bench(&[
+        "disk-ceiling",
+        "--producers",
+        "3",
+        "--batches",
+        "4",
+        "--messages-per-batch",
+        "5",
+        "--message-size",
+        "1000",
+        "--server-data-parent",
+        dir.path().to_str().expect("utf-8"),
+        "--output-json",
+        json.to_str().expect("utf-8"),
+    ]);
+    assert!(
+        output.status.success(),
+        "cairn bench disk-ceiling failed: {:?}",
+        output.status
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("json written")).expect("json parses");
+    // 3 writers x 4 blocks of 5 x 1000 B, each block one sample.
+    check_phase(&report, "send", 3 * 4 * 5, 1000);
+    assert_eq!(report["send"]["requests"].as_u64(), Some(12), "{report}");
+    assert!(report["server_cpu"].is_null(), "no server, no server CPU");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("read dir")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("cairn-bench-disk-"))
+        .collect();
+    assert!(left.is_empty(), "files left behind: {left:?}");
+}
+
+#[test]
 fn bench_refuses_bad_parameters_without_touching_a_server() {
     let output = cairn_bench(&["--messages-per-batch", "0", "--server-address", "127.0.0.1:9"]);
     assert_eq!(output.status.code(), Some(2));
@@ -219,6 +257,8 @@ fn bench_suite_writes_markdown_tables() {
         "8 producers × 8 streams (ingested) | relaxed",
         "8 pinned consumers",
         "1 producer at 100 MB/s",
+        "disk ceiling: 8 writers, write + fdatasync per 1 MB (no server) | durable",
+        "disk ceiling: 1 writer at 100 MB/s",
     ] {
         assert!(text.contains(row), "missing row {row:?} in\n{text}");
     }

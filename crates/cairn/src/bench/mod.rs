@@ -6,10 +6,12 @@
 //! - [`stats`]: samples, percentiles over all samples, summaries, time series.
 //! - [`report`]: the report, its table and JSON; [`chart`]: the HTML page with SVG charts.
 //! - [`server`]: `--start-server` and the server's CPU time from `/proc`.
+//! - [`disk`]: the `disk-ceiling` workload, the device's barrier ceiling with no server.
 //! - [`suite`]: `--suite`, the standard shapes and their markdown section.
 
 mod actors;
 mod chart;
+mod disk;
 mod report;
 mod server;
 mod stats;
@@ -98,6 +100,9 @@ pub(crate) fn run_once(
     runtime: &tokio::runtime::Runtime,
     progress: bool,
 ) -> Result<Report, String> {
+    if args.workload == Workload::DiskCeiling {
+        return disk::run(args);
+    }
     let mut started = None;
     let (address, pid, password) = if args.start_server {
         let password = password(args).unwrap_or_else(|| format!("bench-{:016x}", rand::random::<u64>()));

@@ -42,6 +42,10 @@ fn shapes(base: &BenchArgs) -> Vec<Shape> {
             args: shape(Workload::PinnedProducer, 8, DurabilityLabel::Durable, None),
         },
         Shape {
+            title: "disk ceiling: 8 writers, write + fdatasync per 1 MB",
+            args: shape(Workload::DiskCeiling, 8, DurabilityLabel::Durable, None),
+        },
+        Shape {
             title: "8 producers × 8 streams",
             args: shape(Workload::PinnedProducer, 8, DurabilityLabel::Relaxed, None),
         },
@@ -53,6 +57,15 @@ fn shapes(base: &BenchArgs) -> Vec<Shape> {
             title: "1 producer at 100 MB/s",
             args: shape(
                 Workload::PinnedProducer,
+                1,
+                DurabilityLabel::Durable,
+                Some(100_000_000),
+            ),
+        },
+        Shape {
+            title: "disk ceiling: 1 writer at 100 MB/s, write + fdatasync per 1 MB",
+            args: shape(
+                Workload::DiskCeiling,
                 1,
                 DurabilityLabel::Durable,
                 Some(100_000_000),
@@ -132,7 +145,10 @@ fn markdown(base: &BenchArgs, results: &[(Shape, Vec<Report>)]) -> String {
          Batches are 1 000 messages × 1 000 B, {batches} batches per actor (`--suite-scale {}`). \
          MB = 10⁶ B, GB = 10⁹ B. Throughput is total payload over wall time (first send to last \
          reply); latency is per request (a send until its acknowledgement, a poll until its \
-         reply) over all samples of all actors.\n\n",
+         reply) over all samples of all actors. A *disk ceiling* row runs no server: the same \
+         number of writers each write batch-sized blocks to their own file in the same kind of \
+         temporary directory, one `fdatasync` per block, which is the barrier a durable send \
+         needs and nothing else.\n\n",
         if runs >= 3 {
             format!("Each figure is the median of runs 2–{runs} of {runs} (the first, cold, run discarded).")
         } else if runs == 2 {
@@ -164,10 +180,10 @@ fn markdown(base: &BenchArgs, results: &[(Shape, Vec<Report>)]) -> String {
         out.push_str(&format!(
             "| {}{} | {} | {:.1} | {:.0} | {} | {} | {} | {} | {} | {} |\n",
             shape.title,
-            if shape.args.workload == Workload::PinnedConsumer {
-                " (served)"
-            } else {
-                " (ingested)"
+            match shape.args.workload {
+                Workload::PinnedConsumer => " (served)",
+                Workload::DiskCeiling => " (no server)",
+                _ => " (ingested)",
             },
             shape.args.durability.name(),
             med(&|p| p.throughput_mb_per_s),

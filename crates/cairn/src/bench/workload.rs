@@ -23,6 +23,10 @@ pub enum Workload {
     PinnedProducerAndConsumer,
     /// Producers send balanced over the partitions; consumers poll as one consumer group.
     BalancedProducerAndConsumerGroup,
+    /// No server: every producer is a thread writing its own file (in --server-data-parent or
+    /// the temp dir) with one write + fdatasync per batch-sized block. The disk's barrier
+    /// ceiling for the same shape, to compare a durable run against.
+    DiskCeiling,
 }
 
 impl Workload {
@@ -30,7 +34,7 @@ impl Workload {
         !matches!(self, Workload::PinnedConsumer)
     }
     pub fn consumes(self) -> bool {
-        !matches!(self, Workload::PinnedProducer)
+        !matches!(self, Workload::PinnedProducer | Workload::DiskCeiling)
     }
     pub fn name(self) -> &'static str {
         match self {
@@ -38,6 +42,7 @@ impl Workload {
             Workload::PinnedConsumer => "pinned-consumer",
             Workload::PinnedProducerAndConsumer => "pinned-producer-and-consumer",
             Workload::BalancedProducerAndConsumerGroup => "balanced-producer-and-consumer-group",
+            Workload::DiskCeiling => "disk-ceiling",
         }
     }
 }
@@ -152,7 +157,7 @@ pub struct BenchArgs {
 impl BenchArgs {
     pub fn streams(&self) -> usize {
         self.streams.unwrap_or(match self.workload {
-            Workload::PinnedProducer => self.producers,
+            Workload::PinnedProducer | Workload::DiskCeiling => self.producers,
             Workload::PinnedConsumer => self.consumers,
             Workload::PinnedProducerAndConsumer => self.producers,
             Workload::BalancedProducerAndConsumerGroup => 1,

@@ -1,0 +1,155 @@
+//! `cairn bench disk-ceiling`: what the disk under the data directory can do for the same
+//! shape, with no server in the way.
+//!
+//! Every producer is a thread with its own file that writes `--batches` blocks of one batch's
+//! payload size (`--messages-per-batch` × `--message-size`) back to back, each write followed
+//! by `fdatasync`: the barrier a durable send needs, at the same size and concurrency, minus
+//! everything else (network, validation, record framing, the frontier publication). Run in
+//! the same session as a durable shape, it tells how much of the gap to a target is the
+//! device's. `--rate-limit` paces each writer like a producer. Files go in a fresh directory
+//! under `--server-data-parent` (default: the temp dir), removed afterwards.
+
+use super::report::{Parameters, Report, Totals};
+use super::stats::{self, Kind, Sample};
+use super::workload::{BenchArgs, Pacer};
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+pub fn run(args: &BenchArgs) -> Result<Report, String> {
+    let parent = args.server_data_parent.clone().unwrap_or_else(std::env::temp_dir);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let dir = parent.join(format!("cairn-bench-disk-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let measured = measure(args, &dir);
+    if let Err(error) = std::fs::remove_dir_all(&dir) {
+        eprintln!("cairn bench: cannot remove {}: {error}", dir.display());
+    }
+    let samples = measured?;
+    let send = stats::summarize(&samples, Kind::Send, args.producers, 0);
+    let first = samples.iter().map(|s| s.start_us).min().unwrap_or(0);
+    let last = samples.iter().map(|s| s.end_us()).max().unwrap_or(0);
+    let wall_seconds = last.saturating_sub(first).max(1) as f64 / 1e6;
+    let messages: u64 = samples.iter().map(|s| s.messages).sum();
+    let payload_bytes: u64 = samples.iter().map(|s| s.payload_bytes).sum();
+    let throughput = payload_bytes as f64 / wall_seconds;
+    Ok(Report {
+        tool: "cairn bench",
+        version: env!("CARGO_PKG_VERSION"),
+        command_line: super::report::this_command_line(),
+        equivalent_command: args.to_command_line(),
+        started_at_unix_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        parameters: Parameters::new(args, &dir.display().to_string(), None),
+        time_series: stats::time_series(&samples),
+        send,
+        poll: None,
+        totals: Totals {
+            messages,
+            payload_bytes,
+            wall_seconds,
+            throughput_bytes_per_s: throughput,
+            throughput_mb_per_s: throughput / 1e6,
+            messages_per_s: messages as f64 / wall_seconds,
+        },
+        server_cpu: None,
+    })
+}
+
+fn measure(args: &BenchArgs, dir: &Path) -> Result<Vec<Sample>, String> {
+    let block_bytes = usize::try_from(args.batch_payload_bytes())
+        .map_err(|_| "the batch size does not fit in memory".to_string())?;
+    let start = Arc::new(Barrier::new(args.producers));
+    let epoch = Instant::now();
+    let mut threads = Vec::with_capacity(args.producers);
+    for writer in 0..args.producers {
+        let path = dir.join(format!("writer-{writer}"));
+        let start = start.clone();
+        let plan = WriterPlan {
+            path,
+            block_bytes,
+            blocks: args.batches,
+            messages_per_block: u64::from(args.messages_per_batch),
+            rate_limit: args.rate_limit,
+            seed: writer as u8,
+        };
+        threads.push(std::thread::spawn(move || write_blocks(&plan, &start, epoch)));
+    }
+    let mut samples = Vec::new();
+    let mut first_error = None;
+    for thread in threads {
+        match thread.join() {
+            Ok(Ok(mut written)) => samples.append(&mut written),
+            Ok(Err(error)) => {
+                first_error.get_or_insert(error);
+            }
+            Err(_) => {
+                first_error.get_or_insert("a disk writer panicked".to_string());
+            }
+        }
+    }
+    match first_error {
+        Some(error) => Err(error),
+        None => Ok(samples),
+    }
+}
+
+struct WriterPlan {
+    path: PathBuf,
+    block_bytes: usize,
+    blocks: u64,
+    messages_per_block: u64,
+    rate_limit: Option<u64>,
+    seed: u8,
+}
+
+/// One writer: `blocks` × (pwrite of `block_bytes` at the end + fdatasync), each timed.
+fn write_blocks(plan: &WriterPlan, start: &Barrier, epoch: Instant) -> Result<Vec<Sample>, String> {
+    let file = OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .open(&plan.path)
+        .map_err(|e| format!("cannot create {}: {e}", plan.path.display()))?;
+    // Not all zeros, so no layer below can skip or compress the writes.
+    let block: Vec<u8> = (0..plan.block_bytes)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(plan.seed))
+        .collect();
+    let mut pacer = plan.rate_limit.map(|rate| {
+        let one_block = Duration::from_secs_f64(plan.block_bytes as f64 / rate.max(1) as f64);
+        Pacer::new(rate, one_block.max(Duration::from_millis(1)))
+    });
+    let mut samples = Vec::with_capacity(usize::try_from(plan.blocks).unwrap_or(0));
+    start.wait();
+    let writer_start = Instant::now();
+    let mut position = 0u64;
+    for _ in 0..plan.blocks {
+        if let Some(pacer) = pacer.as_mut() {
+            let due = pacer.next_due(writer_start.elapsed(), plan.block_bytes as u64);
+            let now = writer_start.elapsed();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+        }
+        let began = Instant::now();
+        file.write_all_at(&block, position)
+            .and_then(|()| file.sync_data())
+            .map_err(|e| format!("writing {}: {e}", plan.path.display()))?;
+        let latency = began.elapsed();
+        position += plan.block_bytes as u64;
+        samples.push(Sample {
+            kind: Kind::Send,
+            start_us: u64::try_from(began.duration_since(epoch).as_micros()).unwrap_or(u64::MAX),
+            latency_us: u64::try_from(latency.as_micros()).unwrap_or(u64::MAX),
+            messages: plan.messages_per_block,
+            payload_bytes: plan.block_bytes as u64,
+        });
+    }
+    Ok(samples)
+}
