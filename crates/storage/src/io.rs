@@ -55,6 +55,22 @@ pub trait ReadFile: Send + Sync + fmt::Debug {
 pub trait WriteFile: Send + Sync + fmt::Debug {
     /// Write all of `bytes` at `position_bytes` (a single logical write).
     fn write_all_at(&mut self, position_bytes: u64, bytes: &[u8]) -> Result<(), StorageError>;
+    /// Start writing `len_bytes` from `position_bytes` to the device without waiting
+    /// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`). A pacing aid: it makes nothing durable (no
+    /// metadata, no cache flush). The default does nothing.
+    fn start_writeback(&mut self, _position_bytes: u64, _len_bytes: u64) -> Result<(), StorageError> {
+        Ok(())
+    }
+
+    /// Wait for writeback already in flight in the range to finish
+    /// (`sync_file_range(SYNC_FILE_RANGE_WAIT_BEFORE)`). An error is a failed write of data
+    /// handed to the OS, exactly as from `sync_data`, and must be treated as one: Linux
+    /// reports a writeback error once per open file, so after this call returns it the next
+    /// `sync_data` may succeed although the data is gone. The default does nothing.
+    fn wait_writeback(&mut self, _position_bytes: u64, _len_bytes: u64) -> Result<(), StorageError> {
+        Ok(())
+    }
+
     /// Write `parts` back to back from `position_bytes`, as if concatenated. The default
     /// writes them one by one; the real file uses one vectored write (`pwritev`).
     fn write_all_vectored_at(&mut self, position_bytes: u64, parts: &[&[u8]]) -> Result<(), StorageError> {
@@ -217,6 +233,21 @@ impl WriteFile for RealFile {
         self.file.set_len(len_bytes).map_err(|e| io_error(&self.path, e))
     }
 
+    fn start_writeback(&mut self, position_bytes: u64, len_bytes: u64) -> Result<(), StorageError> {
+        sync_file_range(&self.file, position_bytes, len_bytes, libc::SYNC_FILE_RANGE_WRITE)
+            .map_err(|e| io_error(&self.path, e))
+    }
+
+    fn wait_writeback(&mut self, position_bytes: u64, len_bytes: u64) -> Result<(), StorageError> {
+        sync_file_range(
+            &self.file,
+            position_bytes,
+            len_bytes,
+            libc::SYNC_FILE_RANGE_WAIT_BEFORE,
+        )
+        .map_err(|e| io_error(&self.path, e))
+    }
+
     fn sync_data(&mut self) -> Result<(), StorageError> {
         self.file.sync_data().map_err(|e| io_error(&self.path, e))
     }
@@ -228,6 +259,25 @@ pub fn parent_dir(path: &Path) -> &Path {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
     }
+}
+
+/// One `sync_file_range` call on the range.
+fn sync_file_range(
+    file: &File,
+    position_bytes: u64,
+    len_bytes: u64,
+    flags: libc::c_uint,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let out_of_range = || std::io::Error::new(std::io::ErrorKind::InvalidInput, "range beyond off64_t");
+    let offset = libc::off64_t::try_from(position_bytes).map_err(|_| out_of_range())?;
+    let len = libc::off64_t::try_from(len_bytes).map_err(|_| out_of_range())?;
+    // SAFETY: a plain syscall on a descriptor owned by `file`; no memory is passed.
+    let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, flags) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `pwritev` until every byte of `parts` is written from `position_bytes` on (a short write

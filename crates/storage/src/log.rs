@@ -128,6 +128,11 @@ impl SyncMode {
 /// Default of [`LogConfig::offset_lease_block_count`].
 pub const OFFSET_LEASE_BLOCK_COUNT_DEFAULT: u64 = 65_536;
 
+/// Writeback pacing granularity (see `PartitionLog::pace_writeback`): each partition starts
+/// writing its newest data to the device every 4 MiB and keeps at most about twice that
+/// unwritten in the page cache.
+pub const WRITEBACK_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogConfig {
     /// A segment is closed and a new one started once its `.log` reaches this size.
@@ -332,6 +337,11 @@ struct ActiveFiles {
     /// Invariant: `≤` the active segment's `size_bytes`; bytes below it were covered by a
     /// successful fdatasync of `log`.
     synced_len_bytes: u64,
+    /// Writeback pacing ([`WRITEBACK_CHUNK_BYTES`]): writeback of `log` was started for the
+    /// bytes below this mark, and waited for below `writeback_waited_bytes`. Hints only: they
+    /// imply nothing about durability (only `synced_len_bytes` does).
+    writeback_started_bytes: u64,
+    writeback_waited_bytes: u64,
 }
 
 #[derive(Debug)]
@@ -441,6 +451,8 @@ impl PartitionLog {
             index: disk.open_write(&dir.join(segment_index_name(active_base)))?,
             index_writable: true,
             synced_len_bytes: 0,
+            writeback_started_bytes: 0,
+            writeback_waited_bytes: 0,
         };
         let last_timestamp_us = plan
             .segments
@@ -621,6 +633,8 @@ impl PartitionLog {
             tracing::warn!(dir = %self.dir.display(), %error, "index write failed; it will be rebuilt at open");
             self.active.index_writable = false;
         }
+        // A failed wait stops the log: nothing of this record counts as appended.
+        self.pace_writeback(position_bytes + record_size_bytes)?;
         if self.config.sync == SyncMode::EveryAppend
             && let Err(error) = self.active.log.sync_data()
         {
@@ -1098,6 +1112,51 @@ impl PartitionLog {
         }
     }
 
+    /// Writeback pacing: once [`WRITEBACK_CHUNK_BYTES`] of the active `.log` are written
+    /// but not yet handed to the device, start their writeback now (no waiting), then wait
+    /// for the writeback started one chunk earlier. So the page cache holds at most about two
+    /// chunks of this partition's unwritten data, the device works steadily instead of in
+    /// bursts, a barrier finds little left to write (short, predictable `commit`s; in
+    /// relaxed mode the periodic barrier no longer stalls appends behind hundreds of MB),
+    /// and the kernel's dirty-page throttling never has to step in.
+    ///
+    /// Durability is still decided by `commit` alone. A failed wait is a failed write of data
+    /// the OS held (and Linux reports it only once per open file, so the next fdatasync might
+    /// not): it stops the log exactly like a failed barrier.
+    fn pace_writeback(&mut self, written_bytes: u64) -> Result<(), StorageError> {
+        let started_bytes = self
+            .active
+            .writeback_started_bytes
+            .max(self.active.synced_len_bytes);
+        if written_bytes < started_bytes.saturating_add(WRITEBACK_CHUNK_BYTES) {
+            return Ok(());
+        }
+        let waited_bytes = self
+            .active
+            .writeback_waited_bytes
+            .max(self.active.synced_len_bytes);
+        let paced = self
+            .active
+            .log
+            .start_writeback(started_bytes, written_bytes - started_bytes)
+            .and_then(|()| {
+                if started_bytes > waited_bytes {
+                    self.active
+                        .log
+                        .wait_writeback(waited_bytes, started_bytes - waited_bytes)
+                } else {
+                    Ok(())
+                }
+            });
+        if let Err(error) = paced {
+            self.stop(format!("writeback failed: {error}"));
+            return Err(error);
+        }
+        self.active.writeback_waited_bytes = started_bytes;
+        self.active.writeback_started_bytes = written_bytes;
+        Ok(())
+    }
+
     fn active_segment(&self) -> &Segment {
         self.segments.last().expect("invariant: at least one segment")
     }
@@ -1333,6 +1392,8 @@ fn create_segment_files(disk: &dyn Disk, dir: &Path, base_offset: u64) -> Result
         index,
         index_writable: true,
         synced_len_bytes: 0,
+        writeback_started_bytes: 0,
+        writeback_waited_bytes: 0,
     })
 }
 

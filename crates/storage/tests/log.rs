@@ -9,7 +9,7 @@ use cairn_storage::record::{self, Chain, RECORD_HEADER_SIZE, RecordHeader, Recor
 use common::*;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 const PARTITION: u32 = 3;
 
@@ -739,16 +739,31 @@ fn create_refuses_an_existing_log_and_rejects_bad_input() {
     assert_eq!(log.next_offset(), 5);
 }
 
-/// A disk whose data barriers can be made to fail.
-#[derive(Debug)]
+/// A disk whose data barriers (and writeback waits) can be made to fail; it counts the
+/// writeback waits it forwards.
+#[derive(Debug, Default)]
 struct FlakyDisk {
     fail_sync: Arc<AtomicBool>,
+    writeback_waits: Arc<AtomicU64>,
 }
 
 #[derive(Debug)]
 struct FlakyFile {
     inner: Box<dyn WriteFile>,
     fail_sync: Arc<AtomicBool>,
+    writeback_waits: Arc<AtomicU64>,
+}
+
+impl FlakyFile {
+    fn injected_failure(&self) -> Result<(), StorageError> {
+        if self.fail_sync.load(Ordering::SeqCst) {
+            return Err(StorageError::Io {
+                path: "flaky".into(),
+                source: std::io::Error::other("injected EIO"),
+            });
+        }
+        Ok(())
+    }
 }
 
 impl WriteFile for FlakyFile {
@@ -759,13 +774,16 @@ impl WriteFile for FlakyFile {
         self.inner.set_len(len_bytes)
     }
     fn sync_data(&mut self) -> Result<(), StorageError> {
-        if self.fail_sync.load(Ordering::SeqCst) {
-            return Err(StorageError::Io {
-                path: "flaky".into(),
-                source: std::io::Error::other("injected EIO"),
-            });
-        }
+        self.injected_failure()?;
         self.inner.sync_data()
+    }
+    fn start_writeback(&mut self, position_bytes: u64, len_bytes: u64) -> Result<(), StorageError> {
+        self.inner.start_writeback(position_bytes, len_bytes)
+    }
+    fn wait_writeback(&mut self, position_bytes: u64, len_bytes: u64) -> Result<(), StorageError> {
+        self.writeback_waits.fetch_add(1, Ordering::SeqCst);
+        self.injected_failure()?;
+        self.inner.wait_writeback(position_bytes, len_bytes)
     }
 }
 
@@ -789,12 +807,14 @@ impl Disk for FlakyDisk {
         Ok(Box::new(FlakyFile {
             inner: RealDisk.create_new(path)?,
             fail_sync: self.fail_sync.clone(),
+            writeback_waits: self.writeback_waits.clone(),
         }))
     }
     fn open_write(&self, path: &Path) -> Result<Box<dyn WriteFile>, StorageError> {
         Ok(Box::new(FlakyFile {
             inner: RealDisk.open_write(path)?,
             fail_sync: self.fail_sync.clone(),
+            writeback_waits: self.writeback_waits.clone(),
         }))
     }
     fn write_synced(&self, path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
@@ -817,6 +837,7 @@ fn a_failed_barrier_stops_the_log_until_reopen() {
     let fail_sync = Arc::new(AtomicBool::new(false));
     let disk = Arc::new(FlakyDisk {
         fail_sync: fail_sync.clone(),
+        ..FlakyDisk::default()
     });
     let config = LogConfig::new(2_000, SyncMode::EveryAppend);
     let mut log = PartitionLog::create_on(disk.clone(), tmp.path(), PARTITION, config).unwrap();
@@ -847,6 +868,52 @@ fn a_failed_barrier_stops_the_log_until_reopen() {
     let next = log.next_offset();
     let batch = reference_batch(next, 1);
     assert_eq!(log.append(&batch, 1).unwrap(), next);
+}
+
+/// Big batches: 64 messages of 64 KiB, about 4 MiB a batch.
+fn big_batch(first_offset: u64) -> Vec<u8> {
+    let payloads: Vec<Vec<u8>> = (0..64u64)
+        .map(|i| vec![(first_offset + i) as u8; 64 * 1024])
+        .collect();
+    client_batch(&payloads)
+}
+
+#[test]
+fn writeback_is_paced_and_a_failed_wait_stops_the_log_like_a_failed_barrier() {
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = Arc::new(FlakyDisk::default());
+    let config = LogConfig::new(1 << 30, SyncMode::GroupCommit);
+    let mut log = PartitionLog::create_on(disk.clone(), tmp.path(), PARTITION, config).unwrap();
+    // ~4 MiB per append without a barrier: from the second chunk on, every append waits for
+    // the writeback started one chunk earlier.
+    for batch_index in 0..4u64 {
+        log.append(&big_batch(batch_index * 64), 1).unwrap();
+    }
+    assert!(
+        disk.writeback_waits.load(Ordering::SeqCst) >= 2,
+        "16 MiB appended without a barrier must wait for earlier writeback"
+    );
+    log.commit().unwrap();
+    let committed = log.next_offset();
+
+    // A writeback error is reported once per open file: a failed wait must stop the log, or
+    // the next fdatasync could succeed over lost data.
+    disk.fail_sync.store(true, Ordering::SeqCst);
+    let mut failed = false;
+    for batch_index in 0..3u64 {
+        if log.append(&big_batch(committed + batch_index * 64), 1).is_err() {
+            failed = true;
+            break;
+        }
+    }
+    assert!(failed, "an append that waits on failed writeback must fail");
+    assert!(
+        log.stopped_reason()
+            .is_some_and(|reason| reason.contains("writeback"))
+    );
+    disk.fail_sync.store(false, Ordering::SeqCst);
+    assert!(log.commit().is_err(), "nothing is made durable after the stop");
+    assert!(log.append(&reference_batch(log.next_offset(), 1), 1).is_err());
 }
 
 #[test]
@@ -1103,6 +1170,7 @@ fn a_failed_commit_acknowledges_nothing_and_stops_the_log() {
     let fail_sync = Arc::new(AtomicBool::new(false));
     let disk = Arc::new(FlakyDisk {
         fail_sync: fail_sync.clone(),
+        ..FlakyDisk::default()
     });
     let config = group_commit(2_000, 1_000);
     let mut log = PartitionLog::create_on(disk.clone(), tmp.path(), PARTITION, config).unwrap();
