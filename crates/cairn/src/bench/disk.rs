@@ -6,11 +6,17 @@
 //! by `fdatasync`: the barrier a durable send needs, at the same size and concurrency, minus
 //! everything else (network, validation, record framing, the frontier publication). Run in
 //! the same session as a durable shape, it tells how much of the gap to a target is the
-//! device's. `--rate-limit` paces each writer like a producer. Files go in a fresh directory
-//! under `--server-data-parent` (default: the temp dir), removed afterwards.
+//! device's. `--rate-limit` paces each writer like a producer. `--durability relaxed` leaves
+//! the fdatasync out (buffered writes only). Files go in a fresh directory under
+//! `--server-data-parent` (default: the temp dir), removed afterwards.
+//!
+//! The report's CPU figure is this process's own CPU time over the writes (threads creating
+//! their blocks excluded): the cost of moving the bytes through the kernel's write path,
+//! which a server writing through the page cache pays too, whatever else it does.
 
-use super::report::{Parameters, Report, Totals};
+use super::report::{Parameters, Report, ServerCpu, Totals};
 use super::stats::{self, Kind, Sample};
+use super::workload::DurabilityLabel;
 use super::workload::{BenchArgs, Pacer};
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
@@ -27,10 +33,12 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
     let dir = parent.join(format!("cairn-bench-disk-{}-{nanos}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let measured = measure(args, &dir);
+    let cpu_after = super::server::process_cpu_seconds(std::process::id());
     if let Err(error) = std::fs::remove_dir_all(&dir) {
         eprintln!("cairn bench: cannot remove {}: {error}", dir.display());
     }
-    let samples = measured?;
+    let (samples, cpu_before) = measured?;
+    let cpu_seconds = (cpu_after? - cpu_before).max(0.0);
     let send = stats::summarize(&samples, Kind::Send, args.producers, 0);
     let first = samples.iter().map(|s| s.start_us).min().unwrap_or(0);
     let last = samples.iter().map(|s| s.end_us()).max().unwrap_or(0);
@@ -59,14 +67,16 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
             throughput_mb_per_s: throughput / 1e6,
             messages_per_s: messages as f64 / wall_seconds,
         },
-        server_cpu: None,
+        server_cpu: Some(ServerCpu::new(std::process::id(), cpu_seconds, payload_bytes, 0)),
     })
 }
 
-fn measure(args: &BenchArgs, dir: &Path) -> Result<Vec<Sample>, String> {
+/// The samples of every writer, and this process's CPU seconds when all writers were ready.
+fn measure(args: &BenchArgs, dir: &Path) -> Result<(Vec<Sample>, f64), String> {
     let block_bytes = usize::try_from(args.batch_payload_bytes())
         .map_err(|_| "the batch size does not fit in memory".to_string())?;
-    let start = Arc::new(Barrier::new(args.producers));
+    // The writers and this thread: the CPU clock is read once every block is built.
+    let start = Arc::new(Barrier::new(args.producers + 1));
     let epoch = Instant::now();
     let mut threads = Vec::with_capacity(args.producers);
     for writer in 0..args.producers {
@@ -78,10 +88,13 @@ fn measure(args: &BenchArgs, dir: &Path) -> Result<Vec<Sample>, String> {
             blocks: args.batches,
             messages_per_block: u64::from(args.messages_per_batch),
             rate_limit: args.rate_limit,
+            sync: args.durability == DurabilityLabel::Durable,
             seed: writer as u8,
         };
         threads.push(std::thread::spawn(move || write_blocks(&plan, &start, epoch)));
     }
+    start.wait();
+    let cpu_before = super::server::process_cpu_seconds(std::process::id());
     let mut samples = Vec::new();
     let mut first_error = None;
     for thread in threads {
@@ -97,7 +110,7 @@ fn measure(args: &BenchArgs, dir: &Path) -> Result<Vec<Sample>, String> {
     }
     match first_error {
         Some(error) => Err(error),
-        None => Ok(samples),
+        None => Ok((samples, cpu_before?)),
     }
 }
 
@@ -107,16 +120,18 @@ struct WriterPlan {
     blocks: u64,
     messages_per_block: u64,
     rate_limit: Option<u64>,
+    /// fdatasync after every block (durable) or not (relaxed).
+    sync: bool,
     seed: u8,
 }
 
 /// One writer: `blocks` × (pwrite of `block_bytes` at the end + fdatasync), each timed.
 fn write_blocks(plan: &WriterPlan, start: &Barrier, epoch: Instant) -> Result<Vec<Sample>, String> {
-    let file = OpenOptions::new()
+    let opened = OpenOptions::new()
         .create_new(true)
         .write(true)
         .open(&plan.path)
-        .map_err(|e| format!("cannot create {}: {e}", plan.path.display()))?;
+        .map_err(|e| format!("cannot create {}: {e}", plan.path.display()));
     // Not all zeros, so no layer below can skip or compress the writes.
     let block: Vec<u8> = (0..plan.block_bytes)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(plan.seed))
@@ -126,7 +141,10 @@ fn write_blocks(plan: &WriterPlan, start: &Barrier, epoch: Instant) -> Result<Ve
         Pacer::new(rate, one_block.max(Duration::from_millis(1)))
     });
     let mut samples = Vec::with_capacity(usize::try_from(plan.blocks).unwrap_or(0));
+    // Everyone reaches the start, a writer that failed to open included, or the others
+    // would wait for it forever.
     start.wait();
+    let file = opened?;
     let writer_start = Instant::now();
     let mut position = 0u64;
     for _ in 0..plan.blocks {
@@ -139,7 +157,7 @@ fn write_blocks(plan: &WriterPlan, start: &Barrier, epoch: Instant) -> Result<Ve
         }
         let began = Instant::now();
         file.write_all_at(&block, position)
-            .and_then(|()| file.sync_data())
+            .and_then(|()| if plan.sync { file.sync_data() } else { Ok(()) })
             .map_err(|e| format!("writing {}: {e}", plan.path.display()))?;
         let latency = began.elapsed();
         position += plan.block_bytes as u64;

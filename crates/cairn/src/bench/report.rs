@@ -226,8 +226,13 @@ pub fn table(report: &Report) -> String {
         ));
     }
     if let Some(cpu) = &report.server_cpu {
+        let whose = if report.parameters.workload == Workload::DiskCeiling {
+            "disk writers (this process)"
+        } else {
+            "server"
+        };
         out.push_str(&format!(
-            "server pid {}: {:.2} CPU s, {:.3} CPU s/GB moved{}{}\n",
+            "{whose} pid {}: {:.2} CPU s, {:.3} CPU s/GB moved{}{}\n",
             cpu.pid,
             cpu.cpu_seconds,
             cpu.cpu_seconds_per_gb,
