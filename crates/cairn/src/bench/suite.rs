@@ -75,7 +75,34 @@ fn shapes(base: &BenchArgs) -> Vec<Shape> {
                 Some(100_000_000),
             ),
         },
+        // The same rate in 100 KB sends (10x the sends, same bytes): the latency of a send
+        // whose barrier is not dominated by its own size.
+        Shape {
+            title: "1 producer at 100 MB/s, 100-message batches",
+            args: small_batches(shape(
+                Workload::PinnedProducer,
+                1,
+                DurabilityLabel::Durable,
+                Some(100_000_000),
+            )),
+        },
+        Shape {
+            title: "disk ceiling: 1 writer at 100 MB/s, write + fdatasync per 100 KB",
+            args: small_batches(shape(
+                Workload::DiskCeiling,
+                1,
+                DurabilityLabel::Durable,
+                Some(100_000_000),
+            )),
+        },
     ]
+}
+
+/// 100-message batches, ten times as many: the same bytes per actor.
+fn small_batches(mut args: BenchArgs) -> BenchArgs {
+    args.messages_per_batch = 100;
+    args.batches = args.batches.saturating_mul(10);
+    args
 }
 
 pub fn run(base: &BenchArgs, runtime: &tokio::runtime::Runtime) -> ExitCode {
@@ -146,7 +173,8 @@ fn markdown(base: &BenchArgs, results: &[(Shape, Vec<Report>)]) -> String {
         "Server and load generator on the same host over loopback; this machine's 2 cores are \
          shared and noisy. {} Every shape runs on a fresh server started by the bench \
          (`--start-server`, temporary data directory) and deletes its streams afterwards. \
-         Batches are 1 000 messages × 1 000 B, {batches} batches per actor (`--suite-scale {}`). \
+         Batches are 1 000 messages × 1 000 B, {batches} batches per actor (`--suite-scale {}`; \
+         the shapes marked 100-message batches send ten times as many of a tenth the size). \
          MB = 10⁶ B, GB = 10⁹ B. Throughput is total payload over wall time (first send to last \
          reply); latency is per request (a send until its acknowledgement, a poll until its \
          reply) over all samples of all actors. A *disk ceiling* row runs no server: the same \
