@@ -36,8 +36,47 @@ pub type Reply = Result<Vec<u8>, u32>;
 pub enum Handled {
     /// The reply is ready.
     Done(Reply),
+    /// The reply is ready, built behind room for the shell's framing (polls).
+    Prefixed(Result<PrefixedPayload, u32>),
     /// A validated send for the shell to complete with [`PreparedSend::complete`].
     Send(PreparedSend),
+}
+
+/// A reply payload built behind [`PrefixedPayload::PREFIX_BYTES`] reserved bytes, so the TCP
+/// shell can write its reply header (and result section) in place and send the whole frame
+/// with one write, without copying the payload. A poll's payload is megabytes read straight
+/// from the segment files into this buffer.
+pub struct PrefixedPayload {
+    /// Invariant: `buffer.len() >= PREFIX_BYTES`; the payload is `buffer[PREFIX_BYTES..]`.
+    buffer: Vec<u8>,
+}
+
+impl PrefixedPayload {
+    /// Room for the 256-byte reply header and a 4-byte result section. (Also more than the
+    /// 64-byte record header `PartitionLog::read_into` lays over the bytes before a batch.)
+    pub const PREFIX_BYTES: usize = cairn_wire::frame::HEADER_SIZE + 4;
+
+    fn new() -> PrefixedPayload {
+        PrefixedPayload {
+            buffer: vec![0; Self::PREFIX_BYTES],
+        }
+    }
+
+    /// The payload.
+    pub fn payload(&self) -> &[u8] {
+        &self.buffer[Self::PREFIX_BYTES..]
+    }
+
+    /// The whole buffer, prefix first, for the shell to fill the prefix and write it.
+    pub fn buffer_mut(&mut self) -> &mut [u8] {
+        &mut self.buffer
+    }
+
+    /// The payload alone (moves it to the front of the buffer).
+    pub fn into_payload(mut self) -> Vec<u8> {
+        self.buffer.drain(..Self::PREFIX_BYTES);
+        self.buffer
+    }
 }
 
 /// A send that passed every admission check (`cairn_wire::batch::validate`) and whose
@@ -214,6 +253,24 @@ impl Server {
                 Ok(send) => Handled::Send(send),
                 Err(status) => Handled::Done(Err(status)),
             },
+            Command::PollMessages {
+                consumer,
+                stream,
+                topic,
+                partition_id,
+                strategy,
+                count,
+                auto_commit,
+            } => Handled::Prefixed(self.poll_messages(
+                session,
+                &consumer,
+                &stream,
+                &topic,
+                partition_id,
+                strategy,
+                count,
+                auto_commit,
+            )),
             command => Handled::Done(self.handle_authenticated(session, command)),
         }
     }
@@ -366,24 +423,6 @@ impl Server {
                 crate::retention::delete_segments(&partition, count, crate::retention::Reason::Request)?;
                 Ok(Vec::new())
             }
-            Command::PollMessages {
-                consumer,
-                stream,
-                topic,
-                partition_id,
-                strategy,
-                count,
-                auto_commit,
-            } => self.poll_messages(
-                session,
-                &consumer,
-                &stream,
-                &topic,
-                partition_id,
-                strategy,
-                count,
-                auto_commit,
-            ),
             Command::FlushUnsavedBuffer {
                 stream,
                 topic,
@@ -608,6 +647,7 @@ impl Server {
                 unreachable!("handled before authentication")
             }
             Command::SendMessages { .. } => unreachable!("sends are prepared by `handle`"),
+            Command::PollMessages { .. } => unreachable!("polls are answered by `handle`"),
         }
     }
 
@@ -1073,7 +1113,7 @@ impl Server {
         strategy: PollingStrategy,
         count: u32,
         auto_commit: bool,
-    ) -> Reply {
+    ) -> Result<PrefixedPayload, u32> {
         let (owner, partition_id) = match consumer {
             // A kind-1 consumer without a partition reads partition 0 (what the SDK documents).
             Consumer::Consumer(id) => (OffsetOwner::Consumer(consumer_key(id)), partition_id.unwrap_or(0)),
@@ -1083,8 +1123,8 @@ impl Server {
                     None => {
                         // A member with no partitions: the empty head with partition u32::MAX
                         // makes the 0.11 client re-sync.
-                        let mut out = Vec::new();
-                        reply::poll_head(&mut out, u32::MAX, 0, 0);
+                        let mut out = PrefixedPayload::new();
+                        reply::poll_head(&mut out.buffer, u32::MAX, 0, 0);
                         return Ok(out);
                     }
                 }
@@ -1119,33 +1159,38 @@ impl Server {
                 data.log.offset_at_timestamp(t).map_err(storage_status)?
             }
         };
-        let mut batches = Vec::new();
-        let mut returned = 0u32;
-        let mut first_returned = 0u64;
+        // The reply is built in one buffer: prefix, poll head (count patched below), then the
+        // batches, read straight from the segment files behind the head.
+        let mut out = PrefixedPayload::new();
+        reply::poll_head(&mut out.buffer, partition.id, current_offset(&data.log), 0);
+        let batches_start = out.buffer.len();
+        let mut read = cairn_storage::log::ReadOutcome {
+            messages_count: 0,
+            last_offset: None,
+        };
+        let mut first_returned = 0;
         if let (Some(start), Some(first)) = (start, first_offset)
             && count > 0
             && start < next_offset
         {
             first_returned = start.max(first);
-            returned = data
+            read = data
                 .log
-                .read(first_returned, count, &mut batches)
+                .read_into(first_returned, count, &mut out.buffer)
                 .map_err(storage_status)?;
         }
-        if auto_commit && returned > 0 {
-            // Read the last returned offset from the batches themselves: offsets may skip a
+        if auto_commit && read.messages_count > 0 {
+            // The last returned offset comes from the batches themselves: offsets may skip a
             // gap (an unclean stop's reservation), so the count alone does not give it.
-            let Some(last) = batch::last_offset(&batches) else {
+            let Some(last) = read.last_offset else {
                 tracing::error!(partition_dir = %partition.dir.display(), "poll read batches without a last offset");
                 return Err(codes::ERROR);
             };
             debug_assert!(last >= first_returned && last < next_offset);
             data.offsets.store(&owner, last).map_err(storage_status)?;
         }
-        crate::stats::record_read(batches.len());
-        let mut out = Vec::with_capacity(16 + batches.len());
-        reply::poll_head(&mut out, partition.id, current_offset(&data.log), returned);
-        out.extend_from_slice(&batches);
+        crate::stats::record_read(out.buffer.len() - batches_start);
+        out.buffer[batches_start - 4..batches_start].copy_from_slice(&read.messages_count.to_le_bytes());
         Ok(out)
     }
 }

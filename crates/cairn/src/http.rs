@@ -304,6 +304,7 @@ impl HttpState {
         };
         let reply = match handled {
             Handled::Done(reply) => reply,
+            Handled::Prefixed(reply) => reply.map(handler::PrefixedPayload::into_payload),
             Handled::Send(send) => send.complete().await,
         };
         match reply {

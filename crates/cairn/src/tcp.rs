@@ -196,6 +196,11 @@ impl Connection {
         self.session = Some(session);
         let reply = match handled {
             handler::Handled::Done(reply) => reply,
+            handler::Handled::Prefixed(Ok(payload)) => {
+                self.write_ok_prefixed(&header, payload).await?;
+                return Ok(true);
+            }
+            handler::Handled::Prefixed(Err(status)) => Err(status),
             handler::Handled::Send(send) => send.complete().await,
         };
         match reply {
@@ -239,6 +244,36 @@ impl Connection {
         }
         out.extend_from_slice(payload);
         self.socket.write_all(&out).await
+    }
+
+    /// [`Connection::write_ok`] for a payload built behind room for the framing: the reply
+    /// header (and result section) go into that room and the frame leaves in one write, with
+    /// no copy of the payload.
+    async fn write_ok_prefixed(
+        &mut self,
+        request: &RequestHeader,
+        mut payload: handler::PrefixedPayload,
+    ) -> std::io::Result<()> {
+        let framed = frame::is_result_framed(request.operation);
+        let section_len = if framed { 4 } else { 0 };
+        let body_len = section_len + payload.payload().len();
+        let Ok(frame_len) = u32::try_from(body_len + HEADER_SIZE) else {
+            tracing::error!(
+                body_len,
+                "reply larger than a frame can carry; answering an error instead"
+            );
+            return self.write_status(request, codes::ERROR).await;
+        };
+        debug_assert!(frame_len as usize >= HEADER_SIZE);
+        let frame_start = handler::PrefixedPayload::PREFIX_BYTES - section_len - HEADER_SIZE;
+        let buffer = payload.buffer_mut();
+        buffer[frame_start..frame_start + HEADER_SIZE]
+            .copy_from_slice(&frame::reply_header(request, codes::OK, body_len as u32));
+        if framed {
+            // The result section of an OK reply: a zero count.
+            buffer[frame_start + HEADER_SIZE..handler::PrefixedPayload::PREFIX_BYTES].fill(0);
+        }
+        self.socket.write_all(&buffer[frame_start..]).await
     }
 
     async fn write_status(&mut self, request: &RequestHeader, status: u32) -> std::io::Result<()> {
