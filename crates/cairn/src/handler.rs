@@ -12,6 +12,7 @@ use crate::auth;
 use crate::catalog::{self, Catalog, PartitionState, Stream, Topic, TopicDoc};
 use crate::config::Config;
 use crate::writer;
+use cairn_storage::log::ReadPart;
 use cairn_storage::offsets::OffsetOwner;
 use cairn_wire::batch::{self, BatchLimits};
 use cairn_wire::codes;
@@ -43,39 +44,58 @@ pub enum Handled {
 }
 
 /// A reply payload built behind [`PrefixedPayload::PREFIX_BYTES`] reserved bytes, so the TCP
-/// shell can write its reply header (and result section) in place and send the whole frame
-/// with one write, without copying the payload. A poll's payload is megabytes read straight
-/// from the segment files into this buffer.
+/// shell can write its reply header (and result section) in place and send the frame without
+/// copying the payload. A poll's batches are [`ReadPart`]s: whole stored batches stay in their
+/// segment files (verified; the shell sends them with `sendfile`), cut ones are in the buffer.
 pub struct PrefixedPayload {
-    /// Invariant: `buffer.len() >= PREFIX_BYTES`; the payload is `buffer[PREFIX_BYTES..]`.
+    /// Invariant: `buffer.len() >= parts_start >= PREFIX_BYTES`.
     buffer: Vec<u8>,
+    /// The payload is `buffer[PREFIX_BYTES..parts_start]` followed by `parts`; every
+    /// [`ReadPart::Buffer`] range lies in `buffer[parts_start..]`.
+    parts_start: usize,
+    parts: Vec<ReadPart>,
 }
 
 impl PrefixedPayload {
-    /// Room for the 256-byte reply header and a 4-byte result section. (Also more than the
-    /// 64-byte record header `PartitionLog::read_into` lays over the bytes before a batch.)
+    /// Room for the 256-byte reply header and a 4-byte result section.
     pub const PREFIX_BYTES: usize = cairn_wire::frame::HEADER_SIZE + 4;
 
     fn new() -> PrefixedPayload {
         PrefixedPayload {
             buffer: vec![0; Self::PREFIX_BYTES],
+            parts_start: Self::PREFIX_BYTES,
+            parts: Vec::new(),
         }
     }
 
-    /// The payload.
-    pub fn payload(&self) -> &[u8] {
-        &self.buffer[Self::PREFIX_BYTES..]
+    /// The payload's length in bytes.
+    pub fn payload_len(&self) -> usize {
+        self.parts_start - Self::PREFIX_BYTES + self.parts.iter().map(ReadPart::len).sum::<usize>()
     }
 
-    /// The whole buffer, prefix first, for the shell to fill the prefix and write it.
-    pub fn buffer_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer
+    /// The whole buffer (prefix first, for the shell to fill), where the parts start in it,
+    /// and the parts.
+    pub fn split_mut(&mut self) -> (&mut [u8], usize, &[ReadPart]) {
+        (&mut self.buffer, self.parts_start, &self.parts)
     }
 
-    /// The payload alone (moves it to the front of the buffer).
-    pub fn into_payload(mut self) -> Vec<u8> {
-        self.buffer.drain(..Self::PREFIX_BYTES);
-        self.buffer
+    /// The payload as one buffer (file parts are read in).
+    pub fn into_payload(self) -> Result<Vec<u8>, cairn_storage::StorageError> {
+        let mut payload = self.buffer[Self::PREFIX_BYTES..self.parts_start].to_vec();
+        for part in &self.parts {
+            match part {
+                ReadPart::Buffer(range) => payload.extend_from_slice(&self.buffer[range.clone()]),
+                ReadPart::File {
+                    file,
+                    position_bytes,
+                    len,
+                } => {
+                    let at = payload.len();
+                    file.read_exact_at_into(*position_bytes, *len, &mut payload, at)?;
+                }
+            }
+        }
+        Ok(payload)
     }
 }
 
@@ -1125,6 +1145,7 @@ impl Server {
                         // makes the 0.11 client re-sync.
                         let mut out = PrefixedPayload::new();
                         reply::poll_head(&mut out.buffer, u32::MAX, 0, 0);
+                        out.parts_start = out.buffer.len();
                         return Ok(out);
                     }
                 }
@@ -1164,6 +1185,7 @@ impl Server {
         let mut out = PrefixedPayload::new();
         reply::poll_head(&mut out.buffer, partition.id, current_offset(&data.log), 0);
         let batches_start = out.buffer.len();
+        out.parts_start = batches_start;
         let mut read = cairn_storage::log::ReadOutcome {
             messages_count: 0,
             last_offset: None,
@@ -1176,7 +1198,7 @@ impl Server {
             first_returned = start.max(first);
             read = data
                 .log
-                .read_into(first_returned, count, &mut out.buffer)
+                .read_parts(first_returned, count, &mut out.buffer, &mut out.parts)
                 .map_err(storage_status)?;
         }
         if auto_commit && read.messages_count > 0 {
@@ -1189,7 +1211,7 @@ impl Server {
             debug_assert!(last >= first_returned && last < next_offset);
             data.offsets.store(&owner, last).map_err(storage_status)?;
         }
-        crate::stats::record_read(out.buffer.len() - batches_start);
+        crate::stats::record_read(out.payload_len() - (batches_start - PrefixedPayload::PREFIX_BYTES));
         out.buffer[batches_start - 4..batches_start].copy_from_slice(&read.messages_count.to_le_bytes());
         Ok(out)
     }

@@ -50,6 +50,12 @@ pub trait ReadFile: Send + Sync + fmt::Debug {
     /// Fill `buf` from `position_bytes`; an early end of file is an error.
     fn read_exact_at(&self, position_bytes: u64, buf: &mut [u8]) -> Result<(), StorageError>;
 
+    /// The OS file behind this handle, if it is one (for `sendfile` of verified bytes). The
+    /// default, for simulated files, is `None`.
+    fn as_file(&self) -> Option<&File> {
+        None
+    }
+
     /// Read `len` bytes from `position_bytes` into `out[at..at + len]`, leaving
     /// `out.len() == at + len` (requires `at <= out.len()`; bytes of `out` from `at` on are
     /// overwritten). Unlike [`ReadFile::read_exact_at`] the caller need not zero the room
@@ -210,6 +216,10 @@ impl ReadFile for RealFile {
         self.file
             .read_exact_at(buf, position_bytes)
             .map_err(|e| io_error(&self.path, e))
+    }
+
+    fn as_file(&self) -> Option<&File> {
+        Some(&self.file)
     }
 
     fn read_exact_at_into(

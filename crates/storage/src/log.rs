@@ -368,11 +368,57 @@ pub struct PartitionLog {
     read_cache: Mutex<Option<CachedReader>>,
 }
 
+/// Where [`PartitionLog::read_parts`] puts its parts, and its verification buffer.
+struct ReadParts<'a> {
+    parts: &'a mut Vec<ReadPart>,
+    scratch: &'a mut Vec<u8>,
+}
+
 /// A segment's `.log` open for reads, kept across polls.
 #[derive(Debug)]
 struct CachedReader {
     base_offset: u64,
-    file: Box<dyn ReadFile>,
+    file: Arc<dyn ReadFile>,
+}
+
+/// One piece of a poll's batches, in order (see [`PartitionLog::read_parts`]).
+#[derive(Debug, Clone)]
+pub enum ReadPart {
+    /// Bytes of the caller's buffer (a batch cut to the messages taken, or batches read
+    /// where the file cannot be sent directly).
+    Buffer(std::ops::Range<usize>),
+    /// A whole stored batch, verified, to be sent from the segment file as it is stored: `len`
+    /// bytes from `position_bytes`. The handle keeps the file readable even if the segment is
+    /// deleted after the read (the bytes were verified and chosen under the caller's lock).
+    File {
+        file: Arc<dyn ReadFile>,
+        position_bytes: u64,
+        len: usize,
+    },
+}
+
+impl ReadPart {
+    /// Bytes this part stands for.
+    pub fn len(&self) -> usize {
+        match self {
+            ReadPart::Buffer(range) => range.len(),
+            ReadPart::File { len, .. } => *len,
+        }
+    }
+
+    /// Whether the part stands for no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Largest verification buffer a thread keeps between polls (bigger records use a one-off).
+const VERIFY_SCRATCH_KEEP_BYTES_MAX: usize = 4 << 20;
+
+thread_local! {
+    /// Where [`PartitionLog::read_parts`] reads a record to verify it before the file's bytes
+    /// are sent: reused, so it stays allocated and warm in cache.
+    static VERIFY_SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// What [`PartitionLog::read_into`] appended.
@@ -750,7 +796,71 @@ impl PartitionLog {
     /// behind it ends up in place. Give `out` at least `RECORD_HEADER_SIZE` bytes of prefix (a
     /// reply's headers) to get that; with less, the first record goes through a scratch buffer.
     /// On `Err`, `out` holds its original bytes and possibly some of the batches.
-    pub fn read_into(&self, from_offset: u64, max_messages: u32, out: &mut Vec<u8>) -> Result<ReadOutcome, StorageError> {
+    pub fn read_into(
+        &self,
+        from_offset: u64,
+        max_messages: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<ReadOutcome, StorageError> {
+        self.read_impl(from_offset, max_messages, out, None)
+    }
+
+    /// [`PartitionLog::read_into`] for a sender that can send file bytes directly: the batches
+    /// are described by `parts`, in order. Each record is still read and verified (into a
+    /// reused per-thread buffer); a whole batch is then given as a [`ReadPart::File`] range
+    /// instead of being copied, so the reply's bytes go from the page cache to the socket
+    /// (`sendfile`). Cut batches, and everything from files that are not OS files, are
+    /// appended to `out` and given as [`ReadPart::Buffer`]. On `Err`, `parts` may hold some of
+    /// the batches.
+    pub fn read_parts(
+        &self,
+        from_offset: u64,
+        max_messages: u32,
+        out: &mut Vec<u8>,
+        parts: &mut Vec<ReadPart>,
+    ) -> Result<ReadOutcome, StorageError> {
+        let mut scratch = VERIFY_SCRATCH.take();
+        let outcome = self.read_impl(
+            from_offset,
+            max_messages,
+            out,
+            Some(ReadParts {
+                parts,
+                scratch: &mut scratch,
+            }),
+        );
+        if scratch.capacity() <= VERIFY_SCRATCH_KEEP_BYTES_MAX {
+            VERIFY_SCRATCH.set(scratch);
+        }
+        outcome
+    }
+
+    fn read_impl(
+        &self,
+        from_offset: u64,
+        max_messages: u32,
+        out: &mut Vec<u8>,
+        mut to_parts: Option<ReadParts<'_>>,
+    ) -> Result<ReadOutcome, StorageError> {
+        // Bytes of `out` from here on are not yet named by a part.
+        let mut unnamed_from = out.len();
+        let result = self.read_records(from_offset, max_messages, out, &mut to_parts, &mut unnamed_from);
+        if let Some(to) = to_parts
+            && out.len() > unnamed_from
+        {
+            to.parts.push(ReadPart::Buffer(unnamed_from..out.len()));
+        }
+        result
+    }
+
+    fn read_records(
+        &self,
+        from_offset: u64,
+        max_messages: u32,
+        out: &mut Vec<u8>,
+        to_parts: &mut Option<ReadParts<'_>>,
+        unnamed_from: &mut usize,
+    ) -> Result<ReadOutcome, StorageError> {
         let mut outcome = ReadOutcome {
             messages_count: 0,
             last_offset: None,
@@ -768,7 +878,10 @@ impl PartitionLog {
             .segments
             .partition_point(|segment| segment.base_offset <= start_offset)
             .saturating_sub(1);
-        let mut reader = self.read_cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut reader = self
+            .read_cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         'segments: for segment in &self.segments[first_segment..] {
             if remaining == 0 || segment.base_offset >= visible_end_offset {
                 break;
@@ -786,7 +899,7 @@ impl PartitionLog {
                 Some(cached) if cached.base_offset == segment.base_offset => &cached.file,
                 slot => {
                     *slot = None;
-                    let file = self.disk.open_read(&path)?;
+                    let file: Arc<dyn ReadFile> = Arc::from(self.disk.open_read(&path)?);
                     &slot
                         .insert(CachedReader {
                             base_offset: segment.base_offset,
@@ -814,7 +927,27 @@ impl PartitionLog {
                     position: position_bytes,
                     reason,
                 };
-                let take = if out.len() >= RECORD_HEADER_SIZE {
+                let sendable = file.as_file().is_some();
+                let take = if let Some(to) = to_parts.as_mut().filter(|_| sendable) {
+                    file.read_exact_at_into(position_bytes, record_len, to.scratch, 0)?;
+                    self.verify_stored(to.scratch, expected_offset).map_err(damaged)?;
+                    let batch_bytes = &to.scratch[RECORD_HEADER_SIZE..];
+                    let take = batch::plan_take(batch_bytes, start_offset, remaining);
+                    if let batch::Take::Whole { .. } = take {
+                        if out.len() > *unnamed_from {
+                            to.parts.push(ReadPart::Buffer(*unnamed_from..out.len()));
+                        }
+                        *unnamed_from = out.len();
+                        to.parts.push(ReadPart::File {
+                            file: Arc::clone(file),
+                            position_bytes: position_bytes + RECORD_HEADER_SIZE as u64,
+                            len: batch_bytes.len(),
+                        });
+                    } else {
+                        batch::slice_into(batch_bytes, start_offset, remaining, out);
+                    }
+                    take
+                } else if out.len() >= RECORD_HEADER_SIZE {
                     let batch_start = out.len();
                     let header_start = batch_start - RECORD_HEADER_SIZE;
                     let mut saved = [0u8; RECORD_HEADER_SIZE];
@@ -840,7 +973,8 @@ impl PartitionLog {
                 } else {
                     let mut record_bytes = Vec::new();
                     file.read_exact_at_into(position_bytes, record_len, &mut record_bytes, 0)?;
-                    self.verify_stored(&record_bytes, expected_offset).map_err(damaged)?;
+                    self.verify_stored(&record_bytes, expected_offset)
+                        .map_err(damaged)?;
                     let batch_bytes = &record_bytes[RECORD_HEADER_SIZE..];
                     let take = batch::plan_take(batch_bytes, start_offset, remaining);
                     let appended = batch::slice_into(batch_bytes, start_offset, remaining, out);
@@ -990,7 +1124,10 @@ impl PartitionLog {
             self.active = active;
             self.segments.push(Segment::empty(start));
         }
-        *self.read_cache.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+        *self
+            .read_cache
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
         let purged: Vec<u64> = self
             .segments
             .iter()
@@ -1064,7 +1201,10 @@ impl PartitionLog {
         )?;
         // From here the disk says the segments are gone: memory follows at once, whatever
         // happens to the file removals below (the next open finishes them).
-        *self.read_cache.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+        *self
+            .read_cache
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
         let deleted: Vec<SegmentInfo> = self
             .segments
             .drain(..delete)

@@ -4,7 +4,7 @@ mod common;
 
 use cairn_storage::StorageError;
 use cairn_storage::io::{Disk, ReadFile, RealDisk, WriteFile};
-use cairn_storage::log::{LogConfig, PartitionLog, SyncMode, segment_index_name, segment_log_name};
+use cairn_storage::log::{LogConfig, PartitionLog, ReadPart, SyncMode, segment_index_name, segment_log_name};
 use cairn_storage::record::{self, Chain, RECORD_HEADER_SIZE, RecordHeader, RecordKind};
 use common::*;
 use std::path::Path;
@@ -44,6 +44,33 @@ fn read_all(log: &PartitionLog, from_offset: u64, max_messages: u32) -> Vec<Mess
     assert_eq!(&prefixed[..prefix.len()], &prefix[..], "prefix kept");
     assert_eq!(&prefixed[prefix.len()..], &out[..], "same batches in place");
     assert_eq!(outcome.last_offset, messages.last().map(|message| message.offset));
+
+    // As parts: whole batches as file ranges, cut ones in the buffer; the same bytes in order.
+    let mut buffer = prefix.clone();
+    let mut parts = Vec::new();
+    let outcome = log
+        .read_parts(from_offset, max_messages, &mut buffer, &mut parts)
+        .unwrap();
+    assert_eq!(outcome.messages_count, count);
+    assert_eq!(&buffer[..prefix.len()], &prefix[..]);
+    let mut joined = Vec::new();
+    for part in &parts {
+        assert!(!part.is_empty());
+        match part {
+            ReadPart::Buffer(range) => joined.extend_from_slice(&buffer[range.clone()]),
+            ReadPart::File {
+                file,
+                position_bytes,
+                len,
+            } => {
+                assert!(file.as_file().is_some());
+                let at = joined.len();
+                file.read_exact_at_into(*position_bytes, *len, &mut joined, at)
+                    .unwrap();
+            }
+        }
+    }
+    assert_eq!(joined, out, "same batches as parts");
     messages
 }
 
