@@ -12,6 +12,7 @@ use crate::auth;
 use crate::catalog::{self, Catalog, PartitionState, Stream, Topic, TopicDoc};
 use crate::config::Config;
 use crate::writer;
+use cairn_storage::log::ReadPart;
 use cairn_storage::offsets::OffsetOwner;
 use cairn_wire::batch::{self, BatchLimits};
 use cairn_wire::codes;
@@ -36,8 +37,66 @@ pub type Reply = Result<Vec<u8>, u32>;
 pub enum Handled {
     /// The reply is ready.
     Done(Reply),
+    /// The reply is ready, built behind room for the shell's framing (polls).
+    Prefixed(Result<PrefixedPayload, u32>),
     /// A validated send for the shell to complete with [`PreparedSend::complete`].
     Send(PreparedSend),
+}
+
+/// A reply payload built behind [`PrefixedPayload::PREFIX_BYTES`] reserved bytes, so the TCP
+/// shell can write its reply header (and result section) in place and send the frame without
+/// copying the payload. A poll's batches are [`ReadPart`]s: whole stored batches stay in their
+/// segment files (verified; the shell sends them with `sendfile`), cut ones are in the buffer.
+pub struct PrefixedPayload {
+    /// Invariant: `buffer.len() >= parts_start >= PREFIX_BYTES`.
+    buffer: Vec<u8>,
+    /// The payload is `buffer[PREFIX_BYTES..parts_start]` followed by `parts`; every
+    /// [`ReadPart::Buffer`] range lies in `buffer[parts_start..]`.
+    parts_start: usize,
+    parts: Vec<ReadPart>,
+}
+
+impl PrefixedPayload {
+    /// Room for the 256-byte reply header and a 4-byte result section.
+    pub const PREFIX_BYTES: usize = cairn_wire::frame::HEADER_SIZE + 4;
+
+    fn new() -> PrefixedPayload {
+        PrefixedPayload {
+            buffer: vec![0; Self::PREFIX_BYTES],
+            parts_start: Self::PREFIX_BYTES,
+            parts: Vec::new(),
+        }
+    }
+
+    /// The payload's length in bytes.
+    pub fn payload_len(&self) -> usize {
+        self.parts_start - Self::PREFIX_BYTES + self.parts.iter().map(ReadPart::len).sum::<usize>()
+    }
+
+    /// The whole buffer (prefix first, for the shell to fill), where the parts start in it,
+    /// and the parts.
+    pub fn split_mut(&mut self) -> (&mut [u8], usize, &[ReadPart]) {
+        (&mut self.buffer, self.parts_start, &self.parts)
+    }
+
+    /// The payload as one buffer (file parts are read in).
+    pub fn into_payload(self) -> Result<Vec<u8>, cairn_storage::StorageError> {
+        let mut payload = self.buffer[Self::PREFIX_BYTES..self.parts_start].to_vec();
+        for part in &self.parts {
+            match part {
+                ReadPart::Buffer(range) => payload.extend_from_slice(&self.buffer[range.clone()]),
+                ReadPart::File {
+                    file,
+                    position_bytes,
+                    len,
+                } => {
+                    let at = payload.len();
+                    file.read_exact_at_into(*position_bytes, *len, &mut payload, at)?;
+                }
+            }
+        }
+        Ok(payload)
+    }
 }
 
 /// A send that passed every admission check (`cairn_wire::batch::validate`) and whose
@@ -215,6 +274,24 @@ impl Server {
                 Ok(send) => Handled::Send(send),
                 Err(status) => Handled::Done(Err(status)),
             },
+            Command::PollMessages {
+                consumer,
+                stream,
+                topic,
+                partition_id,
+                strategy,
+                count,
+                auto_commit,
+            } => Handled::Prefixed(self.poll_messages(
+                session,
+                &consumer,
+                &stream,
+                &topic,
+                partition_id,
+                strategy,
+                count,
+                auto_commit,
+            )),
             command => Handled::Done(self.handle_authenticated(session, command)),
         }
     }
@@ -367,24 +444,6 @@ impl Server {
                 crate::retention::delete_segments(&partition, count, crate::retention::Reason::Request)?;
                 Ok(Vec::new())
             }
-            Command::PollMessages {
-                consumer,
-                stream,
-                topic,
-                partition_id,
-                strategy,
-                count,
-                auto_commit,
-            } => self.poll_messages(
-                session,
-                &consumer,
-                &stream,
-                &topic,
-                partition_id,
-                strategy,
-                count,
-                auto_commit,
-            ),
             Command::FlushUnsavedBuffer {
                 stream,
                 topic,
@@ -609,6 +668,7 @@ impl Server {
                 unreachable!("handled before authentication")
             }
             Command::SendMessages { .. } => unreachable!("sends are prepared by `handle`"),
+            Command::PollMessages { .. } => unreachable!("polls are answered by `handle`"),
         }
     }
 
@@ -1074,7 +1134,7 @@ impl Server {
         strategy: PollingStrategy,
         count: u32,
         auto_commit: bool,
-    ) -> Reply {
+    ) -> Result<PrefixedPayload, u32> {
         let (owner, partition_id) = match consumer {
             // A kind-1 consumer without a partition reads partition 0 (what the SDK documents).
             Consumer::Consumer(id) => (OffsetOwner::Consumer(consumer_key(id)), partition_id.unwrap_or(0)),
@@ -1084,8 +1144,9 @@ impl Server {
                     None => {
                         // A member with no partitions: the empty head with partition u32::MAX
                         // makes the 0.11 client re-sync.
-                        let mut out = Vec::new();
-                        reply::poll_head(&mut out, u32::MAX, 0, 0);
+                        let mut out = PrefixedPayload::new();
+                        reply::poll_head(&mut out.buffer, u32::MAX, 0, 0);
+                        out.parts_start = out.buffer.len();
                         return Ok(out);
                     }
                 }
@@ -1120,33 +1181,39 @@ impl Server {
                 data.log.offset_at_timestamp(t).map_err(storage_status)?
             }
         };
-        let mut batches = Vec::new();
-        let mut returned = 0u32;
-        let mut first_returned = 0u64;
+        // The reply is built in one buffer: prefix, poll head (count patched below), then the
+        // batches, read straight from the segment files behind the head.
+        let mut out = PrefixedPayload::new();
+        reply::poll_head(&mut out.buffer, partition.id, current_offset(&data.log), 0);
+        let batches_start = out.buffer.len();
+        out.parts_start = batches_start;
+        let mut read = cairn_storage::log::ReadOutcome {
+            messages_count: 0,
+            last_offset: None,
+        };
+        let mut first_returned = 0;
         if let (Some(start), Some(first)) = (start, first_offset)
             && count > 0
             && start < next_offset
         {
             first_returned = start.max(first);
-            returned = data
+            read = data
                 .log
-                .read(first_returned, count, &mut batches)
+                .read_parts(first_returned, count, &mut out.buffer, &mut out.parts)
                 .map_err(storage_status)?;
         }
-        if auto_commit && returned > 0 {
-            // Read the last returned offset from the batches themselves: offsets may skip a
+        if auto_commit && read.messages_count > 0 {
+            // The last returned offset comes from the batches themselves: offsets may skip a
             // gap (an unclean stop's reservation), so the count alone does not give it.
-            let Some(last) = batch::last_offset(&batches) else {
+            let Some(last) = read.last_offset else {
                 tracing::error!(partition_dir = %partition.dir.display(), "poll read batches without a last offset");
                 return Err(codes::ERROR);
             };
             debug_assert!(last >= first_returned && last < next_offset);
             data.offsets.store(&owner, last).map_err(storage_status)?;
         }
-        crate::stats::record_read(batches.len());
-        let mut out = Vec::with_capacity(16 + batches.len());
-        reply::poll_head(&mut out, partition.id, current_offset(&data.log), returned);
-        out.extend_from_slice(&batches);
+        crate::stats::record_read(out.payload_len() - (batches_start - PrefixedPayload::PREFIX_BYTES));
+        out.buffer[batches_start - 4..batches_start].copy_from_slice(&read.messages_count.to_le_bytes());
         Ok(out)
     }
 }

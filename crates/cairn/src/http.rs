@@ -304,6 +304,12 @@ impl HttpState {
         };
         let reply = match handled {
             Handled::Done(reply) => reply,
+            Handled::Prefixed(reply) => reply.and_then(|payload| {
+                payload.into_payload().map_err(|error| {
+                    tracing::error!(%error, "reading a poll's batches failed");
+                    codes::ERROR
+                })
+            }),
             Handled::Send(send) => send.complete().await,
         };
         match reply {

@@ -10,6 +10,7 @@
 
 use crate::handler::{self, Server, Session};
 use bytes::BytesMut;
+use cairn_storage::log::ReadPart;
 use cairn_wire::codes;
 use cairn_wire::command::Command;
 use cairn_wire::frame::{self, EvictionReason, HEADER_SIZE, HeaderError, RequestHeader};
@@ -196,6 +197,11 @@ impl Connection {
         self.session = Some(session);
         let reply = match handled {
             handler::Handled::Done(reply) => reply,
+            handler::Handled::Prefixed(Ok(payload)) => {
+                self.write_ok_prefixed(&header, payload).await?;
+                return Ok(true);
+            }
+            handler::Handled::Prefixed(Err(status)) => Err(status),
             handler::Handled::Send(send) => send.complete().await,
         };
         match reply {
@@ -250,12 +256,126 @@ impl Connection {
         self.socket.write_all(&out).await
     }
 
+    /// [`Connection::write_ok`] for a payload built behind room for the framing: the reply
+    /// header (and result section) go into that room, so header and buffered payload leave in
+    /// one write with no copy; whole stored batches go from their segment files with
+    /// `sendfile` (they were verified when the poll read them).
+    async fn write_ok_prefixed(
+        &mut self,
+        request: &RequestHeader,
+        mut payload: handler::PrefixedPayload,
+    ) -> std::io::Result<()> {
+        let framed = frame::is_result_framed(request.operation);
+        let section_len = if framed { 4 } else { 0 };
+        let body_len = section_len + payload.payload_len();
+        let Ok(body_len_u32) = u32::try_from(body_len) else {
+            return self.refuse_oversized_reply(request, body_len).await;
+        };
+        if u32::try_from(body_len + HEADER_SIZE).is_err() {
+            return self.refuse_oversized_reply(request, body_len).await;
+        }
+        let frame_start = handler::PrefixedPayload::PREFIX_BYTES - section_len - HEADER_SIZE;
+        let (buffer, parts_start, parts) = payload.split_mut();
+        buffer[frame_start..frame_start + HEADER_SIZE].copy_from_slice(&frame::reply_header(
+            request,
+            codes::OK,
+            body_len_u32,
+        ));
+        if framed {
+            // The result section of an OK reply: a zero count.
+            buffer[frame_start + HEADER_SIZE..handler::PrefixedPayload::PREFIX_BYTES].fill(0);
+        }
+        // Adjacent buffer bytes are written together.
+        let mut pending = frame_start..parts_start;
+        for part in parts {
+            match part {
+                ReadPart::Buffer(range) if range.start == pending.end => pending.end = range.end,
+                ReadPart::Buffer(range) => {
+                    self.socket.write_all(&buffer[pending]).await?;
+                    pending = range.clone();
+                }
+                ReadPart::File {
+                    file,
+                    position_bytes,
+                    len,
+                } => {
+                    self.socket.write_all(&buffer[pending.clone()]).await?;
+                    pending = pending.end..pending.end;
+                    match file.as_file() {
+                        Some(file) => send_file(&self.socket, file, *position_bytes, *len).await?,
+                        None => {
+                            let mut bytes = Vec::new();
+                            file.read_exact_at_into(*position_bytes, *len, &mut bytes, 0)
+                                .map_err(std::io::Error::other)?;
+                            self.socket.write_all(&bytes).await?;
+                        }
+                    }
+                }
+            }
+        }
+        self.socket.write_all(&buffer[pending]).await
+    }
+
+    async fn refuse_oversized_reply(
+        &mut self,
+        request: &RequestHeader,
+        body_len: usize,
+    ) -> std::io::Result<()> {
+        tracing::error!(
+            body_len,
+            "reply larger than a frame can carry; answering an error instead"
+        );
+        self.write_status(request, codes::ERROR).await
+    }
+
     async fn write_status(&mut self, request: &RequestHeader, status: u32) -> std::io::Result<()> {
         debug_assert_ne!(status, codes::OK);
         self.socket
             .write_all(&frame::reply_header(request, status, 0))
             .await
     }
+}
+
+/// Send `len` bytes of `file` from `position_bytes` to `socket` with `sendfile(2)`: from the
+/// page cache to the socket without passing through this process.
+async fn send_file(
+    socket: &TcpStream,
+    file: &std::fs::File,
+    position_bytes: u64,
+    len: usize,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut position = libc::off_t::try_from(position_bytes)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let end = position
+        .checked_add(
+            libc::off_t::try_from(len).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?,
+        )
+        .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    while position < end {
+        let count = usize::try_from(end - position).unwrap_or(usize::MAX);
+        let sent = socket
+            .async_io(tokio::io::Interest::WRITABLE, || {
+                // SAFETY: both descriptors are open for the duration of the call (`socket` and
+                // `file` are borrowed), and `position` is a live off_t the kernel advances.
+                let sent =
+                    unsafe { libc::sendfile(socket.as_raw_fd(), file.as_raw_fd(), &mut position, count) };
+                if sent < 0 {
+                    Err(std::io::Error::last_os_error())
+                } else {
+                    Ok(sent as usize)
+                }
+            })
+            .await?;
+        if sent == 0 {
+            // The file ended early: it was cut under us. The frame cannot be completed.
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "segment file shorter than the batch being sent",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The echo fields of a header that failed validation, read without checks so the error

@@ -49,6 +49,33 @@ pub trait Disk: Send + Sync + fmt::Debug {
 pub trait ReadFile: Send + Sync + fmt::Debug {
     /// Fill `buf` from `position_bytes`; an early end of file is an error.
     fn read_exact_at(&self, position_bytes: u64, buf: &mut [u8]) -> Result<(), StorageError>;
+
+    /// The OS file behind this handle, if it is one (for `sendfile` of verified bytes). The
+    /// default, for simulated files, is `None`.
+    fn as_file(&self) -> Option<&File> {
+        None
+    }
+
+    /// Read `len` bytes from `position_bytes` into `out[at..at + len]`, leaving
+    /// `out.len() == at + len` (requires `at <= out.len()`; bytes of `out` from `at` on are
+    /// overwritten). Unlike [`ReadFile::read_exact_at`] the caller need not zero the room
+    /// first (polls read megabytes straight into the reply buffer). On error `out` is
+    /// truncated to `at`.
+    fn read_exact_at_into(
+        &self,
+        position_bytes: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+        at: usize,
+    ) -> Result<(), StorageError> {
+        out.truncate(at);
+        out.resize(at + len, 0);
+        let read = self.read_exact_at(position_bytes, &mut out[at..]);
+        if read.is_err() {
+            out.truncate(at);
+        }
+        read
+    }
 }
 
 /// A file open for positional writes.
@@ -215,6 +242,61 @@ impl ReadFile for RealFile {
         self.file
             .read_exact_at(buf, position_bytes)
             .map_err(|e| io_error(&self.path, e))
+    }
+
+    fn as_file(&self) -> Option<&File> {
+        Some(&self.file)
+    }
+
+    fn read_exact_at_into(
+        &self,
+        position_bytes: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+        at: usize,
+    ) -> Result<(), StorageError> {
+        use std::os::fd::AsRawFd;
+        assert!(at <= out.len(), "read_exact_at_into past the end of the buffer");
+        out.truncate(at);
+        out.reserve(len);
+        let mut done = 0;
+        while done < len {
+            let position = position_bytes
+                .checked_add(done as u64)
+                .and_then(|position| libc::off_t::try_from(position).ok())
+                .ok_or_else(|| io_error(&self.path, std::io::Error::from(ErrorKind::InvalidInput)))?;
+            let room = &mut out.spare_capacity_mut()[done..len];
+            // SAFETY: `pread` writes at most `room.len()` bytes through a pointer to memory this
+            // Vec owns (its spare capacity, reserved above); no reference to those bytes as
+            // initialized `u8` exists until `set_len` below, after the kernel filled them.
+            let read = unsafe {
+                libc::pread(
+                    self.file.as_raw_fd(),
+                    room.as_mut_ptr().cast(),
+                    room.len(),
+                    position,
+                )
+            };
+            match read {
+                n if n > 0 => done += n as usize,
+                0 => {
+                    return Err(io_error(
+                        &self.path,
+                        std::io::Error::new(ErrorKind::UnexpectedEof, "failed to fill whole buffer"),
+                    ));
+                }
+                _ => {
+                    let error = std::io::Error::last_os_error();
+                    if error.kind() != ErrorKind::Interrupted {
+                        return Err(io_error(&self.path, error));
+                    }
+                }
+            }
+        }
+        // SAFETY: bytes `at..at + len` were written by `pread` above (`done == len`), and the
+        // capacity covers them.
+        unsafe { out.set_len(at + len) };
+        Ok(())
     }
 }
 

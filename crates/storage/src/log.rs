@@ -90,7 +90,7 @@
 use crate::StorageError;
 use crate::atomic_file;
 use crate::index::{self, INDEX_ENTRY_SIZE, IndexEntry, SegmentIndex};
-use crate::io::{Disk, RealDisk, WriteFile, parent_dir};
+use crate::io::{Disk, ReadFile, RealDisk, WriteFile, parent_dir};
 use crate::record::{
     self, BATCH_BYTES_MAX, Chain, GAP_BODY_SIZE, RECORD_HEADER_SIZE, RecordHeader, RecordKind, Tail,
 };
@@ -98,7 +98,7 @@ use crate::state::{self, Frontier, PartitionState, STATE_FILE_NAME, STATE_FILE_S
 use cairn_wire::batch::{self, BATCH_HEADER_SIZE};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// How appends reach stable storage, and what readers may see.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -371,6 +371,72 @@ pub struct PartitionLog {
     /// Set when a write failed in a way that leaves the on-disk state unknown (a failed barrier):
     /// every later write is refused until the log is reopened.
     stopped: Option<String>,
+    /// The read handle of the segment polls read last (see [`PartitionLog::read_into`]).
+    /// Dropped when segments are deleted, so a deleted file's space is not held.
+    read_cache: Mutex<Option<CachedReader>>,
+}
+
+/// Where [`PartitionLog::read_parts`] puts its parts, and its verification buffer.
+struct ReadParts<'a> {
+    parts: &'a mut Vec<ReadPart>,
+    scratch: &'a mut Vec<u8>,
+}
+
+/// A segment's `.log` open for reads, kept across polls.
+#[derive(Debug)]
+struct CachedReader {
+    base_offset: u64,
+    file: Arc<dyn ReadFile>,
+}
+
+/// One piece of a poll's batches, in order (see [`PartitionLog::read_parts`]).
+#[derive(Debug, Clone)]
+pub enum ReadPart {
+    /// Bytes of the caller's buffer (a batch cut to the messages taken, or batches read
+    /// where the file cannot be sent directly).
+    Buffer(std::ops::Range<usize>),
+    /// A whole stored batch, verified, to be sent from the segment file as it is stored: `len`
+    /// bytes from `position_bytes`. The handle keeps the file readable even if the segment is
+    /// deleted after the read (the bytes were verified and chosen under the caller's lock).
+    File {
+        file: Arc<dyn ReadFile>,
+        position_bytes: u64,
+        len: usize,
+    },
+}
+
+impl ReadPart {
+    /// Bytes this part stands for.
+    pub fn len(&self) -> usize {
+        match self {
+            ReadPart::Buffer(range) => range.len(),
+            ReadPart::File { len, .. } => *len,
+        }
+    }
+
+    /// Whether the part stands for no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Largest verification buffer a thread keeps between polls (bigger records use a one-off).
+const VERIFY_SCRATCH_KEEP_BYTES_MAX: usize = 4 << 20;
+
+thread_local! {
+    /// Where [`PartitionLog::read_parts`] reads a record to verify it before the file's bytes
+    /// are sent: reused, so it stays allocated and warm in cache.
+    static VERIFY_SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// What [`PartitionLog::read_into`] appended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadOutcome {
+    /// Messages appended.
+    pub messages_count: u32,
+    /// Offset of the last message appended (offsets may skip a gap, so the count alone does
+    /// not give it).
+    pub last_offset: Option<u64>,
 }
 
 impl PartitionLog {
@@ -426,6 +492,7 @@ impl PartitionLog {
             state,
             last_timestamp_us: 0,
             stopped: None,
+            read_cache: Mutex::new(None),
         };
         log.assert_invariants();
         Ok(log)
@@ -496,6 +563,7 @@ impl PartitionLog {
             state,
             last_timestamp_us,
             stopped: None,
+            read_cache: Mutex::new(None),
         };
         let recovered_end_offset = log.chain.next_offset;
         let next_offset = next_offset_after_open(recovered_end_offset, &loaded);
@@ -731,27 +799,112 @@ impl PartitionLog {
     }
 
     /// Append to `out` the client-format batches holding messages with offset >= `from_offset`
-    /// and below [`PartitionLog::visible_next_offset`], at most `max_messages` in all
-    /// (sub-ranges via `cairn_wire::batch::slice_into`). Returns the number of messages
-    /// appended.
+    /// and below [`PartitionLog::visible_next_offset`], at most `max_messages` in all. Returns
+    /// the number of messages appended. See [`PartitionLog::read_into`].
+    pub fn read(&self, from_offset: u64, max_messages: u32, out: &mut Vec<u8>) -> Result<u32, StorageError> {
+        self.read_into(from_offset, max_messages, out)
+            .map(|outcome| outcome.messages_count)
+    }
+
+    /// Append to `out` the client-format batches holding messages with offset >= `from_offset`
+    /// and below [`PartitionLog::visible_next_offset`], at most `max_messages` in all: whole
+    /// stored batches as stored, a partial first or last batch cut to the messages taken
+    /// (`cairn_wire::batch::plan_take`).
     ///
     /// Each record read is verified again (checksum, offset, partition); a mismatch is
     /// `Damaged`.
-    pub fn read(&self, from_offset: u64, max_messages: u32, out: &mut Vec<u8>) -> Result<u32, StorageError> {
+    ///
+    /// Records are read straight into `out` with no copy: a record's 64-byte header lands on
+    /// the last 64 bytes already in `out` (saved and put back after verification), so the batch
+    /// behind it ends up in place. Give `out` at least `RECORD_HEADER_SIZE` bytes of prefix (a
+    /// reply's headers) to get that; with less, the first record goes through a scratch buffer.
+    /// On `Err`, `out` holds its original bytes and possibly some of the batches.
+    pub fn read_into(
+        &self,
+        from_offset: u64,
+        max_messages: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<ReadOutcome, StorageError> {
+        self.read_impl(from_offset, max_messages, out, None)
+    }
+
+    /// [`PartitionLog::read_into`] for a sender that can send file bytes directly: the batches
+    /// are described by `parts`, in order. Each record is still read and verified (into a
+    /// reused per-thread buffer); a whole batch is then given as a [`ReadPart::File`] range
+    /// instead of being copied, so the reply's bytes go from the page cache to the socket
+    /// (`sendfile`). Cut batches, and everything from files that are not OS files, are
+    /// appended to `out` and given as [`ReadPart::Buffer`]. On `Err`, `parts` may hold some of
+    /// the batches.
+    pub fn read_parts(
+        &self,
+        from_offset: u64,
+        max_messages: u32,
+        out: &mut Vec<u8>,
+        parts: &mut Vec<ReadPart>,
+    ) -> Result<ReadOutcome, StorageError> {
+        let mut scratch = VERIFY_SCRATCH.take();
+        let outcome = self.read_impl(
+            from_offset,
+            max_messages,
+            out,
+            Some(ReadParts {
+                parts,
+                scratch: &mut scratch,
+            }),
+        );
+        if scratch.capacity() <= VERIFY_SCRATCH_KEEP_BYTES_MAX {
+            VERIFY_SCRATCH.set(scratch);
+        }
+        outcome
+    }
+
+    fn read_impl(
+        &self,
+        from_offset: u64,
+        max_messages: u32,
+        out: &mut Vec<u8>,
+        mut to_parts: Option<ReadParts<'_>>,
+    ) -> Result<ReadOutcome, StorageError> {
+        // Bytes of `out` from here on are not yet named by a part.
+        let mut unnamed_from = out.len();
+        let result = self.read_records(from_offset, max_messages, out, &mut to_parts, &mut unnamed_from);
+        if let Some(to) = to_parts
+            && out.len() > unnamed_from
+        {
+            to.parts.push(ReadPart::Buffer(unnamed_from..out.len()));
+        }
+        result
+    }
+
+    fn read_records(
+        &self,
+        from_offset: u64,
+        max_messages: u32,
+        out: &mut Vec<u8>,
+        to_parts: &mut Option<ReadParts<'_>>,
+        unnamed_from: &mut usize,
+    ) -> Result<ReadOutcome, StorageError> {
+        let mut outcome = ReadOutcome {
+            messages_count: 0,
+            last_offset: None,
+        };
         let Some(first_offset) = self.first_offset() else {
-            return Ok(0);
+            return Ok(outcome);
         };
         let visible_end_offset = self.visible_next_offset();
         let start_offset = from_offset.max(first_offset);
         if max_messages == 0 || start_offset >= visible_end_offset {
-            return Ok(0);
+            return Ok(outcome);
         }
         let mut remaining = max_messages;
         let first_segment = self
             .segments
             .partition_point(|segment| segment.base_offset <= start_offset)
             .saturating_sub(1);
-        let mut record_bytes = Vec::new();
+        let mut reader = self
+            .read_cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         'segments: for segment in &self.segments[first_segment..] {
             if remaining == 0 || segment.base_offset >= visible_end_offset {
                 break;
@@ -763,7 +916,21 @@ impl PartitionLog {
                 continue;
             };
             let path = self.dir.join(segment_log_name(segment.base_offset));
-            let file = self.disk.open_read(&path)?;
+            // One read handle per log, kept across polls: consumers mostly read on in the
+            // segment they read last. Keyed by base offset, which no later segment reuses.
+            let file = match &mut *reader {
+                Some(cached) if cached.base_offset == segment.base_offset => &cached.file,
+                slot => {
+                    *slot = None;
+                    let file: Arc<dyn ReadFile> = Arc::from(self.disk.open_read(&path)?);
+                    &slot
+                        .insert(CachedReader {
+                            base_offset: segment.base_offset,
+                            file,
+                        })
+                        .file
+                }
+            };
             let entries = segment.index.entries();
             for (entry_index, entry) in entries.iter().enumerate().skip(first_entry) {
                 let expected_offset = segment.base_offset + u64::from(entry.offset_delta);
@@ -776,24 +943,78 @@ impl PartitionLog {
                     .get(entry_index + 1)
                     .map_or(segment.batches_end_bytes(), |next| u64::from(next.position_bytes));
                 debug_assert!(end_bytes > position_bytes);
-                record_bytes.resize((end_bytes - position_bytes) as usize, 0);
-                file.read_exact_at(position_bytes, &mut record_bytes)?;
-                self.verify_stored(&record_bytes, expected_offset)
-                    .map_err(|reason| StorageError::Damaged {
-                        path: path.clone(),
-                        position: position_bytes,
-                        reason,
-                    })?;
-                let appended =
-                    batch::slice_into(&record_bytes[RECORD_HEADER_SIZE..], start_offset, remaining, out);
+                let record_len = usize::try_from(end_bytes - position_bytes)
+                    .map_err(|_| StorageError::Invalid("record larger than memory".into()))?;
+                let damaged = |reason| StorageError::Damaged {
+                    path: path.clone(),
+                    position: position_bytes,
+                    reason,
+                };
+                let sendable = file.as_file().is_some();
+                let take = if let Some(to) = to_parts.as_mut().filter(|_| sendable) {
+                    file.read_exact_at_into(position_bytes, record_len, to.scratch, 0)?;
+                    self.verify_stored(to.scratch, expected_offset).map_err(damaged)?;
+                    let batch_bytes = &to.scratch[RECORD_HEADER_SIZE..];
+                    let take = batch::plan_take(batch_bytes, start_offset, remaining);
+                    if let batch::Take::Whole { .. } = take {
+                        if out.len() > *unnamed_from {
+                            to.parts.push(ReadPart::Buffer(*unnamed_from..out.len()));
+                        }
+                        *unnamed_from = out.len();
+                        to.parts.push(ReadPart::File {
+                            file: Arc::clone(file),
+                            position_bytes: position_bytes + RECORD_HEADER_SIZE as u64,
+                            len: batch_bytes.len(),
+                        });
+                    } else {
+                        batch::slice_into(batch_bytes, start_offset, remaining, out);
+                    }
+                    take
+                } else if out.len() >= RECORD_HEADER_SIZE {
+                    let batch_start = out.len();
+                    let header_start = batch_start - RECORD_HEADER_SIZE;
+                    let mut saved = [0u8; RECORD_HEADER_SIZE];
+                    saved.copy_from_slice(&out[header_start..batch_start]);
+                    let read = file
+                        .read_exact_at_into(position_bytes, record_len, out, header_start)
+                        .and_then(|()| {
+                            self.verify_stored(&out[header_start..], expected_offset)
+                                .map_err(damaged)
+                        });
+                    // A failed read leaves `out` cut at `header_start`.
+                    if out.len() < batch_start {
+                        out.resize(batch_start, 0);
+                    }
+                    out[header_start..batch_start].copy_from_slice(&saved);
+                    if let Err(error) = read {
+                        out.truncate(batch_start);
+                        return Err(error);
+                    }
+                    let take = batch::plan_take(&out[batch_start..], start_offset, remaining);
+                    batch::cut_in_place(out, batch_start, &take);
+                    take
+                } else {
+                    let mut record_bytes = Vec::new();
+                    file.read_exact_at_into(position_bytes, record_len, &mut record_bytes, 0)?;
+                    self.verify_stored(&record_bytes, expected_offset)
+                        .map_err(damaged)?;
+                    let batch_bytes = &record_bytes[RECORD_HEADER_SIZE..];
+                    let take = batch::plan_take(batch_bytes, start_offset, remaining);
+                    let appended = batch::slice_into(batch_bytes, start_offset, remaining, out);
+                    debug_assert_eq!(appended, take.count());
+                    take
+                };
+                let appended = take.count();
                 debug_assert!(appended <= remaining);
                 remaining -= appended;
+                outcome.last_offset = take.last_offset().or(outcome.last_offset);
                 if remaining == 0 {
-                    break;
+                    break 'segments;
                 }
             }
         }
-        Ok(max_messages - remaining)
+        outcome.messages_count = max_messages - remaining;
+        Ok(outcome)
     }
 
     /// The offset of the first visible message whose append timestamp >= `timestamp_us`, if
@@ -926,6 +1147,10 @@ impl PartitionLog {
             self.active = active;
             self.segments.push(Segment::empty(start));
         }
+        *self
+            .read_cache
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
         let purged: Vec<u64> = self
             .segments
             .iter()
@@ -999,6 +1224,10 @@ impl PartitionLog {
         )?;
         // From here the disk says the segments are gone: memory follows at once, whatever
         // happens to the file removals below (the next open finishes them).
+        *self
+            .read_cache
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
         let deleted: Vec<SegmentInfo> = self
             .segments
             .drain(..delete)

@@ -4,7 +4,7 @@ mod common;
 
 use cairn_storage::StorageError;
 use cairn_storage::io::{Disk, ReadFile, RealDisk, WriteFile};
-use cairn_storage::log::{LogConfig, PartitionLog, SyncMode, segment_index_name, segment_log_name};
+use cairn_storage::log::{LogConfig, PartitionLog, ReadPart, SyncMode, segment_index_name, segment_log_name};
 use cairn_storage::record::{self, Chain, RECORD_HEADER_SIZE, RecordHeader, RecordKind};
 use common::*;
 use std::path::Path;
@@ -28,11 +28,49 @@ fn fill(log: &mut PartitionLog, messages: u64) {
     assert!(log.check_invariants());
 }
 
+/// Reads twice: into an empty buffer (the first record through a scratch buffer) and behind a
+/// reply-sized prefix (every record read in place over the bytes before it); both must give
+/// the same batches, leave the prefix intact and report the last offset.
 fn read_all(log: &PartitionLog, from_offset: u64, max_messages: u32) -> Vec<Message> {
     let mut out = Vec::new();
     let count = log.read(from_offset, max_messages, &mut out).unwrap();
     let messages = decode_batches(&out);
     assert_eq!(messages.len(), count as usize);
+
+    let prefix: Vec<u8> = (0..272u32).map(|i| (i % 251) as u8).collect();
+    let mut prefixed = prefix.clone();
+    let outcome = log.read_into(from_offset, max_messages, &mut prefixed).unwrap();
+    assert_eq!(outcome.messages_count, count);
+    assert_eq!(&prefixed[..prefix.len()], &prefix[..], "prefix kept");
+    assert_eq!(&prefixed[prefix.len()..], &out[..], "same batches in place");
+    assert_eq!(outcome.last_offset, messages.last().map(|message| message.offset));
+
+    // As parts: whole batches as file ranges, cut ones in the buffer; the same bytes in order.
+    let mut buffer = prefix.clone();
+    let mut parts = Vec::new();
+    let outcome = log
+        .read_parts(from_offset, max_messages, &mut buffer, &mut parts)
+        .unwrap();
+    assert_eq!(outcome.messages_count, count);
+    assert_eq!(&buffer[..prefix.len()], &prefix[..]);
+    let mut joined = Vec::new();
+    for part in &parts {
+        assert!(!part.is_empty());
+        match part {
+            ReadPart::Buffer(range) => joined.extend_from_slice(&buffer[range.clone()]),
+            ReadPart::File {
+                file,
+                position_bytes,
+                len,
+            } => {
+                assert!(file.as_file().is_some());
+                let at = joined.len();
+                file.read_exact_at_into(*position_bytes, *len, &mut joined, at)
+                    .unwrap();
+            }
+        }
+    }
+    assert_eq!(joined, out, "same batches as parts");
     messages
 }
 
@@ -98,6 +136,24 @@ fn sub_ranges() {
     }
     assert_eq!(log.read(0, 0, &mut Vec::new()).unwrap(), 0);
     assert_eq!(log.read(u64::MAX, 10, &mut Vec::new()).unwrap(), 0);
+}
+
+#[test]
+fn a_record_damaged_after_open_fails_the_read_and_keeps_the_prefix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = new_log(tmp.path(), 1_000_000, 20);
+    let path = log_files(tmp.path()).remove(0);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    let prefix = vec![0xA5u8; 300];
+    let mut out = prefix.clone();
+    let error = log.read_into(0, 1_000, &mut out).unwrap_err();
+    assert!(matches!(error, StorageError::Damaged { .. }), "{error}");
+    assert_eq!(&out[..prefix.len()], &prefix[..]);
+    // The records before the damaged one are whole batches.
+    decode_batches(&out[prefix.len()..]);
 }
 
 #[test]

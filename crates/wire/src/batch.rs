@@ -2,8 +2,9 @@
 //!
 //! A batch = 256-byte batch header + `message_count` frames (48-byte frame header, payload,
 //! user headers). The server validates a batch on send ([`validate`]), stamps partition,
-//! base offset and append timestamp ([`stamp`]), and on poll copies whole batches or a
-//! sub-range ([`slice_into`]) with a recomputed header. Frames are never modified.
+//! base offset and append timestamp ([`stamp`]), and on poll takes whole batches as stored or
+//! a sub-range with a recomputed header ([`plan_take`], then [`slice_into`] or
+//! [`cut_in_place`]). Frames are never modified.
 
 use crate::codes;
 use xxhash_rust::xxh3;
@@ -402,53 +403,142 @@ pub fn compute_checksum(batch: &[u8]) -> u64 {
     hasher.digest()
 }
 
+/// What a poll takes from one stored batch: see [`plan_take`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Take {
+    /// No message qualifies, or the batch is unreadable.
+    Nothing,
+    /// Every message: the batch goes out byte for byte.
+    Whole { count: u32, last_offset: u64 },
+    /// A run of frames (`frames`: byte range within the batch, contiguous) that needs a
+    /// recomputed header ([`slice_into`], [`cut_in_place`]).
+    Part {
+        frames: std::ops::Range<usize>,
+        count: u32,
+        last_offset: u64,
+    },
+}
+
+impl Take {
+    /// Messages taken.
+    pub fn count(&self) -> u32 {
+        match self {
+            Take::Nothing => 0,
+            Take::Whole { count, .. } | Take::Part { count, .. } => *count,
+        }
+    }
+
+    /// Offset of the last message taken.
+    pub fn last_offset(&self) -> Option<u64> {
+        match self {
+            Take::Nothing => None,
+            Take::Whole { last_offset, .. } | Take::Part { last_offset, .. } => Some(*last_offset),
+        }
+    }
+}
+
+/// Which messages of the stored (stamped) `batch` a poll takes: those with offset >=
+/// `from_offset`, at most `max_messages`. One walk over the frame headers, no allocation.
+///
+/// A batch whose frames do not tile it exactly, whose frame count differs from its header, or
+/// whose offsets do not increase is unreadable ([`Take::Nothing`]), so a damaged stored batch
+/// can never produce a reply the client would reject.
+pub fn plan_take(batch: &[u8], from_offset: u64, max_messages: u32) -> Take {
+    let Some(head) = header(batch) else {
+        return Take::Nothing;
+    };
+    if max_messages == 0 {
+        return Take::Nothing;
+    }
+    let mut walker = FrameWalker::new(batch);
+    let mut frames_count: u64 = 0;
+    let mut count: u32 = 0;
+    let mut first_start = 0;
+    let mut chosen_end = 0;
+    let mut last_offset = 0;
+    let mut previous_offset = None;
+    for frame in walker.by_ref() {
+        frames_count += 1;
+        let offset = head.base_offset.saturating_add(u64::from(frame.offset_delta));
+        if previous_offset.is_some_and(|previous| offset <= previous) {
+            return Take::Nothing;
+        }
+        previous_offset = Some(offset);
+        if offset >= from_offset && count < max_messages {
+            if count == 0 {
+                first_start = frame.start;
+            }
+            count += 1;
+            chosen_end = frame.end;
+            last_offset = offset;
+        }
+    }
+    if walker.overran || frames_count != u64::from(head.message_count) || count == 0 {
+        return Take::Nothing;
+    }
+    if count == head.message_count {
+        Take::Whole { count, last_offset }
+    } else {
+        Take::Part {
+            frames: first_start..chosen_end,
+            count,
+            last_offset,
+        }
+    }
+}
+
 /// Append to `out` the messages of the stored (stamped) `batch` with offset >= `from_offset`,
 /// at most `max_messages`. A whole batch is copied as is; a sub-range keeps base_offset,
 /// base_timestamp and origin_timestamp, copies the chosen frames byte for byte and gets a new
 /// message_count, batch_length and batch checksum. Returns the number of messages appended
-/// (0 appends nothing).
-///
-/// A batch whose frames do not tile it exactly is treated as unreadable and appends nothing,
-/// so a damaged stored batch can never produce a reply the client would reject.
+/// (0 appends nothing). Unreadable batches append nothing (see [`plan_take`]).
 pub fn slice_into(batch: &[u8], from_offset: u64, max_messages: u32, out: &mut Vec<u8>) -> u32 {
-    let Some(head) = header(batch) else { return 0 };
-    if max_messages == 0 {
-        return 0;
+    match plan_take(batch, from_offset, max_messages) {
+        Take::Nothing => 0,
+        Take::Whole { count, .. } => {
+            out.extend_from_slice(batch);
+            count
+        }
+        Take::Part { frames, count, .. } => {
+            let start = out.len();
+            out.extend_from_slice(&batch[..BATCH_HEADER_SIZE]);
+            out.extend_from_slice(&batch[frames]);
+            finish_sliced_header(&mut out[start..], count);
+            count
+        }
     }
-    let mut walker = FrameWalker::new(batch);
-    let frames: Vec<Frame> = walker.by_ref().collect();
-    if walker.overran || frames.len() != head.message_count as usize {
-        return 0;
-    }
-    let chosen: Vec<&Frame> = frames
-        .iter()
-        .filter(|frame| head.base_offset.saturating_add(u64::from(frame.offset_delta)) >= from_offset)
-        .take(max_messages as usize)
-        .collect();
-    if chosen.is_empty() {
-        return 0;
-    }
-    if chosen.len() == frames.len() {
-        out.extend_from_slice(batch);
-        return head.message_count;
-    }
+}
 
-    let start = out.len();
-    out.extend_from_slice(&batch[..BATCH_HEADER_SIZE]);
-    let mut batch_length = BATCH_HEADER_SIZE as u64;
-    for frame in &chosen {
-        out.extend_from_slice(&batch[frame.start..frame.end]);
-        batch_length += (frame.end - frame.start) as u64;
+/// Apply `take` to the stored batch that is the tail of `buffer` from `batch_start` on, in
+/// place: [`Take::Whole`] leaves it, [`Take::Nothing`] removes it, [`Take::Part`] moves the
+/// chosen frames behind the header and recomputes the header as [`slice_into`] does. `take`
+/// must come from [`plan_take`] on exactly that batch.
+pub fn cut_in_place(buffer: &mut Vec<u8>, batch_start: usize, take: &Take) {
+    match take {
+        Take::Whole { .. } => {}
+        Take::Nothing => buffer.truncate(batch_start),
+        Take::Part { frames, count, .. } => {
+            let frames_start = batch_start + frames.start;
+            let frames_end = batch_start + frames.end;
+            let header_end = batch_start + BATCH_HEADER_SIZE;
+            buffer.copy_within(frames_start..frames_end, header_end);
+            buffer.truncate(header_end + (frames_end - frames_start));
+            finish_sliced_header(&mut buffer[batch_start..], *count);
+        }
     }
-    // `chosen` is a strict subset of a u32-counted batch, so its length fits.
-    let count = chosen.len() as u32;
-    let sliced = &mut out[start..];
+}
+
+/// Recompute the header of a sub-range batch (header + chosen frames, exactly `sliced`):
+/// reserved bytes, batch_length, message_count and the batch checksum.
+fn finish_sliced_header(sliced: &mut [u8], count: u32) {
+    if sliced.len() < BATCH_HEADER_SIZE {
+        return;
+    }
     sliced[BATCH_RESERVED_AT..BATCH_HEADER_SIZE].fill(0);
-    write_u64(sliced, BATCH_LENGTH_AT, batch_length);
+    write_u64(sliced, BATCH_LENGTH_AT, sliced.len() as u64);
     sliced[MESSAGE_COUNT_AT..MESSAGE_COUNT_AT + 4].copy_from_slice(&count.to_le_bytes());
     let checksum = compute_checksum(sliced);
     write_u64(sliced, BATCH_CHECKSUM_AT, checksum);
-    count
 }
 
 /// Where one frame sits in its batch, and the header fields validation needs.

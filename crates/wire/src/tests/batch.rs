@@ -392,6 +392,69 @@ fn slice_nothing() {
 }
 
 #[test]
+fn plan_take_whole_part_and_nothing() {
+    let b = stamped_golden();
+    assert_eq!(
+        batch::plan_take(&b, 0, 100),
+        batch::Take::Whole {
+            count: 2,
+            last_offset: 11
+        }
+    );
+    assert_eq!(
+        batch::plan_take(&b, 10, 2),
+        batch::Take::Whole {
+            count: 2,
+            last_offset: 11
+        }
+    );
+    // The first frame is 53 bytes, the second 54.
+    assert_eq!(
+        batch::plan_take(&b, 11, 100),
+        batch::Take::Part {
+            frames: 256 + 53..b.len(),
+            count: 1,
+            last_offset: 11
+        }
+    );
+    assert_eq!(
+        batch::plan_take(&b, 0, 1),
+        batch::Take::Part {
+            frames: 256..256 + 53,
+            count: 1,
+            last_offset: 10
+        }
+    );
+    assert_eq!(batch::plan_take(&b, 12, 100), batch::Take::Nothing);
+    assert_eq!(batch::plan_take(&b, 0, 0), batch::Take::Nothing);
+    assert_eq!(batch::plan_take(&b[..300], 0, 10), batch::Take::Nothing);
+    assert_eq!(batch::Take::Nothing.count(), 0);
+    assert_eq!(batch::plan_take(&b, 11, 100).last_offset(), Some(11));
+}
+
+#[test]
+fn plan_take_refuses_offsets_that_do_not_increase() {
+    let mut b = stamped_golden();
+    // Second frame's offset_delta 1 -> 0: same offset as the first.
+    b[256 + 53 + 24..256 + 53 + 28].copy_from_slice(&0u32.to_le_bytes());
+    assert_eq!(batch::plan_take(&b, 0, 100), batch::Take::Nothing);
+}
+
+#[test]
+fn cut_in_place_matches_slice_into() {
+    let b = stamped_golden();
+    for (from, max) in [(0, 100), (10, 2), (11, 100), (0, 1), (12, 100), (0, 0)] {
+        let mut expected = vec![7u8; 5];
+        batch::slice_into(&b, from, max, &mut expected);
+        let mut in_place = vec![7u8; 5];
+        in_place.extend_from_slice(&b);
+        let take = batch::plan_take(&b, from, max);
+        batch::cut_in_place(&mut in_place, 5, &take);
+        assert_eq!(in_place, expected, "from {from} max {max}");
+    }
+}
+
+#[test]
 fn stamp_ignores_short_input() {
     let mut short = vec![1u8; 10];
     batch::stamp(&mut short, 1, 2, 3);
