@@ -28,7 +28,8 @@ fn shapes(base: &BenchArgs) -> Vec<Shape> {
         args.batches = batches;
         args.rate_limit = rate;
         args.durability = durability;
-        args.start_server = true;
+        // The disk ceiling runs no server.
+        args.start_server = workload != Workload::DiskCeiling;
         args.keep = false;
         args.suite = false;
         args.output_json = None;
