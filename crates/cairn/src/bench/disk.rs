@@ -25,12 +25,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 pub fn run(args: &BenchArgs) -> Result<Report, String> {
-    let parent = args.server_data_parent.clone().unwrap_or_else(std::env::temp_dir);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let dir = parent.join(format!("cairn-bench-disk-{}-{nanos}", std::process::id()));
+    let dir = super::server::scratch_dir(args, "cairn-bench-disk");
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let measured = measure(args, &dir);
     let cpu_after = super::server::process_cpu_seconds(std::process::id());
@@ -40,12 +35,8 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
     let (samples, cpu_before) = measured?;
     let cpu_seconds = (cpu_after? - cpu_before).max(0.0);
     let send = stats::summarize(&samples, Kind::Send, args.producers, 0);
-    let first = samples.iter().map(|s| s.start_us).min().unwrap_or(0);
-    let last = samples.iter().map(|s| s.end_us()).max().unwrap_or(0);
-    let wall_seconds = last.saturating_sub(first).max(1) as f64 / 1e6;
-    let messages: u64 = samples.iter().map(|s| s.messages).sum();
-    let payload_bytes: u64 = samples.iter().map(|s| s.payload_bytes).sum();
-    let throughput = payload_bytes as f64 / wall_seconds;
+    let totals = Totals::of(&samples);
+    let payload_bytes = totals.payload_bytes;
     Ok(Report {
         tool: "cairn bench",
         version: env!("CARGO_PKG_VERSION"),
@@ -59,14 +50,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
         time_series: stats::time_series(&samples),
         send,
         poll: None,
-        totals: Totals {
-            messages,
-            payload_bytes,
-            wall_seconds,
-            throughput_bytes_per_s: throughput,
-            throughput_mb_per_s: throughput / 1e6,
-            messages_per_s: messages as f64 / wall_seconds,
-        },
+        totals,
         server_cpu: Some(ServerCpu::new(std::process::id(), cpu_seconds, payload_bytes, 0)),
     })
 }

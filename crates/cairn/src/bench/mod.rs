@@ -408,22 +408,7 @@ async fn measure(
     }
     let send = stats::summarize(&samples, Kind::Send, producers, 0);
     let poll = stats::summarize(&samples, Kind::Poll, consumers, empty_polls);
-    let totals = {
-        let first = samples.iter().map(|s| s.start_us).min().unwrap_or(0);
-        let last = samples.iter().map(|s| s.end_us()).max().unwrap_or(0);
-        let wall_seconds = last.saturating_sub(first).max(1) as f64 / 1e6;
-        let messages: u64 = samples.iter().map(|s| s.messages).sum();
-        let payload_bytes: u64 = samples.iter().map(|s| s.payload_bytes).sum();
-        let throughput = payload_bytes as f64 / wall_seconds;
-        Totals {
-            messages,
-            payload_bytes,
-            wall_seconds,
-            throughput_bytes_per_s: throughput,
-            throughput_mb_per_s: throughput / 1e6,
-            messages_per_s: messages as f64 / wall_seconds,
-        }
-    };
+    let totals = Totals::of(&samples);
     let server_cpu = match (pid, cpu_before, cpu_after) {
         (Some(pid), Some(before), Some(after)) => Some(ServerCpu::new(
             pid,

@@ -66,6 +66,27 @@ pub struct Totals {
     pub messages_per_s: f64,
 }
 
+impl Totals {
+    /// Every sample of a run, all kinds together: wall time from the first request's start
+    /// to the last reply.
+    pub fn of(samples: &[super::stats::Sample]) -> Totals {
+        let first = samples.iter().map(|s| s.start_us).min().unwrap_or(0);
+        let last = samples.iter().map(|s| s.end_us()).max().unwrap_or(0);
+        let wall_seconds = last.saturating_sub(first).max(1) as f64 / 1e6;
+        let messages: u64 = samples.iter().map(|s| s.messages).sum();
+        let payload_bytes: u64 = samples.iter().map(|s| s.payload_bytes).sum();
+        let throughput = payload_bytes as f64 / wall_seconds;
+        Totals {
+            messages,
+            payload_bytes,
+            wall_seconds,
+            throughput_bytes_per_s: throughput,
+            throughput_mb_per_s: throughput / 1e6,
+            messages_per_s: messages as f64 / wall_seconds,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct ServerCpu {
     pub pid: u32,

@@ -27,12 +27,7 @@ impl StartedServer {
             Some(path) => path.clone(),
             None => std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?,
         };
-        let parent = args.server_data_parent.clone().unwrap_or_else(std::env::temp_dir);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let data_dir = parent.join(format!("cairn-bench-{}-{nanos}", std::process::id()));
+        let data_dir = scratch_dir(args, "cairn-bench");
         let mut command = Command::new(&binary);
         // The server refuses unknown CAIRN_* variables, and the bench's server must not pick up
         // settings from the environment by accident: it sees exactly what is passed here.
@@ -150,6 +145,17 @@ impl Drop for StartedServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A fresh directory path (not created) under `--server-data-parent` or the temp dir:
+/// `<prefix>-<pid>-<nanoseconds>`.
+pub fn scratch_dir(args: &BenchArgs, prefix: &str) -> PathBuf {
+    let parent = args.server_data_parent.clone().unwrap_or_else(std::env::temp_dir);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    parent.join(format!("{prefix}-{}-{nanos}", std::process::id()))
 }
 
 /// User plus system CPU time of a process, from `/proc/<pid>/stat`.
