@@ -392,6 +392,7 @@ impl WriterContext {
         let shared = Arc::new(WriterShared {
             state,
             dir,
+            acks_before_barrier: matches!(self.mode, AckMode::AfterWrite { .. }),
             partition: counters,
             global: self.global.clone(),
         });
@@ -457,6 +458,9 @@ pub async fn submit(
 struct WriterShared {
     state: Arc<Mutex<PartitionState>>,
     dir: PathBuf,
+    /// Relaxed mode: sends are acknowledged before a barrier covers them, so a stop can
+    /// put acknowledged writes at risk (said so in the stop's log line).
+    acks_before_barrier: bool,
     partition: Arc<CommitCounters>,
     global: Arc<CommitCounters>,
 }
@@ -627,14 +631,21 @@ fn commit_group(shared: &WriterShared, sends: Vec<PendingSend>, barrier_required
             shared.partition.record_barrier_failed();
             shared.global.record_barrier_failed();
             let first_offset = written.first().map(|(_, base)| *base);
+            let earlier = if shared.acks_before_barrier {
+                // Relaxed mode: earlier groups were acknowledged after their write alone.
+                "sends acknowledged earlier (relaxed mode) that no successful barrier covered yet may be lost if the OS crashes, \
+                 and their offsets will not be re-issued"
+            } else {
+                "nothing acknowledged earlier is affected"
+            };
             tracing::error!(
                 partition_dir = %shared.dir.display(),
                 %cause,
                 written_sends = written.len(),
                 written_offsets = %offsets_text(first_offset, log.next_offset()),
-                "partition stopped taking writes until restart: the sends written since the last barrier were NOT acknowledged \
+                "partition stopped taking writes until restart: the sends of this group were NOT acknowledged \
                  (clients got status {BARRIER_FAILED_STATUS}); after a restart their messages may or may not be present; \
-                 nothing acknowledged earlier is affected; later sends get status {PARTITION_STOPPED_STATUS}"
+                 {earlier}; later sends get status {PARTITION_STOPPED_STATUS}"
             );
             for (reply, _) in written {
                 replies.push((reply, Err(BARRIER_FAILED_STATUS)));
@@ -1039,6 +1050,7 @@ mod tests {
         let shared = Arc::new(WriterShared {
             state: Arc::new(Mutex::new(state)),
             dir: partition_dir,
+            acks_before_barrier: false,
             partition: Arc::default(),
             global: Arc::default(),
         });
