@@ -138,6 +138,11 @@ fn bench_reports_a_tiny_producer_and_consumer_run() {
     let cpu = &report["server_cpu"];
     assert_eq!(cpu["pid"].as_u64(), Some(u64::from(server.pid())));
     assert!(f64_of(cpu, &["cpu_seconds"]) >= 0.0);
+    // The bench's own CPU (its SDK clients), over the same bytes.
+    let client_cpu = &report["client_cpu"];
+    assert_ne!(client_cpu["pid"].as_u64(), Some(u64::from(server.pid())));
+    assert!(f64_of(client_cpu, &["cpu_seconds"]) >= 0.0);
+    assert!((f64_of(client_cpu, &["gb_ingested"]) - 2.0 * 10.0 * 10.0 * 100.0 / 1e9).abs() < 1e-12);
     let series = report["time_series"].as_array().expect("time series");
     assert!(!series.is_empty());
     let series_messages: u64 = series.iter().filter_map(|b| b["messages"].as_u64()).sum();
@@ -219,6 +224,75 @@ fn disk_ceiling_writes_and_syncs_every_block_then_removes_its_files() {
     assert!(left.is_empty(), "files left behind: {left:?}");
 }
 
+/// Run a loopback ceiling workload with 2 pairs x 3 blocks of 4 x 1000 B; its report.
+fn loopback_ceiling(workload: &str, durability: &str, dir: &std::path::Path) -> serde_json::Value {
+    let json = dir.join(format!("{workload}-{durability}.json"));
+    let output = cairn_bench(&[
+        workload,
+        "--producers",
+        "2",
+        "--consumers",
+        "2",
+        "--batches",
+        "3",
+        "--messages-per-batch",
+        "4",
+        "--message-size",
+        "1000",
+        "--durability",
+        durability,
+        "--server-data-parent",
+        dir.to_str().expect("utf-8"),
+        "--output-json",
+        json.to_str().expect("utf-8"),
+    ]);
+    assert!(
+        output.status.success(),
+        "cairn bench {workload} failed: {:?}",
+        output.status
+    );
+    serde_json::from_slice(&std::fs::read(&json).expect("json written")).expect("json parses")
+}
+
+#[test]
+fn loopback_ceilings_move_every_block_and_report_both_sides_cpu() {
+    let dir = temp_dir();
+    let bytes = 2.0 * 3.0 * 4.0 * 1000.0 / 1e9;
+    for durability in ["durable", "relaxed"] {
+        let report = loopback_ceiling("ingest-ceiling", durability, dir.path());
+        check_phase(&report, "send", 2 * 3 * 4, 1000);
+        assert_eq!(report["send"]["requests"].as_u64(), Some(6), "{report}");
+        assert!(report["poll"].is_null());
+        for side in ["server_cpu", "client_cpu"] {
+            assert!(f64_of(&report[side], &["cpu_seconds"]) >= 0.0, "{side}");
+            assert!(
+                (f64_of(&report[side], &["gb_ingested"]) - bytes).abs() < 1e-12,
+                "{side}"
+            );
+        }
+    }
+    let report = loopback_ceiling("serve-ceiling", "durable", dir.path());
+    check_phase(&report, "poll", 2 * 3 * 4, 1000);
+    assert_eq!(report["poll"]["requests"].as_u64(), Some(6), "{report}");
+    assert!(report["send"].is_null());
+    for side in ["server_cpu", "client_cpu"] {
+        assert!(
+            (f64_of(&report[side], &["gb_served"]) - bytes).abs() < 1e-12,
+            "{side}"
+        );
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("read dir")
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("cairn-bench-loopback-")
+        })
+        .collect();
+    assert!(left.is_empty(), "files left behind: {left:?}");
+}
+
 #[test]
 fn bench_refuses_bad_parameters_without_touching_a_server() {
     let output = cairn_bench(&["--messages-per-batch", "0", "--server-address", "127.0.0.1:9"]);
@@ -255,6 +329,7 @@ fn bench_suite_writes_markdown_tables() {
     );
     let text = std::fs::read_to_string(&markdown).expect("markdown written");
     assert!(text.contains("| shape | durability | MB/s |"), "{text}");
+    assert!(text.contains("| server CPU s/GB | client CPU s/GB |"), "{text}");
     for row in [
         "8 producers × 8 streams (ingested) | durable",
         "8 producers × 8 streams (ingested) | relaxed",
@@ -264,6 +339,10 @@ fn bench_suite_writes_markdown_tables() {
         "disk ceiling: 1 writer at 100 MB/s",
         "1 producer at 100 MB/s, 100-message batches (ingested) | durable",
         "disk ceiling: 1 writer at 100 MB/s, write + fdatasync per 100 KB (no server)",
+        "ingest ceiling: 8 loopback pairs, receive + append + 2 barriers per 1 MB (no server) | durable",
+        "ingest ceiling: 8 loopback pairs, receive + buffered append per 1 MB (no server) | relaxed",
+        "serve ceiling: 8 loopback pairs, read + XXH3 + sendfile per 1 MB (no server)",
+        "ingest ceiling: 1 loopback pair at 100 MB/s",
     ] {
         assert!(text.contains(row), "missing row {row:?} in\n{text}");
     }

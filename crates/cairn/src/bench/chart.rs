@@ -296,6 +296,12 @@ pub fn html(report: &Report) -> String {
             cpu.cpu_seconds, cpu.cpu_seconds_per_gb
         ));
     }
+    if let Some(cpu) = &report.client_cpu {
+        body.push_str(&format!(
+            "<p>Load generator CPU: {:.2} s, {:.3} CPU s per GB moved.</p>\n",
+            cpu.cpu_seconds, cpu.cpu_seconds_per_gb
+        ));
+    }
     body.push_str(&line_chart(
         "Latency over time (per second, by completion)",
         "seconds since start",

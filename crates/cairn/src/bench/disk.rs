@@ -52,6 +52,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
         poll: None,
         totals,
         server_cpu: Some(ServerCpu::new(std::process::id(), cpu_seconds, payload_bytes, 0)),
+        client_cpu: None,
     })
 }
 

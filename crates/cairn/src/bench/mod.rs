@@ -7,11 +7,14 @@
 //! - [`report`]: the report, its table and JSON; [`chart`]: the HTML page with SVG charts.
 //! - [`server`]: `--start-server` and the server's CPU time from `/proc`.
 //! - [`disk`]: the `disk-ceiling` workload, the device's barrier ceiling with no server.
+//! - [`loopback`]: `ingest-ceiling` and `serve-ceiling`, the kernel's floor for moving a batch
+//!   over loopback into or out of a file, with no server.
 //! - [`suite`]: `--suite`, the standard shapes and their markdown section.
 
 mod actors;
 mod chart;
 mod disk;
+mod loopback;
 mod report;
 mod server;
 mod stats;
@@ -100,8 +103,10 @@ pub(crate) fn run_once(
     runtime: &tokio::runtime::Runtime,
     progress: bool,
 ) -> Result<Report, String> {
-    if args.workload == Workload::DiskCeiling {
-        return disk::run(args);
+    match args.workload {
+        Workload::DiskCeiling => return disk::run(args),
+        Workload::IngestCeiling | Workload::ServeCeiling => return loopback::run(args),
+        _ => {}
     }
     let mut started = None;
     let (address, pid, password) = if args.start_server {
@@ -330,6 +335,9 @@ async fn measure(
         Some(pid) => Some(server::process_cpu_seconds(pid)?),
         None => None,
     };
+    // The load generator's own CPU over the same phase: on a machine the server shares, the
+    // two together per GB bound the throughput.
+    let client_cpu_before = server::process_cpu_seconds(std::process::id())?;
     let context = Arc::new(ActorContext {
         connection: connection.clone(),
         epoch: Instant::now(),
@@ -402,6 +410,7 @@ async fn measure(
         Some(pid) => Some(server::process_cpu_seconds(pid)?),
         None => None,
     };
+    let client_cpu_after = server::process_cpu_seconds(std::process::id())?;
     bar.finish_and_clear();
     if let Some(error) = first_error {
         return Err(error);
@@ -418,6 +427,12 @@ async fn measure(
         )),
         _ => None,
     };
+    let client_cpu = ServerCpu::new(
+        std::process::id(),
+        (client_cpu_after - client_cpu_before).max(0.0),
+        send.as_ref().map_or(0, |s| s.payload_bytes),
+        poll.as_ref().map_or(0, |s| s.payload_bytes),
+    );
     Ok(Report {
         tool: "cairn bench",
         version: env!("CARGO_PKG_VERSION"),
@@ -430,5 +445,6 @@ async fn measure(
         poll,
         totals,
         server_cpu,
+        client_cpu: Some(client_cpu),
     })
 }

@@ -132,7 +132,11 @@ pub struct Report {
     pub send: Option<PhaseSummary>,
     pub poll: Option<PhaseSummary>,
     pub totals: Totals,
+    /// For the ceiling workloads, the server-side threads (or the disk writers) of this process.
     pub server_cpu: Option<ServerCpu>,
+    /// The load generator's own CPU over the measured phase (this process; for the loopback
+    /// ceilings, its client threads). None for the disk ceiling, which has no clients.
+    pub client_cpu: Option<ServerCpu>,
     /// Per second of the run, by completion time, per kind of traffic.
     pub time_series: Vec<SecondBucket>,
 }
@@ -246,12 +250,19 @@ pub fn table(report: &Report) -> String {
             poll.empty_polls
         ));
     }
-    if let Some(cpu) = &report.server_cpu {
-        let whose = if report.parameters.workload == Workload::DiskCeiling {
-            "disk writers (this process)"
-        } else {
-            "server"
-        };
+    let whose = match report.parameters.workload {
+        Workload::DiskCeiling => ["disk writers (this process)", ""],
+        Workload::IngestCeiling | Workload::ServeCeiling => [
+            "server-side threads (this process)",
+            "client threads (this process)",
+        ],
+        _ => ["server", "bench clients (this process)"],
+    };
+    for (whose, cpu) in whose
+        .iter()
+        .zip([&report.server_cpu, &report.client_cpu])
+        .filter_map(|(whose, cpu)| Some((whose, cpu.as_ref()?)))
+    {
         out.push_str(&format!(
             "{whose} pid {}: {:.2} CPU s, {:.3} CPU s/GB moved{}{}\n",
             cpu.pid,

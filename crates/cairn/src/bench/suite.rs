@@ -28,8 +28,8 @@ fn shapes(base: &BenchArgs) -> Vec<Shape> {
         args.batches = batches;
         args.rate_limit = rate;
         args.durability = durability;
-        // The disk ceiling runs no server.
-        args.start_server = workload != Workload::DiskCeiling;
+        // The ceilings run no server.
+        args.start_server = !workload.is_ceiling();
         args.keep = false;
         args.suite = false;
         args.output_json = None;
@@ -47,6 +47,10 @@ fn shapes(base: &BenchArgs) -> Vec<Shape> {
             args: shape(Workload::DiskCeiling, 8, DurabilityLabel::Durable, None),
         },
         Shape {
+            title: "ingest ceiling: 8 loopback pairs, receive + append + 2 barriers per 1 MB",
+            args: shape(Workload::IngestCeiling, 8, DurabilityLabel::Durable, None),
+        },
+        Shape {
             title: "8 producers × 8 streams",
             args: shape(Workload::PinnedProducer, 8, DurabilityLabel::Relaxed, None),
         },
@@ -55,8 +59,16 @@ fn shapes(base: &BenchArgs) -> Vec<Shape> {
             args: shape(Workload::DiskCeiling, 8, DurabilityLabel::Relaxed, None),
         },
         Shape {
+            title: "ingest ceiling: 8 loopback pairs, receive + buffered append per 1 MB",
+            args: shape(Workload::IngestCeiling, 8, DurabilityLabel::Relaxed, None),
+        },
+        Shape {
             title: "8 pinned consumers × 8 streams",
             args: shape(Workload::PinnedConsumer, 8, DurabilityLabel::Durable, None),
+        },
+        Shape {
+            title: "serve ceiling: 8 loopback pairs, read + XXH3 + sendfile per 1 MB",
+            args: shape(Workload::ServeCeiling, 8, DurabilityLabel::Durable, None),
         },
         Shape {
             title: "1 producer at 100 MB/s",
@@ -91,6 +103,15 @@ fn shapes(base: &BenchArgs) -> Vec<Shape> {
             title: "disk ceiling: 1 writer at 100 MB/s, write + fdatasync per 100 KB",
             args: small_batches(shape(
                 Workload::DiskCeiling,
+                1,
+                DurabilityLabel::Durable,
+                Some(100_000_000),
+            )),
+        },
+        Shape {
+            title: "ingest ceiling: 1 loopback pair at 100 MB/s, receive + append + 2 barriers per 100 KB",
+            args: small_batches(shape(
+                Workload::IngestCeiling,
                 1,
                 DurabilityLabel::Durable,
                 Some(100_000_000),
@@ -182,7 +203,16 @@ fn markdown(base: &BenchArgs, results: &[(Shape, Vec<Report>)]) -> String {
          number of writers each write batch-sized blocks to their own file in the same kind of \
          temporary directory, one `fdatasync` per block, which is the barrier a durable send \
          needs and nothing else (without it for `relaxed`); its CPU column is the writers' own \
-         CPU time, what moving the bytes through the kernel's buffered write path costs.\n\n",
+         CPU time, what moving the bytes through the kernel's buffered write path costs. \
+         An *ingest ceiling* row adds the network: pairs of threads on loopback connections, \
+         one sends each block, the other receives it into a reused buffer, appends it to its \
+         file and answers (durable: after an `fdatasync` of the data and an in-place 4 KiB \
+         frontier write with its own `fdatasync`, the two barriers of Cairn's contract). A \
+         *serve ceiling* row: one thread asks, the other reads the block from its cached file, \
+         checks its XXH3 and `sendfile`s it. Their server CPU column is the serving threads' \
+         CPU, the client column the asking threads'. The client CPU column of a server row is \
+         the bench process's own CPU (the SDK clients) over the measured phase; both share \
+         the same 2 cores, so (server + client CPU s/GB) × MB/s cannot exceed 2 cores.\n\n",
         if runs >= 3 {
             format!("Each figure is the median of runs 2–{runs} of {runs} (the first, cold, run discarded).")
         } else if runs == 2 {
@@ -196,8 +226,8 @@ fn markdown(base: &BenchArgs, results: &[(Shape, Vec<Report>)]) -> String {
         "Suite command: `cairn bench --suite --suite-scale {} --suite-runs {runs}`\n\n",
         base.suite_scale
     ));
-    out.push_str("| shape | durability | MB/s | msgs/s | p50 | p90 | p99 | p999 | max | server CPU s/GB |\n");
-    out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    out.push_str("| shape | durability | MB/s | msgs/s | p50 | p90 | p99 | p999 | max | server CPU s/GB | client CPU s/GB |\n");
+    out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (shape, reports) in results {
         let kept = kept(reports);
         let phases: Vec<_> = kept
@@ -207,16 +237,20 @@ fn markdown(base: &BenchArgs, results: &[(Shape, Vec<Report>)]) -> String {
         let med = |f: &dyn Fn(&super::stats::PhaseSummary) -> f64| {
             median(&phases.iter().map(|p| f(p)).collect::<Vec<_>>())
         };
-        let cpu: Vec<f64> = kept
-            .iter()
-            .filter_map(|r| r.server_cpu.as_ref().map(|c| c.cpu_seconds_per_gb))
-            .collect();
+        let cpu_median = |cpu: &dyn Fn(&Report) -> Option<f64>| {
+            let cpu: Vec<f64> = kept.iter().filter_map(cpu).collect();
+            if cpu.is_empty() {
+                "–".to_string()
+            } else {
+                format!("{:.3}", median(&cpu))
+            }
+        };
         out.push_str(&format!(
-            "| {}{} | {} | {:.1} | {:.0} | {} | {} | {} | {} | {} | {} |\n",
+            "| {}{} | {} | {:.1} | {:.0} | {} | {} | {} | {} | {} | {} | {} |\n",
             shape.title,
             match shape.args.workload {
+                workload if workload.is_ceiling() => " (no server)",
                 Workload::PinnedConsumer => " (served)",
-                Workload::DiskCeiling => " (no server)",
                 _ => " (ingested)",
             },
             shape.args.durability.name(),
@@ -227,11 +261,8 @@ fn markdown(base: &BenchArgs, results: &[(Shape, Vec<Report>)]) -> String {
             format_us(med(&|p| p.latency.p99_us as f64) as u64),
             format_us(med(&|p| p.latency.p999_us as f64) as u64),
             format_us(med(&|p| p.latency.max_us as f64) as u64),
-            if cpu.is_empty() {
-                "–".to_string()
-            } else {
-                format!("{:.3}", median(&cpu))
-            },
+            cpu_median(&|r| r.server_cpu.as_ref().map(|c| c.cpu_seconds_per_gb)),
+            cpu_median(&|r| r.client_cpu.as_ref().map(|c| c.cpu_seconds_per_gb)),
         ));
     }
     out.push_str("\nRaw MB/s per run (the first is the cold run):\n\n");

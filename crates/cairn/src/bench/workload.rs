@@ -27,14 +27,33 @@ pub enum Workload {
     /// the temp dir) with one write + fdatasync per batch-sized block. The disk's barrier
     /// ceiling for the same shape, to compare a durable run against.
     DiskCeiling,
+    /// No server: every producer is a pair of threads on one loopback connection; one sends
+    /// batch-sized blocks, the other reads each into one buffer, appends it to its own file
+    /// (durable: then fdatasync, and a 4 KiB in-place frontier write with its own fdatasync)
+    /// and answers one byte. The floor of receiving and storing a batch, in CPU and time.
+    IngestCeiling,
+    /// No server: every consumer is a pair of threads on one loopback connection; one asks for
+    /// a block, the other reads it from its (cached) file, checks its XXH3 as Cairn verifies a
+    /// record, and sendfile()s it. The floor of serving a verified batch, in CPU and time.
+    ServeCeiling,
 }
 
 impl Workload {
     pub fn produces(self) -> bool {
-        !matches!(self, Workload::PinnedConsumer)
+        !matches!(self, Workload::PinnedConsumer | Workload::ServeCeiling)
     }
     pub fn consumes(self) -> bool {
-        !matches!(self, Workload::PinnedProducer | Workload::DiskCeiling)
+        !matches!(
+            self,
+            Workload::PinnedProducer | Workload::DiskCeiling | Workload::IngestCeiling
+        )
+    }
+    /// Runs no server: a floor measured inside this process.
+    pub fn is_ceiling(self) -> bool {
+        matches!(
+            self,
+            Workload::DiskCeiling | Workload::IngestCeiling | Workload::ServeCeiling
+        )
     }
     pub fn name(self) -> &'static str {
         match self {
@@ -43,6 +62,8 @@ impl Workload {
             Workload::PinnedProducerAndConsumer => "pinned-producer-and-consumer",
             Workload::BalancedProducerAndConsumerGroup => "balanced-producer-and-consumer-group",
             Workload::DiskCeiling => "disk-ceiling",
+            Workload::IngestCeiling => "ingest-ceiling",
+            Workload::ServeCeiling => "serve-ceiling",
         }
     }
 }
@@ -157,8 +178,8 @@ pub struct BenchArgs {
 impl BenchArgs {
     pub fn streams(&self) -> usize {
         self.streams.unwrap_or(match self.workload {
-            Workload::PinnedProducer | Workload::DiskCeiling => self.producers,
-            Workload::PinnedConsumer => self.consumers,
+            Workload::PinnedProducer | Workload::DiskCeiling | Workload::IngestCeiling => self.producers,
+            Workload::PinnedConsumer | Workload::ServeCeiling => self.consumers,
             Workload::PinnedProducerAndConsumer => self.producers,
             Workload::BalancedProducerAndConsumerGroup => 1,
         })
