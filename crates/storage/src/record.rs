@@ -697,6 +697,58 @@ pub fn verify_envelope(rest: &[u8]) -> Result<RecordHeader, Fault> {
     Ok(header)
 }
 
+/// [`verify_envelope`] for a record read in pieces, so that a large record need not be held
+/// whole: [`EnvelopeInPieces::begin`] checks the header's shape and bounds, `update` takes
+/// the batch bytes in order, [`EnvelopeInPieces::finish`] compares the checksum. The same
+/// verdicts as [`verify_envelope`] over the whole record.
+#[derive(Clone)]
+pub struct EnvelopeInPieces {
+    header: RecordHeader,
+    hasher: Xxh3,
+    batch_bytes_left: u64,
+}
+
+impl EnvelopeInPieces {
+    /// `head`: the record's first bytes, at least its header; `available_bytes`: how many
+    /// bytes the record may occupy from its start.
+    pub fn begin(head: &[u8], available_bytes: u64) -> Result<EnvelopeInPieces, Fault> {
+        let header = decode(head)?;
+        bounded_record_size(&header, available_bytes)?;
+        let mut hasher = Xxh3::new();
+        hasher.update(&head[CHECKSUM_COVERAGE_START..RECORD_HEADER_SIZE]);
+        Ok(EnvelopeInPieces {
+            header,
+            hasher,
+            batch_bytes_left: u64::from(header.batch_length_bytes),
+        })
+    }
+
+    /// The decoded header: its checksum is not yet verified.
+    pub fn header(&self) -> &RecordHeader {
+        &self.header
+    }
+
+    /// The next bytes of the batch, in order; never more than the header's batch length.
+    pub fn update(&mut self, batch_piece: &[u8]) {
+        let len = batch_piece.len() as u64;
+        assert!(
+            len <= self.batch_bytes_left,
+            "more batch bytes than the record header declares"
+        );
+        self.batch_bytes_left -= len;
+        self.hasher.update(batch_piece);
+    }
+
+    /// Once every batch byte was given: the header, if the checksum matches.
+    pub fn finish(self) -> Result<RecordHeader, Fault> {
+        assert_eq!(self.batch_bytes_left, 0, "the checksum needs every batch byte");
+        if self.hasher.digest() != self.header.checksum {
+            return Err(Fault::ChecksumMismatch);
+        }
+        Ok(self.header)
+    }
+}
+
 /// The record size, once `batch_length` is known plausible and within `remaining_bytes`.
 fn bounded_record_size(header: &RecordHeader, remaining_bytes: u64) -> Result<u64, Fault> {
     let batch_length = header.batch_length_bytes;
@@ -918,6 +970,49 @@ mod tests {
         log.extend_from_slice(&batch);
         *chain = chain.advance(&header);
         header
+    }
+
+    /// Feed a record to [`EnvelopeInPieces`] in pieces of `piece` bytes.
+    fn verify_in_pieces(record: &[u8], piece: usize) -> Result<RecordHeader, Fault> {
+        let mut check = EnvelopeInPieces::begin(&record[..RECORD_HEADER_SIZE], record.len() as u64)?;
+        for batch_piece in record[RECORD_HEADER_SIZE..].chunks(piece) {
+            check.update(batch_piece);
+        }
+        check.finish()
+    }
+
+    #[test]
+    fn verifying_in_pieces_gives_the_whole_record_verdict() {
+        let mut record = Vec::new();
+        let mut chain = Chain::genesis(7);
+        let header = push_record(&mut record, &mut chain, 3, 10_000);
+        for piece in [1, 7, 64, 4096, record.len()] {
+            assert_eq!(verify_in_pieces(&record, piece), Ok(header), "piece {piece}");
+        }
+        // A flipped bit anywhere after the checksum field fails both ways, in every piece size.
+        for at in [
+            CHECKSUM_COVERAGE_START,
+            RECORD_HEADER_SIZE,
+            RECORD_HEADER_SIZE + 5_000,
+            record.len() - 1,
+        ] {
+            let mut damaged = record.clone();
+            damaged[at] ^= 0x10;
+            let whole = verify_envelope(&damaged).map(|_| ());
+            assert!(whole.is_err(), "byte {at}");
+            for piece in [7, 4096] {
+                assert_eq!(
+                    verify_in_pieces(&damaged, piece).map(|_| ()),
+                    whole,
+                    "byte {at}, piece {piece}"
+                );
+            }
+        }
+        // A record longer than the room it may occupy is refused before any batch byte.
+        assert!(matches!(
+            EnvelopeInPieces::begin(&record, record.len() as u64 - 1),
+            Err(Fault::Overrun { .. })
+        ));
     }
 
     fn sample_log(records: usize) -> (Vec<u8>, Vec<u64>, Chain) {

@@ -934,6 +934,53 @@ fn big_batch(first_offset: u64) -> Vec<u8> {
     client_batch(&payloads)
 }
 
+/// `read_parts` over `[from_offset, +max_messages)`: the error, if any.
+fn read_parts_error(log: &PartitionLog, from_offset: u64, max_messages: u32) -> Option<StorageError> {
+    log.read_parts(from_offset, max_messages, &mut Vec::new(), &mut Vec::new())
+        .err()
+}
+
+#[test]
+fn records_sent_whole_are_verified_in_pieces_and_a_flip_in_any_piece_is_damage() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = LogConfig::new(64 << 20, SyncMode::EveryAppend);
+    let mut log = PartitionLog::create(tmp.path(), PARTITION, config).unwrap();
+    for first_offset in [0, 64, 128] {
+        assert_eq!(log.append(&big_batch(first_offset), 1_000).unwrap(), first_offset);
+    }
+    // Whole records (read and hashed in pieces) and cut ones, the same bytes as `read`.
+    for (from_offset, max_messages) in [(0, u32::MAX), (64, 64), (10, 100), (0, 70), (127, 2)] {
+        let messages = read_all(&log, from_offset, max_messages);
+        assert_eq!(messages.first().map(|m| m.offset), Some(from_offset));
+    }
+    let mut parts = Vec::new();
+    log.read_parts(0, u32::MAX, &mut Vec::new(), &mut parts).unwrap();
+    assert_eq!(parts.len(), 3);
+    assert!(parts.iter().all(|part| matches!(part, ReadPart::File { .. })));
+
+    // A flip in the first piece, a middle piece and the last byte of the middle record.
+    let path = log_files(tmp.path()).remove(0);
+    let original = std::fs::read(&path).unwrap();
+    let ends = record_ends(&original);
+    let (start, end) = (ends[0], ends[1]);
+    for at in [start + 100, start + 3 * 64 * 1024 + 5, end - 1] {
+        let mut bytes = original.clone();
+        bytes[at as usize] ^= 0x04;
+        std::fs::write(&path, &bytes).unwrap();
+        for (from_offset, max_messages) in [(0, u32::MAX), (64, 64), (70, 10)] {
+            match read_parts_error(&log, from_offset, max_messages) {
+                Some(StorageError::Damaged { position, .. }) => assert_eq!(position, start, "byte {at}"),
+                other => panic!("byte {at}, poll from {from_offset}: {other:?}"),
+            }
+        }
+        // The records around it still serve.
+        assert!(read_parts_error(&log, 0, 64).is_none());
+        assert!(read_parts_error(&log, 128, 64).is_none());
+    }
+    std::fs::write(&path, &original).unwrap();
+    assert!(read_parts_error(&log, 0, u32::MAX).is_none());
+}
+
 #[test]
 fn writeback_is_paced_and_a_failed_wait_stops_the_log_like_a_failed_barrier() {
     let tmp = tempfile::tempdir().unwrap();
