@@ -251,20 +251,21 @@ impl BenchArgs {
             parts.push(format!("--{name}"));
             parts.push(value);
         };
-        if self.start_server {
-            flag("durability", self.durability.name().to_string());
-        } else {
+        // The ceilings run no server: no address to name.
+        if !self.start_server && !self.workload.is_ceiling() {
             flag("server-address", self.server_address.clone());
-            flag("durability", self.durability.name().to_string());
         }
+        flag("durability", self.durability.name().to_string());
         if self.workload.produces() {
             flag("producers", self.producers.to_string());
         }
         if self.workload.consumes() {
             flag("consumers", self.consumers.to_string());
         }
-        flag("streams", self.streams().to_string());
-        flag("partitions", self.partitions.to_string());
+        if !self.workload.is_ceiling() {
+            flag("streams", self.streams().to_string());
+            flag("partitions", self.partitions.to_string());
+        }
         flag("message-size", self.message_size.to_string());
         flag("messages-per-batch", self.messages_per_batch.to_string());
         flag("batches", self.batches.to_string());
