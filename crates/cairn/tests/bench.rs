@@ -225,9 +225,14 @@ fn disk_ceiling_writes_and_syncs_every_block_then_removes_its_files() {
 }
 
 /// Run a loopback ceiling workload with 2 pairs x 3 blocks of 4 x 1000 B; its report.
-fn loopback_ceiling(workload: &str, durability: &str, dir: &std::path::Path) -> serde_json::Value {
-    let json = dir.join(format!("{workload}-{durability}.json"));
-    let output = cairn_bench(&[
+fn loopback_ceiling(
+    workload: &str,
+    durability: &str,
+    extra: &[&str],
+    dir: &std::path::Path,
+) -> serde_json::Value {
+    let json = dir.join(format!("{workload}-{durability}-{}.json", extra.len()));
+    let mut args = vec![
         workload,
         "--producers",
         "2",
@@ -245,7 +250,9 @@ fn loopback_ceiling(workload: &str, durability: &str, dir: &std::path::Path) -> 
         dir.to_str().expect("utf-8"),
         "--output-json",
         json.to_str().expect("utf-8"),
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let output = cairn_bench(&args);
     assert!(
         output.status.success(),
         "cairn bench {workload} failed: {:?}",
@@ -259,7 +266,7 @@ fn loopback_ceilings_move_every_block_and_report_both_sides_cpu() {
     let dir = temp_dir();
     let bytes = 2.0 * 3.0 * 4.0 * 1000.0 / 1e9;
     for durability in ["durable", "relaxed"] {
-        let report = loopback_ceiling("ingest-ceiling", durability, dir.path());
+        let report = loopback_ceiling("ingest-ceiling", durability, &[], dir.path());
         check_phase(&report, "send", 2 * 3 * 4, 1000);
         assert_eq!(report["send"]["requests"].as_u64(), Some(6), "{report}");
         assert!(report["poll"].is_null());
@@ -271,16 +278,21 @@ fn loopback_ceilings_move_every_block_and_report_both_sides_cpu() {
             );
         }
     }
-    let report = loopback_ceiling("serve-ceiling", "durable", dir.path());
-    check_phase(&report, "poll", 2 * 3 * 4, 1000);
-    assert_eq!(report["poll"]["requests"].as_u64(), Some(6), "{report}");
-    assert!(report["send"].is_null());
-    for side in ["server_cpu", "client_cpu"] {
-        assert!(
-            (f64_of(&report[side], &["gb_served"]) - bytes).abs() < 1e-12,
-            "{side}"
-        );
+    for extra in [&[][..], &["--unverified"][..]] {
+        let report = loopback_ceiling("serve-ceiling", "durable", extra, dir.path());
+        check_phase(&report, "poll", 2 * 3 * 4, 1000);
+        assert_eq!(report["poll"]["requests"].as_u64(), Some(6), "{report}");
+        assert!(report["send"].is_null());
+        for side in ["server_cpu", "client_cpu"] {
+            assert!(
+                (f64_of(&report[side], &["gb_served"]) - bytes).abs() < 1e-12,
+                "{side}"
+            );
+        }
     }
+    // --unverified names the serve ceiling's variant only.
+    let output = cairn_bench(&["ingest-ceiling", "--unverified"]);
+    assert_eq!(output.status.code(), Some(2));
     let left: Vec<_> = std::fs::read_dir(dir.path())
         .expect("read dir")
         .filter_map(Result::ok)

@@ -13,7 +13,7 @@
 //! - **serve-ceiling** (one pair per `--consumers`): the client asks with one byte and reads
 //!   the block into one reused buffer; the server side reads the block from its file in
 //!   64 KiB pieces and checks its XXH3 (Cairn verifies every record it serves), then sends it
-//!   with `sendfile`. The
+//!   with `sendfile`; `--unverified` leaves the check out, to measure what it costs. The
 //!   files are written and synced before the measured phase, so they are in the page cache.
 //!
 //! The report gives the server-side threads' CPU (`getrusage(RUSAGE_THREAD)`; on loopback
@@ -123,6 +123,7 @@ fn measure(args: &BenchArgs, dir: &Path) -> Result<Measured, String> {
             messages_per_block: u64::from(args.messages_per_batch),
             rate_limit: args.rate_limit,
             sync: args.durability == DurabilityLabel::Durable,
+            verify: !args.unverified,
             seed: pair as u8,
         };
         let plan = Arc::new(plan);
@@ -193,6 +194,8 @@ struct PairPlan {
     rate_limit: Option<u64>,
     /// Durable ingest: the data barrier and the frontier barrier after every block.
     sync: bool,
+    /// Serve: read every block back and check its XXH3 before sending it.
+    verify: bool,
     seed: u8,
 }
 
@@ -353,27 +356,39 @@ fn serve_blocks(plan: &PairPlan, mut stream: TcpStream, start: &Barrier) -> Thre
             .read_exact(&mut request)
             .map_err(|e| format!("serve ceiling: reading a request: {e}"))?;
         let position = index as u64 * plan.block_bytes as u64;
-        // In cache-sized pieces: the bytes are hashed while they are still in the L2 cache,
-        // which measured about a fifth cheaper here than one read of the whole block.
-        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-        let mut done = 0;
-        while done < plan.block_bytes {
-            let piece = &mut scratch[..VERIFY_PIECE_BYTES.min(plan.block_bytes - done)];
-            file.read_exact_at(piece, position + done as u64)
-                .map_err(|e| format!("reading {}: {e}", plan.data_path.display()))?;
-            hasher.update(piece);
-            done += piece.len();
-        }
-        if hasher.digest() != *expected {
-            return Err(format!(
-                "{}: block {index} does not match its checksum",
-                plan.data_path.display()
-            ));
+        if plan.verify {
+            verify_block(plan, &file, position, *expected, &mut scratch)
+                .map_err(|reason| format!("{}: block {index}: {reason}", plan.data_path.display()))?;
         }
         send_file(&stream, &file, position, plan.block_bytes)
             .map_err(|e| format!("serve ceiling: sendfile: {e}"))?;
     }
     Ok((Vec::new(), thread_cpu_seconds()? - cpu_before))
+}
+
+/// Read block at `position` back and check its XXH3 against `expected`.
+fn verify_block(
+    plan: &PairPlan,
+    file: &File,
+    position: u64,
+    expected: u64,
+    scratch: &mut [u8],
+) -> Result<(), String> {
+    // In cache-sized pieces: the bytes are hashed while they are still in the L2 cache, which
+    // measured about a fifth cheaper here than one read of the whole block.
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    let mut done = 0;
+    while done < plan.block_bytes {
+        let piece = &mut scratch[..VERIFY_PIECE_BYTES.min(plan.block_bytes - done)];
+        file.read_exact_at(piece, position + done as u64)
+            .map_err(|e| format!("cannot read it back: {e}"))?;
+        hasher.update(piece);
+        done += piece.len();
+    }
+    if hasher.digest() != expected {
+        return Err("does not match its checksum".to_string());
+    }
+    Ok(())
 }
 
 /// The file to serve, written and synced (not measured), and each block's XXH3.

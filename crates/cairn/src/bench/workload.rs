@@ -128,6 +128,10 @@ pub struct BenchArgs {
     /// Payload bytes per second per producer (token bucket, e.g. 100MB, 5MiB, 250000).
     #[arg(long, value_parser = parse_bytes, value_name = "BYTES")]
     pub rate_limit: Option<u64>,
+    /// serve-ceiling only: send without reading the block back and checking its XXH3, to
+    /// measure what per-poll verification costs (Cairn itself always verifies).
+    #[arg(long)]
+    pub unverified: bool,
     /// Report label (see below); with --start-server, the mode the server runs in.
     #[arg(long, value_enum, default_value = "durable")]
     pub durability: DurabilityLabel,
@@ -217,6 +221,9 @@ impl BenchArgs {
         if self.batch_payload_bytes() > 1 << 30 {
             return Err("a batch may carry at most 1 GiB of payload".into());
         }
+        if self.unverified && self.workload != Workload::ServeCeiling {
+            return Err("--unverified applies to serve-ceiling only".into());
+        }
         if self.rate_limit == Some(0) {
             return Err("--rate-limit must be > 0".into());
         }
@@ -274,6 +281,9 @@ impl BenchArgs {
         }
         for set in &self.server_set {
             flag("server-set", set.clone());
+        }
+        if self.unverified {
+            parts.push("--unverified".to_string());
         }
         if self.start_server {
             parts.push("--start-server".to_string());
