@@ -14,15 +14,15 @@
 //! their blocks excluded): the cost of moving the bytes through the kernel's write path,
 //! which a server writing through the page cache pays too, whatever else it does.
 
-use super::report::{Parameters, Report, ServerCpu, Totals};
-use super::stats::{self, Kind, Sample};
+use super::report::Report;
+use super::stats::{Kind, Sample};
 use super::workload::DurabilityLabel;
 use super::workload::{BenchArgs, Pacer};
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 pub fn run(args: &BenchArgs) -> Result<Report, String> {
     let dir = super::server::scratch_dir(args, "cairn-bench-disk");
@@ -34,26 +34,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
     }
     let (samples, cpu_before) = measured?;
     let cpu_seconds = (cpu_after? - cpu_before).max(0.0);
-    let send = stats::summarize(&samples, Kind::Send, args.producers, 0);
-    let totals = Totals::of(&samples);
-    let payload_bytes = totals.payload_bytes;
-    Ok(Report {
-        tool: "cairn bench",
-        version: env!("CARGO_PKG_VERSION"),
-        command_line: super::report::this_command_line(),
-        equivalent_command: args.to_command_line(),
-        started_at_unix_s: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-        parameters: Parameters::new(args, &dir.display().to_string(), None),
-        time_series: stats::time_series(&samples),
-        send,
-        poll: None,
-        totals,
-        server_cpu: Some(ServerCpu::new(std::process::id(), cpu_seconds, payload_bytes, 0)),
-        client_cpu: None,
-    })
+    Ok(Report::of_ceiling(args, &dir, &samples, cpu_seconds, None))
 }
 
 /// The samples of every writer, and this process's CPU seconds when all writers were ready.
@@ -121,10 +102,9 @@ fn write_blocks(plan: &WriterPlan, start: &Barrier, epoch: Instant) -> Result<Ve
     let block: Vec<u8> = (0..plan.block_bytes)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(plan.seed))
         .collect();
-    let mut pacer = plan.rate_limit.map(|rate| {
-        let one_block = Duration::from_secs_f64(plan.block_bytes as f64 / rate.max(1) as f64);
-        Pacer::new(rate, one_block.max(Duration::from_millis(1)))
-    });
+    let mut pacer = plan
+        .rate_limit
+        .map(|rate| Pacer::for_blocks(rate, plan.block_bytes));
     let mut samples = Vec::with_capacity(usize::try_from(plan.blocks).unwrap_or(0));
     // Everyone reaches the start, a writer that failed to open included, or the others
     // would wait for it forever.
@@ -134,11 +114,7 @@ fn write_blocks(plan: &WriterPlan, start: &Barrier, epoch: Instant) -> Result<Ve
     let mut position = 0u64;
     for _ in 0..plan.blocks {
         if let Some(pacer) = pacer.as_mut() {
-            let due = pacer.next_due(writer_start.elapsed(), plan.block_bytes as u64);
-            let now = writer_start.elapsed();
-            if due > now {
-                std::thread::sleep(due - now);
-            }
+            pacer.sleep_until_due(writer_start, plan.block_bytes as u64);
         }
         let began = Instant::now();
         file.write_all_at(&block, position)

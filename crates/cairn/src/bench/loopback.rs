@@ -22,8 +22,8 @@
 //! bounds the throughput. Files go in a fresh directory under `--server-data-parent` (default:
 //! the temp dir), removed afterwards.
 
-use super::report::{Parameters, Report, ServerCpu, Totals};
-use super::stats::{self, Kind, Sample};
+use super::report::Report;
+use super::stats::{Kind, Sample};
 use super::workload::{BenchArgs, DurabilityLabel, Pacer, Workload};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -50,31 +50,13 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
         eprintln!("cairn bench: cannot remove {}: {error}", dir.display());
     }
     let measured = measured?;
-    let send = stats::summarize(&measured.samples, Kind::Send, args.producers, 0);
-    let poll = stats::summarize(&measured.samples, Kind::Poll, args.consumers, 0);
-    let totals = Totals::of(&measured.samples);
-    let (ingested, served) = match args.workload {
-        Workload::ServeCeiling => (0, totals.payload_bytes),
-        _ => (totals.payload_bytes, 0),
-    };
-    let pid = std::process::id();
-    Ok(Report {
-        tool: "cairn bench",
-        version: env!("CARGO_PKG_VERSION"),
-        command_line: super::report::this_command_line(),
-        equivalent_command: args.to_command_line(),
-        started_at_unix_s: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-        parameters: Parameters::new(args, &dir.display().to_string(), None),
-        time_series: stats::time_series(&measured.samples),
-        send,
-        poll,
-        totals,
-        server_cpu: Some(ServerCpu::new(pid, measured.server_cpu_seconds, ingested, served)),
-        client_cpu: Some(ServerCpu::new(pid, measured.client_cpu_seconds, ingested, served)),
-    })
+    Ok(Report::of_ceiling(
+        args,
+        &dir,
+        &measured.samples,
+        measured.server_cpu_seconds,
+        Some(measured.client_cpu_seconds),
+    ))
 }
 
 struct Measured {
@@ -210,10 +192,8 @@ impl PairPlan {
     }
 
     fn pacer(&self) -> Option<Pacer> {
-        self.rate_limit.map(|rate| {
-            let one_block = Duration::from_secs_f64(self.block_bytes as f64 / rate.max(1) as f64);
-            Pacer::new(rate, one_block.max(Duration::from_millis(1)))
-        })
+        self.rate_limit
+            .map(|rate| Pacer::for_blocks(rate, self.block_bytes))
     }
 }
 
@@ -255,11 +235,7 @@ fn send_blocks(plan: &PairPlan, mut stream: TcpStream, start: &Barrier, epoch: I
     let mut answer = [0u8; 1];
     for _ in 0..plan.blocks {
         if let Some(pacer) = pacer.as_mut() {
-            let due = pacer.next_due(sender_start.elapsed(), plan.block_bytes as u64);
-            let now = sender_start.elapsed();
-            if due > now {
-                std::thread::sleep(due - now);
-            }
+            pacer.sleep_until_due(sender_start, plan.block_bytes as u64);
         }
         let began = Instant::now();
         stream

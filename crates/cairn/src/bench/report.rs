@@ -1,6 +1,6 @@
 //! The report: what was run, the figures, and its three renderings (table, JSON, HTML).
 
-use super::stats::{Kind, PhaseSummary, SecondBucket};
+use super::stats::{self, Kind, PhaseSummary, Sample, SecondBucket};
 use super::workload::{BenchArgs, DurabilityLabel, Workload};
 use serde::Serialize;
 
@@ -144,6 +144,43 @@ pub struct Report {
 impl Report {
     pub fn phases(&self) -> impl Iterator<Item = &PhaseSummary> {
         self.send.iter().chain(self.poll.iter())
+    }
+}
+
+impl Report {
+    /// The report of a ceiling workload, which runs no server: phases and totals from
+    /// `samples`, CPU seconds measured inside this process (the server-side threads or disk
+    /// writers, and the client threads if there are any), files under `dir`.
+    pub fn of_ceiling(
+        args: &BenchArgs,
+        dir: &std::path::Path,
+        samples: &[Sample],
+        server_side_cpu_seconds: f64,
+        client_cpu_seconds: Option<f64>,
+    ) -> Report {
+        debug_assert!(args.workload.is_ceiling());
+        let send = stats::summarize(samples, Kind::Send, args.producers, 0);
+        let poll = stats::summarize(samples, Kind::Poll, args.consumers, 0);
+        let ingested = send.as_ref().map_or(0, |s| s.payload_bytes);
+        let served = poll.as_ref().map_or(0, |s| s.payload_bytes);
+        let pid = std::process::id();
+        Report {
+            tool: "cairn bench",
+            version: env!("CARGO_PKG_VERSION"),
+            command_line: this_command_line(),
+            equivalent_command: args.to_command_line(),
+            started_at_unix_s: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            parameters: Parameters::new(args, &dir.display().to_string(), None),
+            time_series: stats::time_series(samples),
+            send,
+            poll,
+            totals: Totals::of(samples),
+            server_cpu: Some(ServerCpu::new(pid, server_side_cpu_seconds, ingested, served)),
+            client_cpu: client_cpu_seconds.map(|seconds| ServerCpu::new(pid, seconds, ingested, served)),
+        }
     }
 }
 

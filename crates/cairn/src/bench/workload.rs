@@ -365,6 +365,22 @@ impl Pacer {
         due
     }
 
+    /// A pacer for a thread sending blocks of `block_bytes` at `rate` bytes/s, with one block
+    /// (at least 1 ms) of burst.
+    pub fn for_blocks(rate: u64, block_bytes: usize) -> Pacer {
+        let one_block = Duration::from_secs_f64(block_bytes as f64 / rate.max(1) as f64);
+        Pacer::new(rate, one_block.max(Duration::from_millis(1)))
+    }
+
+    /// Block this thread until the next `bytes` are due (`started`: when the sender began).
+    pub fn sleep_until_due(&mut self, started: std::time::Instant, bytes: u64) {
+        let due = self.next_due(started.elapsed(), bytes);
+        let now = started.elapsed();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+    }
+
     /// `sent_bytes / rate`, in exact integer nanoseconds.
     fn schedule_offset(&self) -> Duration {
         let nanos = u128::from(self.sent_bytes) * 1_000_000_000 / u128::from(self.bytes_per_s);
