@@ -1,0 +1,21 @@
+//! Viewstamped Replication for Cairn (design: `docs/replication.md`).
+//!
+//! Everything here is pure: no sockets, files, clocks, threads or ambient randomness. A
+//! replica consumes messages, ticks and storage completions and produces messages, storage
+//! requests and replies; the shells that own real IO (the tokio server, the simulator in
+//! [`sim`]) drive it.
+//!
+//! Layout:
+//! - [`constants`]: every limit and timeout, with the relations between them asserted.
+//! - [`header`]: the fixed 256-byte message header, its checksums and its codec.
+//! - [`durable`]: the superblock, the replica's durable VSR state in four checksummed copies.
+//! - [`sim`]: the deterministic simulator's parts: seeded PRNG streams, a faulty network, a
+//!   faulty storage model.
+//!
+//! Architecture invariant: this crate knows nothing of partitions, Iggy or tokio. The state
+//! machine it replicates is a parameter.
+
+pub mod constants;
+pub mod durable;
+pub mod header;
+pub mod sim;

@@ -1,0 +1,1 @@
+//! The deterministic simulator's parts (design: `docs/replication.md`, "Simulator").
