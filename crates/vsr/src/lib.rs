@@ -8,6 +8,7 @@
 //! Layout:
 //! - [`constants`]: every limit and timeout, with the relations between them asserted.
 //! - [`header`]: the fixed 256-byte message header, its checksums and its codec.
+//! - [`client_table`]: sessions and request numbers, for at-most-once execution.
 //! - [`durable`]: the superblock, the replica's durable VSR state in four checksummed copies.
 //! - [`sim`]: the deterministic simulator's parts: seeded PRNG streams, a faulty network, a
 //!   faulty storage model.
@@ -15,6 +16,7 @@
 //! Architecture invariant: this crate knows nothing of partitions, Iggy or tokio. The state
 //! machine it replicates is a parameter.
 
+pub mod client_table;
 pub mod constants;
 pub mod durable;
 pub mod header;

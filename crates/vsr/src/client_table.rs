@@ -1,0 +1,231 @@
+//! The client table: at-most-once execution of client requests across retries, primary
+//! changes and restarts (`docs/replication.md`, "Client table").
+//!
+//! A client first registers. The register is an ordinary replicated op, and the op number
+//! it commits at becomes the client's **session**. Every later request carries the session
+//! and a request number that grows by one per request. The primary asks [`ClientTable::admit`]
+//! before preparing a request:
+//! - the next request number: execute it;
+//! - the latest committed request again (a retry whose reply was lost): answer with the stored
+//!   reply, never prepare it again;
+//! - anything older, or a session that is not the client's current one: drop it;
+//! - a session the table no longer holds (evicted to make room): answer "session evicted".
+//!   The client must register again. Its old requests are never re-executed.
+//!
+//! The last rule is why sessions exist. Without them, evicting a client would erase its dedup
+//! fence, and its next retry would run again (Iggy trap 18). The table changes only when an
+//! op commits, the same way on every replica, so it is replicated state: it belongs to the
+//! checkpoint and survives view changes and restarts identically.
+
+use std::collections::BTreeMap;
+
+/// What the primary does with a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission<R> {
+    /// Prepare it.
+    Execute,
+    /// A retry of the latest committed request: answer with this reply, prepare nothing.
+    ReplyCached(R),
+    /// Older than the latest committed request, or a request number that skips ahead: drop
+    /// it. A well-behaved client never sends one; a duplicate from the network may.
+    Drop,
+    /// The session is not in the table: the client must register again.
+    SessionEvicted,
+    /// The client never registered, or registered under another session; it must register.
+    NotRegistered,
+}
+
+/// One client's dedup fence.
+///
+/// Invariants: `session <= committed_op`; `request` grows by exactly one per committed
+/// request of the session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry<R> {
+    /// The op the client's register committed at.
+    pub session: u64,
+    /// The latest committed request number of the session (0 right after the register).
+    pub request: u64,
+    /// The reply to that request (to the register, right after it).
+    pub reply: R,
+    /// The op the latest request committed at; eviction removes the smallest.
+    pub committed_op: u64,
+}
+
+/// The table. `R` is the stored reply (a message in the replica; anything in tests).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientTable<R> {
+    /// By client id. A BTreeMap: iteration order is part of the replicated state's checksum,
+    /// so it must not depend on hashing.
+    entries: BTreeMap<u128, Entry<R>>,
+    /// Sessions this table evicted, by client: so an evicted client gets a clear answer
+    /// rather than "not registered". Bounded like `entries`; the oldest go first.
+    evicted: BTreeMap<u128, u64>,
+    capacity_clients: usize,
+}
+
+impl<R: Clone> ClientTable<R> {
+    pub fn new(capacity_clients: usize) -> ClientTable<R> {
+        assert!(capacity_clients > 0, "a client table needs room for one client");
+        ClientTable {
+            entries: BTreeMap::new(),
+            evicted: BTreeMap::new(),
+            capacity_clients,
+        }
+    }
+
+    /// What to do with request `request` of `client` under `session` (primary, before
+    /// preparing). Registration is not a request: see [`ClientTable::commit_register`].
+    pub fn admit(&self, client: u128, session: u64, request: u64) -> Admission<R> {
+        let Some(entry) = self.entries.get(&client) else {
+            if self.evicted.get(&client) == Some(&session) {
+                return Admission::SessionEvicted;
+            }
+            return Admission::NotRegistered;
+        };
+        if entry.session != session {
+            if session < entry.session {
+                // A request from an older session of this client: its fence moved on.
+                return Admission::Drop;
+            }
+            return Admission::NotRegistered;
+        }
+        if request == entry.request + 1 {
+            Admission::Execute
+        } else if request == entry.request && request > 0 {
+            Admission::ReplyCached(entry.reply.clone())
+        } else {
+            Admission::Drop
+        }
+    }
+
+    /// A register of `client` committed at op `session` (every replica, in op order).
+    /// Replaces any earlier session of the client; evicts the least recently committed
+    /// client if the table is full. Returns the evicted client, if any.
+    pub fn commit_register(&mut self, client: u128, session: u64, reply: R) -> Option<u128> {
+        let mut evicted_client = None;
+        if !self.entries.contains_key(&client) && self.entries.len() == self.capacity_clients {
+            let oldest = self
+                .entries
+                .iter()
+                .min_by_key(|(id, entry)| (entry.committed_op, **id))
+                .map(|(id, _)| *id);
+            if let Some(oldest) = oldest {
+                let entry = self.entries.remove(&oldest);
+                if let Some(entry) = entry {
+                    self.remember_evicted(oldest, entry.session);
+                }
+                evicted_client = Some(oldest);
+            }
+        }
+        self.evicted.remove(&client);
+        self.entries.insert(
+            client,
+            Entry {
+                session,
+                request: 0,
+                reply,
+                committed_op: session,
+            },
+        );
+        debug_assert!(self.entries.len() <= self.capacity_clients);
+        evicted_client
+    }
+
+    /// Request `request` of `client`'s session committed at op `op` with `reply` (every
+    /// replica, in op order). The primary admitted it, so it is the next request number.
+    pub fn commit_request(&mut self, client: u128, session: u64, request: u64, op: u64, reply: R) {
+        let entry = self
+            .entries
+            .get_mut(&client)
+            .expect("a committed request belongs to a registered client");
+        assert_eq!(entry.session, session, "a committed request of another session");
+        assert_eq!(entry.request + 1, request, "committed requests are consecutive");
+        assert!(op > entry.committed_op, "ops commit in order");
+        entry.request = request;
+        entry.reply = reply;
+        entry.committed_op = op;
+    }
+
+    pub fn entry(&self, client: u128) -> Option<&Entry<R>> {
+        self.entries.get(&client)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn remember_evicted(&mut self, client: u128, session: u64) {
+        self.evicted.insert(client, session);
+        while self.evicted.len() > self.capacity_clients {
+            let first = self.evicted.keys().next().copied();
+            if let Some(first) = first {
+                self.evicted.remove(&first);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_run_once_and_retries_get_the_stored_reply() {
+        let mut table: ClientTable<&str> = ClientTable::new(4);
+        assert_eq!(table.admit(7, 1, 1), Admission::NotRegistered);
+        table.commit_register(7, 10, "registered");
+        assert_eq!(table.admit(7, 10, 1), Admission::Execute);
+        // Nothing committed yet: a retry of request 1 is still "execute" for the primary
+        // only if it is not already in its pipeline; the replica checks the pipeline first.
+        table.commit_request(7, 10, 1, 11, "one");
+        assert_eq!(table.admit(7, 10, 1), Admission::ReplyCached("one"));
+        assert_eq!(table.admit(7, 10, 2), Admission::Execute);
+        assert_eq!(table.admit(7, 10, 0), Admission::Drop);
+        assert_eq!(table.admit(7, 10, 3), Admission::Drop, "skipping ahead");
+        table.commit_request(7, 10, 2, 12, "two");
+        assert_eq!(table.admit(7, 10, 1), Admission::Drop, "older than the latest");
+        assert_eq!(table.admit(7, 10, 2), Admission::ReplyCached("two"));
+    }
+
+    #[test]
+    fn an_evicted_client_is_told_so_and_never_re_executes() {
+        let mut table: ClientTable<u64> = ClientTable::new(2);
+        table.commit_register(1, 1, 0);
+        table.commit_register(2, 2, 0);
+        table.commit_request(1, 1, 1, 3, 100);
+        // Client 2 committed least recently (op 2 < op 3): it goes.
+        assert_eq!(table.commit_register(3, 4, 0), Some(2));
+        assert_eq!(table.len(), 2);
+        assert_eq!(table.admit(2, 2, 1), Admission::SessionEvicted);
+        assert_eq!(table.admit(2, 2, 0), Admission::SessionEvicted);
+        // Registering again gives a new session; the old one stays dead.
+        table.commit_register(2, 5, 0);
+        assert_eq!(table.admit(2, 5, 1), Admission::Execute);
+        assert_eq!(table.admit(2, 2, 1), Admission::Drop);
+    }
+
+    #[test]
+    fn eviction_order_is_by_commit_then_id() {
+        let mut table: ClientTable<()> = ClientTable::new(3);
+        for client in [5, 3, 9] {
+            table.commit_register(client, 1 + client as u64, ());
+        }
+        table.commit_request(3, 4, 1, 20, ());
+        // Oldest commits: client 5 (op 6), then 9 (op 10), then 3 (op 20).
+        assert_eq!(table.commit_register(11, 21, ()), Some(5));
+        assert_eq!(table.commit_register(12, 22, ()), Some(9));
+        assert!(table.entry(3).is_some());
+    }
+
+    #[test]
+    #[should_panic(expected = "consecutive")]
+    fn a_committed_request_must_be_the_next_one() {
+        let mut table: ClientTable<()> = ClientTable::new(1);
+        table.commit_register(1, 1, ());
+        table.commit_request(1, 1, 2, 2, ());
+    }
+}
