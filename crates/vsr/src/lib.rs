@@ -10,6 +10,7 @@
 //! - [`header`]: the fixed 256-byte message header, its checksums and its codec.
 //! - [`client_table`]: sessions and request numbers, for at-most-once execution.
 //! - [`durable`]: the superblock, the replica's durable VSR state in four checksummed copies.
+//! - [`journal`]: what a journal slot proves after a crash (clean, faulty, empty).
 //! - [`sim`]: the deterministic simulator's parts: seeded PRNG streams, a faulty network, a
 //!   faulty storage model.
 //!
@@ -20,4 +21,5 @@ pub mod client_table;
 pub mod constants;
 pub mod durable;
 pub mod header;
+pub mod journal;
 pub mod sim;
