@@ -1,1 +1,17 @@
 //! The deterministic simulator's parts (design: `docs/replication.md`, "Simulator").
+//!
+//! These parts are generic: none of them knows the protocol's messages or replicas, so they
+//! can be tested on their own and reused by any harness.
+//!
+//! Layout:
+//! - [`prng`]: a seeded generator and named, independent streams derived from one run seed.
+//! - [`network`]: a faulty message network over numbered endpoints (delay, reorder, drop,
+//!   duplicate, partitions), generic over the message type.
+//! - [`storage`]: an in-memory model of one replica's disk zones with page-cache semantics,
+//!   torn and lost writes at a crash, failed syncs and latent bit flips.
+//! - [`trace`]: the event-trace hash that lets two runs of one seed be compared.
+
+pub mod network;
+pub mod prng;
+pub mod storage;
+pub mod trace;
