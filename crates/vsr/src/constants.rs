@@ -35,3 +35,26 @@ const _: () = assert!(RELEASE_MIN <= RELEASE);
 // and room for a checkpoint interval besides.
 const _: () = assert!(2 * PIPELINE_PREPARES_MAX < JOURNAL_SLOTS);
 const _: () = assert!(REPLICAS_MAX <= u8::MAX as usize);
+
+/// The operation number of a client's register (its reply opens a session). Other
+/// operations belong to the replicated state machine.
+pub const OPERATION_REGISTER: u8 = 0;
+
+/// The `operation` of a reply that tells a client its session was evicted: it must register
+/// again; the request was not executed.
+pub const OPERATION_SESSION_EVICTED: u8 = 255;
+
+/// Clients the client table holds before it evicts the least recently committed.
+pub const CLIENTS_MAX: usize = 64;
+
+/// Ticks between the primary's commit heartbeats.
+pub const COMMIT_INTERVAL_TICKS: u64 = 10;
+
+/// Ticks before the primary sends an unacknowledged prepare again.
+pub const PREPARE_TIMEOUT_TICKS: u64 = 5;
+
+/// Ticks a backup waits for its primary before it starts a view change.
+pub const NORMAL_TIMEOUT_TICKS: u64 = 50;
+
+const _: () = assert!(COMMIT_INTERVAL_TICKS * 3 <= NORMAL_TIMEOUT_TICKS);
+const _: () = assert!(OPERATION_REGISTER != OPERATION_SESSION_EVICTED);

@@ -11,6 +11,7 @@
 //! - [`client_table`]: sessions and request numbers, for at-most-once execution.
 //! - [`durable`]: the superblock, the replica's durable VSR state in four checksummed copies.
 //! - [`journal`]: what a journal slot proves after a crash (clean, faulty, empty).
+//! - [`replica`]: the replica state machine (normal operation so far).
 //! - [`sim`]: the deterministic simulator's parts: seeded PRNG streams, a faulty network, a
 //!   faulty storage model.
 //!
@@ -22,4 +23,5 @@ pub mod constants;
 pub mod durable;
 pub mod header;
 pub mod journal;
+pub mod replica;
 pub mod sim;
