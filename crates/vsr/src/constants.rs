@@ -58,3 +58,19 @@ pub const NORMAL_TIMEOUT_TICKS: u64 = 50;
 
 const _: () = assert!(COMMIT_INTERVAL_TICKS * 3 <= NORMAL_TIMEOUT_TICKS);
 const _: () = assert!(OPERATION_REGISTER != OPERATION_SESSION_EVICTED);
+
+/// Ticks between resends of StartViewChange / DoViewChange while a view change lasts, and of
+/// repair requests.
+pub const VIEW_CHANGE_RETRY_TICKS: u64 = 10;
+
+/// Ticks a view change may last before the replica moves on to the next view.
+pub const VIEW_CHANGE_TIMEOUT_TICKS: u64 = 100;
+
+/// Headers behind the head that a DoViewChange or StartView carries. Every op that may be
+/// committed without the new primary knowing lies within the pipeline behind the head; the
+/// rest is reached through the hash chain.
+pub const VIEW_CHANGE_HEADERS_MAX: usize = 2 * PIPELINE_PREPARES_MAX + 1;
+
+const _: () = assert!(VIEW_CHANGE_RETRY_TICKS < VIEW_CHANGE_TIMEOUT_TICKS);
+const _: () = assert!(VIEW_CHANGE_HEADERS_MAX * HEADER_SIZE <= MESSAGE_SIZE_MAX - HEADER_SIZE);
+const _: () = assert!(VIEW_CHANGE_HEADERS_MAX < JOURNAL_SLOTS);

@@ -1,21 +1,24 @@
 //! The replica: a deterministic VSR state machine (`docs/replication.md`).
 //!
-//! A [`Replica`] is driven by four inputs: [`Replica::on_message`], [`Replica::on_tick`],
-//! [`Replica::on_prepare_written`] and [`Replica::on_durable_written`]. Each returns nothing;
-//! what the replica wants done accumulates in its outbox ([`Replica::take_outputs`]): messages
-//! to send, prepares to write, durable state to write. The shell performs them and reports
-//! completions back. Nothing here blocks, sleeps, reads a clock or draws randomness.
+//! A [`Replica`] is driven by its inputs: [`Replica::on_message`], [`Replica::on_tick`],
+//! [`Replica::on_prepare_written`] and [`Replica::on_durable_written`]. What it wants done
+//! accumulates in its outbox ([`Replica::take_outputs`]): messages to send, prepares to
+//! write, durable state to write. The shell performs them and reports completions back.
+//! Nothing here blocks, sleeps, reads a clock or draws randomness.
 //!
-//! This first part covers normal operation: requests, pipelined prepares, acknowledgements
-//! after the journal write is durable, commits in op order, replies, the client table,
-//! commit heartbeats and prepare retransmission. View changes, restarts and repair follow
-//! (issue 6), so a backup that times out here only records that it would start a view change.
+//! Built so far: normal operation (requests, pipelined prepares, acknowledgements only after
+//! the journal write is durable, commits in op order, replies, the client table, heartbeats,
+//! retransmission) and the view change (StartViewChange, DoViewChange, StartView, with the
+//! view persisted before any message of that view leaves, and repair of missing prepares by
+//! op and checksum). Restart recovery, wiped disks and state transfer follow (issue 6).
 
 use crate::client_table::{Admission, ClientTable};
 use crate::constants::{
-    CLIENTS_MAX, COMMIT_INTERVAL_TICKS, JOURNAL_SLOTS, NORMAL_TIMEOUT_TICKS, OPERATION_REGISTER,
+    CLIENTS_MAX, COMMIT_INTERVAL_TICKS, HEADER_SIZE, JOURNAL_SLOTS, NORMAL_TIMEOUT_TICKS, OPERATION_REGISTER,
     OPERATION_SESSION_EVICTED, PIPELINE_PREPARES_MAX, PREPARE_TIMEOUT_TICKS, REPLICAS_MAX,
+    VIEW_CHANGE_HEADERS_MAX, VIEW_CHANGE_RETRY_TICKS, VIEW_CHANGE_TIMEOUT_TICKS,
 };
+use crate::durable::DurableState;
 use crate::header::{Command, Header, Message, root_checksum};
 use crate::journal::slot_of;
 use std::collections::VecDeque;
@@ -47,14 +50,18 @@ pub enum Output {
     WritePrepare {
         message: Message,
     },
+    /// Write the durable state to every superblock copy (each synced before the next), then
+    /// report [`Replica::on_durable_written`] with this state.
+    WriteDurable {
+        state: DurableState,
+    },
 }
 
 /// Where the replica stands in the protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     Normal,
-    /// A view change is due (normal timeout expired). The view change itself is not built
-    /// yet: the replica stops acting as a backup of the old view.
+    /// Electing the primary of `view`, or installing its log.
     ViewChange,
 }
 
@@ -68,7 +75,8 @@ pub struct Config {
 }
 
 impl Config {
-    /// Replicas whose acknowledgements commit an op (classic majority).
+    /// Replicas whose durable acknowledgements commit an op, and whose votes elect a primary
+    /// (classic majority).
     pub fn quorum(&self) -> usize {
         usize::from(self.replica_count) / 2 + 1
     }
@@ -78,10 +86,16 @@ impl Config {
     }
 }
 
-/// One journal slot as the replica holds it: the prepare, and whether its write is durable.
+/// One journal slot: the op it holds, the checksum that op must have, and what of it the
+/// replica has. A slot whose `message` is `None` is a hole to repair: the checksum came from
+/// a view change's headers or from the hash chain.
 #[derive(Debug, Clone)]
-struct JournalEntry {
-    message: Message,
+struct Slot {
+    op: u64,
+    checksum: u128,
+    /// The prepare's header, once known (the parent link lives here).
+    header: Option<Header>,
+    message: Option<Message>,
     /// The shell reported the prepare and its redundant header synced.
     durable: bool,
 }
@@ -89,42 +103,68 @@ struct JournalEntry {
 /// A prepare the primary has sent and not yet committed.
 #[derive(Debug, Clone)]
 struct Prepared {
-    message: Message,
-    /// Replicas (bit per index) whose acknowledgement arrived, this replica's own included
-    /// once its write is durable.
+    op: u64,
+    checksum: u128,
+    /// Replicas (bit per index) whose durable acknowledgement arrived, this replica's own
+    /// included.
     oks: u8,
+}
+
+/// What a DoViewChange said.
+#[derive(Debug, Clone)]
+struct DoViewChange {
+    log_view: u32,
+    op: u64,
+    commit: u64,
+    /// Prepare headers from `op` down, contiguous.
+    headers: Vec<Header>,
 }
 
 pub struct Replica<S: StateMachine> {
     config: Config,
     status: Status,
-    /// Invariant: `log_view <= view`. (View changes are not built yet: both stay 0.)
+    /// Invariant: `log_view <= view`. In status normal, `log_view == view`.
     view: u32,
+    log_view: u32,
     /// The head: the highest op in the journal.
-    /// Invariant: `commit_min <= op`; every op in `commit_min + 1 ..= op` is in `journal`.
+    /// Invariant: `commit_min <= op`; every op in `commit_min + 1 ..= op` has a slot.
     op: u64,
     /// The highest op applied to the state machine. Invariant: `commit_min <= commit_max`.
     commit_min: u64,
     /// The highest op known committed in the cluster.
     commit_max: u64,
-    /// Checksum of the prepare at `op` (the root's when `op` is 0).
-    head_checksum: u128,
     /// Checksum of the prepare at `commit_min` (the root's when it is 0).
     commit_min_checksum: u128,
     /// By slot (`op % JOURNAL_SLOTS`).
-    journal: Vec<Option<JournalEntry>>,
-    /// Primary only: uncommitted prepares in op order, `commit_max + 1 ..= op`.
+    journal: Vec<Option<Slot>>,
+    /// Primary in status normal: uncommitted ops in order, `commit_max + 1 ..= op`.
     pipeline: VecDeque<Prepared>,
     state_machine: S,
     client_table: ClientTable<Message>,
+    /// The durable state the shell last reported written. Messages of view `v` leave only
+    /// when `durable.view >= v` (persist before send).
+    durable: DurableState,
+    /// A durable write is in flight; `durable_next` is written after it.
+    durable_writing: bool,
+    durable_next: Option<DurableState>,
+    /// View change: replicas whose StartViewChange for `view` arrived (bit per index).
+    svc_from: u8,
+    /// View change: whether this replica's StartViewChange / DoViewChange for `view` left.
+    svc_sent: bool,
+    dvc_sent: bool,
+    /// New primary: the DoViewChanges for `view`, by sender.
+    dvcs: Vec<Option<DoViewChange>>,
+    /// New primary: the canonical log was merged; it starts the view once holes are filled
+    /// and `log_view` is durable.
+    merged: bool,
     /// Logical time: ticks since the replica started.
     ticks: u64,
-    /// Tick of the last message from the primary of the view (backups).
     primary_heard_tick: u64,
-    /// Tick of the last commit heartbeat sent (primary).
     heartbeat_sent_tick: u64,
-    /// Tick of the last prepare (re)transmission (primary).
     prepare_sent_tick: u64,
+    view_change_started_tick: u64,
+    view_change_sent_tick: u64,
+    repair_sent_tick: u64,
     outbox: Vec<Output>,
 }
 
@@ -138,19 +178,30 @@ impl<S: StateMachine> Replica<S> {
             config,
             status: Status::Normal,
             view: 0,
+            log_view: 0,
             op: 0,
             commit_min: 0,
             commit_max: 0,
-            head_checksum: root,
             commit_min_checksum: root,
             journal: vec![None; JOURNAL_SLOTS],
             pipeline: VecDeque::new(),
             state_machine,
             client_table: ClientTable::new(CLIENTS_MAX),
+            durable: DurableState::formatted(config.cluster, config.replica, config.replica_count),
+            durable_writing: false,
+            durable_next: None,
+            svc_from: 0,
+            svc_sent: false,
+            dvc_sent: false,
+            dvcs: vec![None; usize::from(config.replica_count)],
+            merged: false,
             ticks: 0,
             primary_heard_tick: 0,
             heartbeat_sent_tick: 0,
             prepare_sent_tick: 0,
+            view_change_started_tick: 0,
+            view_change_sent_tick: 0,
+            repair_sent_tick: 0,
             outbox: Vec::new(),
         }
     }
@@ -167,6 +218,10 @@ impl<S: StateMachine> Replica<S> {
         self.view
     }
 
+    pub fn log_view(&self) -> u32 {
+        self.log_view
+    }
+
     pub fn op(&self) -> u64 {
         self.op
     }
@@ -179,6 +234,10 @@ impl<S: StateMachine> Replica<S> {
         self.commit_max
     }
 
+    pub fn durable(&self) -> &DurableState {
+        &self.durable
+    }
+
     pub fn state_machine(&self) -> &S {
         &self.state_machine
     }
@@ -187,12 +246,12 @@ impl<S: StateMachine> Replica<S> {
         self.config.primary_of(self.view) == self.config.replica
     }
 
-    /// The header of the committed op `op`, if this replica still holds it.
+    /// The header of committed op `op`, if this replica still holds it.
     pub fn committed_header(&self, op: u64) -> Option<Header> {
         if op == 0 || op > self.commit_min {
             return None;
         }
-        self.entry(op).map(|entry| entry.message.header)
+        self.slot(op).and_then(|slot| slot.header)
     }
 
     /// Everything the replica asked for since the last call, in order.
@@ -203,20 +262,35 @@ impl<S: StateMachine> Replica<S> {
     /// One tick of logical time.
     pub fn on_tick(&mut self) {
         self.ticks += 1;
-        if self.status != Status::Normal {
-            return;
-        }
-        if self.is_primary() {
-            if self.ticks - self.heartbeat_sent_tick >= COMMIT_INTERVAL_TICKS {
-                self.send_commit_heartbeat();
+        match self.status {
+            Status::Normal if self.is_primary() => {
+                if self.ticks - self.heartbeat_sent_tick >= COMMIT_INTERVAL_TICKS {
+                    self.send_commit_heartbeat();
+                }
+                if !self.pipeline.is_empty() && self.ticks - self.prepare_sent_tick >= PREPARE_TIMEOUT_TICKS {
+                    self.retransmit_prepares();
+                }
             }
-            if !self.pipeline.is_empty() && self.ticks - self.prepare_sent_tick >= PREPARE_TIMEOUT_TICKS {
-                self.retransmit_prepares();
+            Status::Normal => {
+                if self.ticks - self.primary_heard_tick >= NORMAL_TIMEOUT_TICKS {
+                    self.start_view_change(self.view + 1);
+                } else if self.ticks - self.repair_sent_tick >= VIEW_CHANGE_RETRY_TICKS {
+                    self.request_repairs();
+                }
             }
-        } else if self.ticks - self.primary_heard_tick >= NORMAL_TIMEOUT_TICKS {
-            self.status = Status::ViewChange;
+            Status::ViewChange => {
+                if self.ticks - self.view_change_started_tick >= VIEW_CHANGE_TIMEOUT_TICKS {
+                    self.start_view_change(self.view + 1);
+                } else if self.ticks - self.view_change_sent_tick >= VIEW_CHANGE_RETRY_TICKS {
+                    // Lost messages: say it again.
+                    self.svc_sent = false;
+                    self.dvc_sent = false;
+                    self.view_change_sent_tick = self.ticks;
+                    self.request_repairs();
+                }
+            }
         }
-        self.check_invariants();
+        self.progress();
     }
 
     /// A message from the network (any sender; the replica filters).
@@ -225,38 +299,66 @@ impl<S: StateMachine> Replica<S> {
         if header.cluster != self.config.cluster || header.group != self.config.group {
             return;
         }
+        let from_replica = header.command != Command::Request;
+        if from_replica
+            && (header.replica >= self.config.replica_count || header.replica == self.config.replica)
+        {
+            return;
+        }
         match header.command {
             Command::Request => self.on_request(message),
             Command::Prepare => self.on_prepare(message),
             Command::PrepareOk => self.on_prepare_ok(header),
             Command::Commit => self.on_commit(header),
+            Command::StartViewChange => self.on_start_view_change(header),
+            Command::DoViewChange => self.on_do_view_change(message),
+            Command::StartView => self.on_start_view(message),
+            Command::RequestStartView => self.on_request_start_view(header),
+            Command::RequestPrepare => self.on_request_prepare(header),
             _ => {}
         }
-        self.check_invariants();
+        self.progress();
     }
 
     /// The shell wrote and synced the prepare `op` with checksum `checksum`.
     pub fn on_prepare_written(&mut self, op: u64, checksum: u128) {
-        let Some(entry) = self.entry_mut(op) else {
+        let Some(slot) = self.slot_mut(op) else {
             return;
         };
-        if entry.message.header.checksum != checksum {
-            // The slot was overwritten since (a later lap): this completion is stale.
+        if slot.checksum != checksum || slot.message.is_none() {
+            // The slot was replaced since (a view change, or a later lap): stale completion.
             return;
         }
-        entry.durable = true;
-        if self.status != Status::Normal {
-            return;
+        slot.durable = true;
+        if self.status == Status::Normal {
+            if self.is_primary() {
+                let replica = self.config.replica;
+                self.record_ok(replica, op, checksum);
+            } else {
+                self.send_prepare_ok(op, checksum);
+            }
         }
-        if self.is_primary() {
-            let replica = self.config.replica;
-            self.record_ok(replica, op, checksum);
-            self.commit_pipeline();
-        } else {
-            self.send_prepare_ok(op, checksum);
-        }
-        self.check_invariants();
+        self.progress();
     }
+
+    /// The shell wrote `state` to every superblock copy.
+    pub fn on_durable_written(&mut self, state: DurableState) {
+        assert!(
+            self.durable_writing,
+            "a durable write completed that was not asked for"
+        );
+        assert!(state.view >= self.durable.view && state.log_view >= self.durable.log_view);
+        self.durable = state;
+        self.durable_writing = false;
+        if let Some(next) = self.durable_next.take()
+            && next != self.durable
+        {
+            self.write_durable(next);
+        }
+        self.progress();
+    }
+
+    // ----- normal operation -----
 
     fn on_request(&mut self, message: &Message) {
         if self.status != Status::Normal || !self.is_primary() {
@@ -279,8 +381,9 @@ impl<S: StateMachine> Replica<S> {
             }
         }
         let in_pipeline = self.pipeline.iter().any(|prepared| {
-            let prepare = &prepared.message.header;
-            prepare.client == header.client && prepare.request == header.request
+            self.slot(prepared.op)
+                .and_then(|slot| slot.header)
+                .is_some_and(|prepare| prepare.client == header.client && prepare.request == header.request)
         });
         if in_pipeline || self.pipeline.len() >= PIPELINE_PREPARES_MAX {
             // The reply follows the commit; or the client retries once there is room.
@@ -293,7 +396,7 @@ impl<S: StateMachine> Replica<S> {
         prepare.op = self.op + 1;
         prepare.commit = self.commit_max;
         prepare.timestamp = self.ticks;
-        prepare.parent = self.head_checksum;
+        prepare.parent = self.head_checksum();
         prepare.client = header.client;
         prepare.request = header.request;
         prepare.operation = header.operation;
@@ -301,7 +404,8 @@ impl<S: StateMachine> Replica<S> {
         let prepare = Message::new(prepare, Arc::clone(&message.body));
         self.append(prepare.clone());
         self.pipeline.push_back(Prepared {
-            message: prepare.clone(),
+            op: prepare.header.op,
+            checksum: prepare.header.checksum,
             oks: 0,
         });
         self.broadcast(&prepare);
@@ -310,43 +414,56 @@ impl<S: StateMachine> Replica<S> {
 
     fn on_prepare(&mut self, message: &Message) {
         let header = &message.header;
-        if self.status != Status::Normal || self.is_primary() || header.view != self.view {
+        // A prepare this replica is waiting for (a hole from a view change or the hash chain)
+        // is taken from anyone, whatever view it was prepared in: its checksum is known.
+        if self
+            .slot(header.op)
+            .is_some_and(|slot| slot.message.is_none() && slot.checksum == header.checksum)
+        {
+            self.fill(message.clone());
+            return;
+        }
+        if self.status != Status::Normal || self.is_primary() {
             return;
         }
         if header.replica != self.config.primary_of(self.view) {
             return;
         }
+        if header.view > self.view {
+            // A primary of a view this replica missed: ask it for its StartView.
+            self.send_request_start_view(header.replica);
+            return;
+        }
         self.primary_heard_tick = self.ticks;
         if header.op <= self.op {
-            // A retransmission: acknowledge again if it is ours and durable (the primary
-            // may have lost the first acknowledgement).
+            // A retransmission: acknowledge again if it is ours and durable (the primary may
+            // have lost the first acknowledgement).
             let durable_same = self
-                .entry(header.op)
-                .is_some_and(|entry| entry.durable && entry.message.header.checksum == header.checksum);
+                .slot(header.op)
+                .is_some_and(|slot| slot.durable && slot.checksum == header.checksum);
             if durable_same {
                 self.send_prepare_ok(header.op, header.checksum);
             }
-        } else if header.op == self.op + 1 && header.parent == self.head_checksum {
+        } else if header.op == self.op + 1 && header.parent == self.head_checksum() {
             self.append(message.clone());
         }
         // A prepare beyond the head is dropped: the primary resends unacknowledged prepares
         // in op order, so the gap closes without repair while the view lasts.
         self.advance_commit_max(header.commit);
-        self.commit_journal();
     }
 
     fn on_prepare_ok(&mut self, header: &Header) {
         if self.status != Status::Normal || !self.is_primary() || header.view != self.view {
             return;
         }
-        if header.replica >= self.config.replica_count || header.replica == self.config.replica {
-            return;
-        }
         self.record_ok(header.replica, header.op, header.context);
-        self.commit_pipeline();
     }
 
     fn on_commit(&mut self, header: &Header) {
+        if header.view > self.view && header.replica == self.config.primary_of(header.view) {
+            self.send_request_start_view(header.replica);
+            return;
+        }
         if self.status != Status::Normal || self.is_primary() || header.view != self.view {
             return;
         }
@@ -355,32 +472,42 @@ impl<S: StateMachine> Replica<S> {
         }
         self.primary_heard_tick = self.ticks;
         self.advance_commit_max(header.commit);
-        self.commit_journal();
     }
 
     /// Put `prepare` at the head of the journal and ask for its write.
     fn append(&mut self, prepare: Message) {
         let header = prepare.header;
         assert_eq!(header.op, self.op + 1, "the journal grows by one op at a time");
-        assert_eq!(header.parent, self.head_checksum, "the hash chain is unbroken");
-        // The slot's previous occupant must be committed and applied: the pipeline bound
-        // keeps the head within the journal ahead of commit_min.
+        assert_eq!(header.parent, self.head_checksum(), "the hash chain is unbroken");
+        // The slot's previous occupant must be applied: the pipeline bound keeps the head
+        // within the journal ahead of commit_min.
         assert!(header.op - self.commit_min <= JOURNAL_SLOTS as u64);
         self.op = header.op;
-        self.head_checksum = header.checksum;
-        self.journal[slot_of(header.op)] = Some(JournalEntry {
-            message: prepare.clone(),
+        self.journal[slot_of(header.op)] = Some(Slot {
+            op: header.op,
+            checksum: header.checksum,
+            header: Some(header),
+            message: Some(prepare.clone()),
             durable: false,
         });
         self.outbox.push(Output::WritePrepare { message: prepare });
     }
 
+    /// A repaired prepare fills its hole; its parent link may reveal the next hole down.
+    fn fill(&mut self, prepare: Message) {
+        let header = prepare.header;
+        let slot = self.slot_mut(header.op).expect("a hole to fill");
+        debug_assert_eq!(slot.checksum, header.checksum);
+        slot.header = Some(header);
+        slot.message = Some(prepare.clone());
+        slot.durable = false;
+        self.outbox.push(Output::WritePrepare { message: prepare });
+        self.link_chain_below(header.op);
+    }
+
     fn record_ok(&mut self, replica: u8, op: u64, checksum: u128) {
-        if let Some(prepared) = self
-            .pipeline
-            .iter_mut()
-            .find(|prepared| prepared.message.header.op == op)
-            && prepared.message.header.checksum == checksum
+        if let Some(prepared) = self.pipeline.iter_mut().find(|prepared| prepared.op == op)
+            && prepared.checksum == checksum
         {
             prepared.oks |= 1 << replica;
         }
@@ -393,11 +520,9 @@ impl<S: StateMachine> Replica<S> {
             if (front.oks.count_ones() as usize) < quorum {
                 break;
             }
-            let op = front.message.header.op;
-            debug_assert_eq!(op, self.commit_max + 1);
+            let op = front.op;
             self.pipeline.pop_front();
-            self.commit_max = op;
-            self.commit_journal();
+            self.commit_max = self.commit_max.max(op);
         }
     }
 
@@ -405,18 +530,18 @@ impl<S: StateMachine> Replica<S> {
         self.commit_max = self.commit_max.max(commit);
     }
 
-    /// Apply every op up to `commit_max` that the journal holds contiguously.
+    /// Apply every op up to `commit_max` that the journal holds, in order, on the chain.
     fn commit_journal(&mut self) {
         while self.commit_min < self.commit_max && self.commit_min < self.op {
             let op = self.commit_min + 1;
-            let Some(entry) = self.entry(op) else {
+            let Some(prepare) = self.slot(op).and_then(|slot| slot.message.clone()) else {
                 break;
             };
-            let prepare = entry.message.clone();
-            assert_eq!(
-                prepare.header.parent, self.commit_min_checksum,
-                "commits follow the chain"
-            );
+            if prepare.header.parent != self.commit_min_checksum {
+                // This op is not on the committed chain (a stale uncommitted op a view change
+                // will replace); never apply it.
+                break;
+            }
             self.apply(&prepare);
             self.commit_min = op;
             self.commit_min_checksum = prepare.header.checksum;
@@ -463,13 +588,424 @@ impl<S: StateMachine> Replica<S> {
         }
     }
 
+    // ----- view change -----
+
+    /// Move to view `view` in status view-change and persist it; StartViewChange leaves once
+    /// the view is durable.
+    fn start_view_change(&mut self, view: u32) {
+        assert!(view > self.view || (view == self.view && self.status == Status::Normal));
+        self.view = view;
+        self.status = Status::ViewChange;
+        self.svc_from = 1 << self.config.replica;
+        self.svc_sent = false;
+        self.dvc_sent = false;
+        self.dvcs = vec![None; usize::from(self.config.replica_count)];
+        self.merged = false;
+        self.pipeline.clear();
+        self.view_change_started_tick = self.ticks;
+        self.view_change_sent_tick = self.ticks;
+        self.want_durable();
+    }
+
+    fn on_start_view_change(&mut self, header: &Header) {
+        if header.view < self.view || (header.view == self.view && self.status == Status::Normal) {
+            return;
+        }
+        if header.view > self.view {
+            self.start_view_change(header.view);
+        }
+        self.svc_from |= 1 << header.replica;
+    }
+
+    fn on_do_view_change(&mut self, message: &Message) {
+        let header = &message.header;
+        if header.view < self.view || (header.view == self.view && self.status == Status::Normal) {
+            return;
+        }
+        if self.config.primary_of(header.view) != self.config.replica {
+            return;
+        }
+        if header.view > self.view {
+            self.start_view_change(header.view);
+        }
+        let Some(headers) = decode_headers(&message.body, self.config.cluster, self.config.group) else {
+            return;
+        };
+        let dvc = DoViewChange {
+            log_view: header.log_view,
+            op: header.op,
+            commit: header.commit,
+            headers,
+        };
+        if !dvc_is_consistent(&dvc) {
+            return;
+        }
+        self.dvcs[usize::from(header.replica)] = Some(dvc);
+    }
+
+    fn on_start_view(&mut self, message: &Message) {
+        let header = &message.header;
+        if header.view < self.view || header.replica != self.config.primary_of(header.view) {
+            return;
+        }
+        if header.view == self.view && self.status == Status::Normal {
+            return;
+        }
+        let Some(headers) = decode_headers(&message.body, self.config.cluster, self.config.group) else {
+            return;
+        };
+        let suffix = DoViewChange {
+            log_view: header.view,
+            op: header.op,
+            commit: header.commit,
+            headers,
+        };
+        if (header.op > 0 && suffix.headers.is_empty()) || !dvc_is_consistent(&suffix) {
+            return;
+        }
+        let headers = suffix.headers;
+        self.view = header.view;
+        self.log_view = header.view;
+        self.status = Status::ViewChange;
+        self.merged = true;
+        self.pipeline.clear();
+        self.install_log(header.op, &headers);
+        self.advance_commit_max(header.commit);
+        self.primary_heard_tick = self.ticks;
+        self.want_durable();
+    }
+
+    fn on_request_start_view(&mut self, header: &Header) {
+        if self.status == Status::Normal && self.is_primary() && header.view <= self.view {
+            let start_view = self.start_view_message(header.nonce);
+            self.send(Destination::Replica(header.replica), start_view);
+        }
+    }
+
+    fn on_request_prepare(&mut self, header: &Header) {
+        let prepare = self
+            .slot(header.op)
+            .filter(|slot| slot.checksum == header.context)
+            .and_then(|slot| slot.message.clone());
+        if let Some(prepare) = prepare {
+            self.send(Destination::Replica(header.replica), prepare);
+        }
+    }
+
+    /// Everything that waits on a condition (a quorum, a durable write, a filled hole) is
+    /// re-checked here, after every input.
+    fn progress(&mut self) {
+        if self.status == Status::Normal {
+            if self.is_primary() {
+                self.commit_pipeline();
+            }
+            self.commit_journal();
+        } else {
+            self.progress_view_change();
+        }
+        self.check_invariants();
+    }
+
+    fn progress_view_change(&mut self) {
+        debug_assert_eq!(self.status, Status::ViewChange);
+        let view_durable = self.durable.view >= self.view;
+        if self.merged {
+            // Installing a log (new primary after the merge, or a backup after StartView). The
+            // new primary raises log_view only once it holds every prepare of the merged log:
+            // never at merge time.
+            if self.holes().is_empty() {
+                if self.log_view < self.view {
+                    self.log_view = self.view;
+                    self.want_durable();
+                }
+                if view_durable && self.durable.log_view >= self.view {
+                    self.enter_normal();
+                }
+            }
+            return;
+        }
+        if !view_durable {
+            return;
+        }
+        if !self.svc_sent {
+            let svc = self.control(Command::StartViewChange);
+            self.broadcast(&svc);
+            self.svc_sent = true;
+        }
+        if (self.svc_from.count_ones() as usize) >= self.config.quorum() && !self.dvc_sent {
+            let dvc = self.do_view_change_message();
+            let primary = self.config.primary_of(self.view);
+            if primary == self.config.replica {
+                let own = DoViewChange {
+                    log_view: self.log_view,
+                    op: self.op,
+                    commit: self.commit_max,
+                    headers: self.suffix_headers(),
+                };
+                self.dvcs[usize::from(primary)] = Some(own);
+            } else {
+                self.send(Destination::Replica(primary), dvc);
+            }
+            self.dvc_sent = true;
+        }
+        if self.is_primary() {
+            let count = self.dvcs.iter().flatten().count();
+            if count >= self.config.quorum() && self.dvcs[usize::from(self.config.replica)].is_some() {
+                self.merge();
+            }
+        }
+    }
+
+    /// New primary: adopt the canonical log of the DoViewChange quorum.
+    fn merge(&mut self) {
+        let best = self
+            .dvcs
+            .iter()
+            .flatten()
+            .max_by_key(|dvc| (dvc.log_view, dvc.op))
+            .cloned()
+            .expect("a quorum of DoViewChanges");
+        let commit = self
+            .dvcs
+            .iter()
+            .flatten()
+            .map(|dvc| dvc.commit)
+            .max()
+            .unwrap_or(0);
+        // Every committed op is in the canonical log (the DoViewChange quorum meets every
+        // commit quorum, and the highest log_view's log holds everything committed before).
+        debug_assert!(commit <= best.op.max(self.commit_min));
+        self.install_log(best.op, &best.headers);
+        self.advance_commit_max(commit.min(self.op));
+        self.merged = true;
+        self.request_repairs();
+    }
+
+    /// Make the journal hold the log whose head is `head` and whose suffix headers are
+    /// `headers` (from `head` down): keep matching slots, turn the rest into holes, drop
+    /// everything above the head, and link the chain below the suffix.
+    fn install_log(&mut self, head: u64, headers: &[Header]) {
+        assert!(head >= self.commit_min, "a view change never loses a commit");
+        for op in head + 1..=self.op {
+            let slot = slot_of(op);
+            if self.journal[slot].as_ref().is_some_and(|s| s.op == op) {
+                self.journal[slot] = None;
+            }
+        }
+        self.op = head.max(self.commit_min);
+        for header in headers {
+            if header.op <= self.commit_min {
+                assert_eq!(
+                    self.slot(header.op).map(|slot| slot.checksum),
+                    Some(header.checksum),
+                    "the canonical log agrees with what this replica applied"
+                );
+                continue;
+            }
+            let keep = self
+                .slot(header.op)
+                .is_some_and(|slot| slot.checksum == header.checksum);
+            if !keep {
+                self.journal[slot_of(header.op)] = Some(Slot {
+                    op: header.op,
+                    checksum: header.checksum,
+                    header: Some(*header),
+                    message: None,
+                    durable: false,
+                });
+            } else if let Some(slot) = self.slot_mut(header.op) {
+                slot.header = Some(*header);
+            }
+        }
+        if let Some(lowest) = headers.last() {
+            self.link_chain_below(lowest.op);
+        }
+    }
+
+    /// Walk down the hash chain from op `from` (whose header is known) to `commit_min`: every
+    /// slot must hold the op its successor's parent names, or become a hole with that checksum.
+    fn link_chain_below(&mut self, from: u64) {
+        let mut op = from;
+        while op > self.commit_min + 1 {
+            let Some(parent) = self
+                .slot(op)
+                .and_then(|slot| slot.header)
+                .map(|header| header.parent)
+            else {
+                return;
+            };
+            let below = op - 1;
+            let matches = self.slot(below).is_some_and(|slot| slot.checksum == parent);
+            if !matches {
+                self.journal[slot_of(below)] = Some(Slot {
+                    op: below,
+                    checksum: parent,
+                    header: None,
+                    message: None,
+                    durable: false,
+                });
+                return;
+            }
+            op = below;
+        }
+        if op == self.commit_min + 1
+            && let Some(header) = self.slot(op).and_then(|slot| slot.header)
+        {
+            assert_eq!(
+                header.parent, self.commit_min_checksum,
+                "the canonical log continues what this replica applied"
+            );
+        }
+    }
+
+    /// Ops between `commit_min` and the head this replica cannot produce yet.
+    fn holes(&self) -> Vec<(u64, u128)> {
+        (self.commit_min + 1..=self.op)
+            .filter_map(|op| match self.slot(op) {
+                Some(slot) if slot.message.is_some() => None,
+                Some(slot) => Some((op, slot.checksum)),
+                None => Some((op, 0)),
+            })
+            .collect()
+    }
+
+    /// Ask for every hole with a known checksum: the primary first, then the others in turn.
+    fn request_repairs(&mut self) {
+        self.repair_sent_tick = self.ticks;
+        let holes: Vec<(u64, u128)> = self
+            .holes()
+            .into_iter()
+            .filter(|(_, checksum)| *checksum != 0)
+            .collect();
+        for (index, (op, checksum)) in holes.into_iter().enumerate() {
+            let mut request = self.control(Command::RequestPrepare);
+            request.header.op = op;
+            request.header.context = checksum;
+            let request = Message::new(request.header, Arc::from(&[][..]));
+            let target = if self.status == Status::Normal && !self.is_primary() {
+                self.config.primary_of(self.view)
+            } else {
+                let others = self.config.replica_count - 1;
+                let pick = (self.ticks / VIEW_CHANGE_RETRY_TICKS + index as u64) % u64::from(others.max(1));
+                let mut target = pick as u8;
+                if target >= self.config.replica {
+                    target += 1;
+                }
+                target
+            };
+            if target != self.config.replica {
+                self.send(Destination::Replica(target), request);
+            }
+        }
+    }
+
+    /// The view's log is installed, durable and whole: act in it.
+    fn enter_normal(&mut self) {
+        self.status = Status::Normal;
+        self.primary_heard_tick = self.ticks;
+        self.commit_journal();
+        if self.is_primary() {
+            self.pipeline = (self.commit_max + 1..=self.op)
+                .map(|op| {
+                    let slot = self.slot(op).expect("a whole log");
+                    let own = if slot.durable { 1 << self.config.replica } else { 0 };
+                    Prepared {
+                        op,
+                        checksum: slot.checksum,
+                        oks: own,
+                    }
+                })
+                .collect();
+            let start_view = self.start_view_message(0);
+            self.broadcast(&start_view);
+            self.send_commit_heartbeat();
+            self.retransmit_prepares();
+        } else {
+            let uncommitted: Vec<(u64, u128)> = (self.commit_max + 1..=self.op)
+                .filter_map(|op| {
+                    self.slot(op)
+                        .filter(|slot| slot.durable)
+                        .map(|slot| (op, slot.checksum))
+                })
+                .collect();
+            for (op, checksum) in uncommitted {
+                self.send_prepare_ok(op, checksum);
+            }
+        }
+    }
+
+    // ----- durable state -----
+
+    /// Persist `view`, `log_view` and `commit_max` as they stand.
+    fn want_durable(&mut self) {
+        let next = DurableState {
+            view: self.view,
+            log_view: self.log_view,
+            commit_max: self.commit_max.max(self.durable.commit_max),
+            ..self.durable
+        };
+        if self.durable_writing {
+            self.durable_next = Some(next);
+        } else if next != self.durable {
+            self.write_durable(next);
+        }
+    }
+
+    fn write_durable(&mut self, state: DurableState) {
+        debug_assert!(!self.durable_writing);
+        debug_assert!(state.check().is_ok());
+        self.durable_writing = true;
+        self.outbox.push(Output::WriteDurable { state });
+    }
+
+    // ----- messages -----
+
+    /// A header-only message of this replica's view.
+    fn control(&self, command: Command) -> Message {
+        let mut header = Header::new(command, self.config.cluster);
+        header.group = self.config.group;
+        header.replica = self.config.replica;
+        header.view = self.view;
+        header.log_view = self.log_view;
+        header.op = self.op;
+        header.commit = self.commit_max;
+        Message::new(header, Arc::from(&[][..]))
+    }
+
+    fn do_view_change_message(&self) -> Message {
+        let mut header = self.control(Command::DoViewChange).header;
+        let body = encode_headers(&self.suffix_headers());
+        header.log_view = self.log_view;
+        Message::new(header, Arc::from(body))
+    }
+
+    fn start_view_message(&self, nonce: u128) -> Message {
+        let mut header = self.control(Command::StartView).header;
+        header.nonce = nonce;
+        let body = encode_headers(&self.suffix_headers());
+        Message::new(header, Arc::from(body))
+    }
+
+    /// Headers from the head down, contiguous, at most [`VIEW_CHANGE_HEADERS_MAX`].
+    fn suffix_headers(&self) -> Vec<Header> {
+        let mut headers = Vec::new();
+        let mut op = self.op;
+        while op > 0 && headers.len() < VIEW_CHANGE_HEADERS_MAX {
+            let Some(header) = self.slot(op).and_then(|slot| slot.header) else {
+                break;
+            };
+            headers.push(header);
+            op -= 1;
+        }
+        headers
+    }
+
     fn send_prepare_ok(&mut self, op: u64, checksum: u128) {
-        let mut ok = Header::new(Command::PrepareOk, self.config.cluster);
-        ok.group = self.config.group;
-        ok.replica = self.config.replica;
-        ok.view = self.view;
+        if self.durable.view < self.view {
+            return;
+        }
+        let mut ok = self.control(Command::PrepareOk).header;
         ok.op = op;
-        ok.commit = self.commit_max;
         ok.context = checksum;
         let primary = self.config.primary_of(self.view);
         self.send(
@@ -478,12 +1014,13 @@ impl<S: StateMachine> Replica<S> {
         );
     }
 
+    fn send_request_start_view(&mut self, primary: u8) {
+        let request = self.control(Command::RequestStartView);
+        self.send(Destination::Replica(primary), request);
+    }
+
     fn send_commit_heartbeat(&mut self) {
-        let mut commit = Header::new(Command::Commit, self.config.cluster);
-        commit.group = self.config.group;
-        commit.replica = self.config.replica;
-        commit.view = self.view;
-        commit.commit = self.commit_max;
+        let mut commit = self.control(Command::Commit).header;
         commit.context = self.commit_min_checksum;
         let commit = Message::new(commit, Arc::from(&[][..]));
         self.broadcast(&commit);
@@ -492,16 +1029,17 @@ impl<S: StateMachine> Replica<S> {
 
     fn retransmit_prepares(&mut self) {
         let replica_count = self.config.replica_count;
-        let resend: Vec<(u8, Message)> = self
-            .pipeline
-            .iter()
-            .flat_map(|prepared| {
-                (0..replica_count)
-                    .filter(move |&replica| prepared.oks & (1 << replica) == 0)
-                    .map(move |replica| (replica, prepared.message.clone()))
-            })
-            .filter(|(replica, _)| *replica != self.config.replica)
-            .collect();
+        let mut resend = Vec::new();
+        for prepared in &self.pipeline {
+            let Some(message) = self.slot(prepared.op).and_then(|slot| slot.message.clone()) else {
+                continue;
+            };
+            for replica in 0..replica_count {
+                if replica != self.config.replica && prepared.oks & (1 << replica) == 0 {
+                    resend.push((replica, message.clone()));
+                }
+            }
+        }
         for (replica, message) in resend {
             self.send(Destination::Replica(replica), message);
         }
@@ -532,19 +1070,39 @@ impl<S: StateMachine> Replica<S> {
     }
 
     fn send(&mut self, to: Destination, message: Message) {
+        if let Destination::Replica(_) = to {
+            // Persist before send: nothing of a view leaves before the view is durable.
+            let view_scoped = matches!(
+                message.header.command,
+                Command::PrepareOk | Command::StartViewChange | Command::DoViewChange | Command::StartView
+            );
+            assert!(
+                !view_scoped || self.durable.view >= message.header.view,
+                "a {:?} of view {} before the view is durable",
+                message.header.command,
+                message.header.view
+            );
+        }
         self.outbox.push(Output::Send { to, message });
     }
 
-    fn entry(&self, op: u64) -> Option<&JournalEntry> {
-        self.journal[slot_of(op)]
-            .as_ref()
-            .filter(|entry| entry.message.header.op == op)
+    // ----- journal access -----
+
+    fn head_checksum(&self) -> u128 {
+        if self.op == 0 {
+            return root_checksum(self.config.cluster);
+        }
+        self.slot(self.op)
+            .map(|slot| slot.checksum)
+            .expect("the head has a slot")
     }
 
-    fn entry_mut(&mut self, op: u64) -> Option<&mut JournalEntry> {
-        self.journal[slot_of(op)]
-            .as_mut()
-            .filter(|entry| entry.message.header.op == op)
+    fn slot(&self, op: u64) -> Option<&Slot> {
+        self.journal[slot_of(op)].as_ref().filter(|slot| slot.op == op)
+    }
+
+    fn slot_mut(&mut self, op: u64) -> Option<&mut Slot> {
+        self.journal[slot_of(op)].as_mut().filter(|slot| slot.op == op)
     }
 
     /// Cross-field invariants; cheap enough to run after every input.
@@ -554,9 +1112,46 @@ impl<S: StateMachine> Replica<S> {
             "applied beyond the commit point"
         );
         assert!(self.commit_min <= self.op, "applied beyond the head");
+        assert!(self.log_view <= self.view);
+        assert!(self.durable.view <= self.view);
+        if self.status == Status::Normal {
+            assert_eq!(self.log_view, self.view, "normal status in an installed view");
+        }
         if self.is_primary() && self.status == Status::Normal {
-            assert!(self.pipeline.len() <= PIPELINE_PREPARES_MAX);
+            assert!(self.pipeline.len() <= JOURNAL_SLOTS);
             assert_eq!(self.commit_max + self.pipeline.len() as u64, self.op);
         }
     }
+}
+
+/// Headers back to back, 256 bytes each.
+fn encode_headers(headers: &[Header]) -> Vec<u8> {
+    headers.iter().flat_map(|header| header.encode()).collect()
+}
+
+/// The prepare headers of a DoViewChange or StartView body, each verified; `None` if any is
+/// not a valid prepare header of this cluster and group, or there are too many.
+fn decode_headers(body: &[u8], cluster: u128, group: u64) -> Option<Vec<Header>> {
+    if !body.len().is_multiple_of(HEADER_SIZE) || body.len() / HEADER_SIZE > VIEW_CHANGE_HEADERS_MAX {
+        return None;
+    }
+    body.chunks_exact(HEADER_SIZE)
+        .map(|bytes| {
+            Header::decode(bytes)
+                .ok()
+                .filter(|h| h.command == Command::Prepare && h.cluster == cluster && h.group == group)
+        })
+        .collect()
+}
+
+/// A DoViewChange's headers start at its head and descend one op at a time along the chain.
+fn dvc_is_consistent(dvc: &DoViewChange) -> bool {
+    if let Some(first) = dvc.headers.first()
+        && first.op != dvc.op
+    {
+        return false;
+    }
+    dvc.headers
+        .windows(2)
+        .all(|pair| pair[1].op + 1 == pair[0].op && pair[0].parent == pair[1].checksum)
 }
