@@ -1,8 +1,8 @@
 //! The client table: at-most-once execution of client requests across retries, primary
 //! changes and restarts (`docs/replication.md`, "Client table").
 //!
-//! A client first registers. The register is an ordinary replicated op, and the op number
-//! it commits at becomes the client's **session**. Every later request carries the session
+//! A client first registers, once per client id. The register is an ordinary replicated
+//! op, and the op number it commits at becomes the client's **session**. Every later request carries the session
 //! and a request number that grows by one per request. The primary asks [`ClientTable::admit`]
 //! before preparing a request:
 //! - the next request number: execute it;
@@ -98,6 +98,20 @@ impl<R: Clone> ClientTable<R> {
         }
     }
 
+    /// What the primary does with a register of `client`. A client id registers once: a
+    /// client that restarts, or was evicted, registers under a fresh id. So a register for a
+    /// client in the table is a retry or a network duplicate. Before any request under the
+    /// session it gets the original reply (the client may have lost it); after, it is
+    /// dropped. Executing it would open a second session and leave the client's live one
+    /// stale.
+    pub fn admit_register(&self, client: u128) -> Admission<R> {
+        match self.entries.get(&client) {
+            Some(entry) if entry.request == 0 => Admission::ReplyCached(entry.reply.clone()),
+            Some(_) => Admission::Drop,
+            None => Admission::Execute,
+        }
+    }
+
     /// A register of `client` committed at op `session` (every replica, in op order).
     /// Replaces any earlier session of the client; evicts the least recently committed
     /// client if the table is full. Returns the evicted client, if any.
@@ -189,6 +203,17 @@ mod tests {
         table.commit_request(7, 10, 2, 12, "two");
         assert_eq!(table.admit(7, 10, 1), Admission::Drop, "older than the latest");
         assert_eq!(table.admit(7, 10, 2), Admission::ReplyCached("two"));
+    }
+
+    #[test]
+    fn a_retried_register_gets_the_first_session() {
+        let mut table: ClientTable<u64> = ClientTable::new(2);
+        assert_eq!(table.admit_register(4), Admission::Execute);
+        table.commit_register(4, 7, 700);
+        assert_eq!(table.admit_register(4), Admission::ReplyCached(700));
+        table.commit_request(4, 7, 1, 8, 800);
+        // With requests under the session, a register is a stale duplicate: dropped.
+        assert_eq!(table.admit_register(4), Admission::Drop);
     }
 
     #[test]

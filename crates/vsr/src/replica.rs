@@ -72,6 +72,20 @@ pub struct Config {
     pub group: u64,
     pub replica: u8,
     pub replica_count: u8,
+    /// Deliberate protocol bugs, for the simulator's mutation tests only. All off in any
+    /// real replica.
+    pub bugs: Bugs,
+}
+
+/// One switch per protocol rule the mutation tests break, to prove the simulator's checkers
+/// notice (`docs/replication.md`, "Mutation tests"). Never set outside tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Bugs {
+    /// The primary commits an op on its own acknowledgement alone, without a quorum.
+    pub commit_without_quorum: bool,
+    /// The new primary adopts the longest log of the DoViewChange quorum, whatever its
+    /// `log_view` (an old primary's uncommitted tail can then replace committed ops).
+    pub merge_ignores_log_view: bool,
 }
 
 impl Config {
@@ -98,6 +112,12 @@ struct Slot {
     message: Option<Message>,
     /// The shell reported the prepare and its redundant header synced.
     durable: bool,
+    /// The op is on the canonical chain of this replica's view: it came from the current
+    /// primary in the current view, or its checksum came from a StartView / merged log or from
+    /// a verified successor's parent link. Only verified ops are applied, so a stale op left
+    /// from an older view can never be applied as committed, even when it chains onto the
+    /// committed prefix.
+    verified: bool,
 }
 
 /// A prepare the primary has sent and not yet committed.
@@ -157,6 +177,10 @@ pub struct Replica<S: StateMachine> {
     /// New primary: the canonical log was merged; it starts the view once holes are filled
     /// and `log_view` is durable.
     merged: bool,
+    /// Primary: the head when its view started. Requests wait until everything up to it is
+    /// applied: until then the client table may not yet know about requests and registers
+    /// that committed in earlier views, and a request admitted now could run twice.
+    view_start_op: u64,
     /// Logical time: ticks since the replica started.
     ticks: u64,
     primary_heard_tick: u64,
@@ -195,6 +219,7 @@ impl<S: StateMachine> Replica<S> {
             dvc_sent: false,
             dvcs: vec![None; usize::from(config.replica_count)],
             merged: false,
+            view_start_op: 0,
             ticks: 0,
             primary_heard_tick: 0,
             heartbeat_sent_tick: 0,
@@ -254,6 +279,38 @@ impl<S: StateMachine> Replica<S> {
         self.slot(op).and_then(|slot| slot.header)
     }
 
+    /// A one-line account of the replica's protocol state, for violation reports.
+    pub fn describe(&self) -> String {
+        let pipeline: Vec<String> = self
+            .pipeline
+            .iter()
+            .map(|prepared| format!("{}:{:b}", prepared.op, prepared.oks))
+            .collect();
+        let holes: Vec<u64> = self.holes().iter().map(|(op, _)| *op).collect();
+        let unverified: Vec<u64> = (self.commit_min + 1..=self.op)
+            .filter(|&op| self.slot(op).is_some_and(|slot| !slot.verified))
+            .collect();
+        let undurable: Vec<u64> = (self.commit_min + 1..=self.op)
+            .filter(|&op| self.slot(op).is_some_and(|slot| !slot.durable))
+            .collect();
+        format!(
+            "r{} {:?} v{} lv{} dv{}/{} op{} c{}/{} pipeline {:?} holes {:?} unverified {:?} undurable {:?}",
+            self.config.replica,
+            self.status,
+            self.view,
+            self.log_view,
+            self.durable.view,
+            self.durable.log_view,
+            self.op,
+            self.commit_min,
+            self.commit_max,
+            pipeline,
+            holes,
+            unverified,
+            undurable
+        )
+    }
+
     /// Everything the replica asked for since the last call, in order.
     pub fn take_outputs(&mut self) -> Vec<Output> {
         std::mem::take(&mut self.outbox)
@@ -300,9 +357,12 @@ impl<S: StateMachine> Replica<S> {
             return;
         }
         let from_replica = header.command != Command::Request;
-        if from_replica
-            && (header.replica >= self.config.replica_count || header.replica == self.config.replica)
-        {
+        if from_replica && header.replica >= self.config.replica_count {
+            return;
+        }
+        // A prepare names the replica that prepared it, which may be this one in an older
+        // view (a new primary resends it); every other message names its sender.
+        if from_replica && header.command != Command::Prepare && header.replica == self.config.replica {
             return;
         }
         match header.command {
@@ -364,26 +424,43 @@ impl<S: StateMachine> Replica<S> {
         if self.status != Status::Normal || !self.is_primary() {
             return;
         }
+        if self.commit_min < self.view_start_op {
+            // The client retries once the previous views' ops are committed here.
+            return;
+        }
         let header = &message.header;
         let session = header.context as u64;
-        if header.operation != OPERATION_REGISTER {
-            match self.client_table.admit(header.client, session, header.request) {
+        let admission = if header.operation == OPERATION_REGISTER {
+            self.client_table.admit_register(header.client)
+        } else {
+            self.client_table.admit(header.client, session, header.request)
+        };
+        {
+            match admission {
                 Admission::Execute => {}
                 Admission::ReplyCached(reply) => {
                     self.send(Destination::Client(header.client), reply);
                     return;
                 }
                 Admission::Drop => return,
+                Admission::NotRegistered if session > self.commit_min => {
+                    // The session's register lies beyond what this replica applied: it is
+                    // behind (an old primary cut off from the cluster), not the client. Say
+                    // nothing rather than tell the client its live session is gone.
+                    return;
+                }
                 Admission::SessionEvicted | Admission::NotRegistered => {
                     self.send_session_evicted(header);
                     return;
                 }
             }
         }
+        // At most one request per client in the pipeline: a retry waits for its commit, and a
+        // register can never overtake a request of the client's previous session.
         let in_pipeline = self.pipeline.iter().any(|prepared| {
             self.slot(prepared.op)
                 .and_then(|slot| slot.header)
-                .is_some_and(|prepare| prepare.client == header.client && prepare.request == header.request)
+                .is_some_and(|prepare| prepare.client == header.client)
         });
         if in_pipeline || self.pipeline.len() >= PIPELINE_PREPARES_MAX {
             // The reply follows the commit; or the client retries once there is room.
@@ -423,33 +500,86 @@ impl<S: StateMachine> Replica<S> {
             self.fill(message.clone());
             return;
         }
+        if header.view > self.view {
+            if header.replica == self.config.primary_of(header.view) {
+                // A primary of a view this replica missed: ask it for its StartView.
+                self.send_request_start_view(header.replica);
+            }
+            return;
+        }
         if self.status != Status::Normal || self.is_primary() {
             return;
         }
-        if header.replica != self.config.primary_of(self.view) {
-            return;
+        let from_primary = header.view == self.view && header.replica == self.config.primary_of(self.view);
+        if from_primary {
+            self.primary_heard_tick = self.ticks;
         }
-        if header.view > self.view {
-            // A primary of a view this replica missed: ask it for its StartView.
-            self.send_request_start_view(header.replica);
-            return;
-        }
-        self.primary_heard_tick = self.ticks;
-        if header.op <= self.op {
-            // A retransmission: acknowledge again if it is ours and durable (the primary may
-            // have lost the first acknowledgement).
-            let durable_same = self
-                .slot(header.op)
-                .is_some_and(|slot| slot.durable && slot.checksum == header.checksum);
-            if durable_same {
-                self.send_prepare_ok(header.op, header.checksum);
+        let ours = self
+            .slot(header.op)
+            .map(|slot| (slot.checksum, slot.durable, slot.verified));
+        match ours {
+            Some((checksum, durable, verified)) if checksum == header.checksum => {
+                // A retransmission (the primary may have lost the acknowledgement), or an op
+                // of an older view the new primary proposes again: acknowledged by checksum.
+                if durable && verified {
+                    self.send_prepare_ok(header.op, header.checksum);
+                }
             }
-        } else if header.op == self.op + 1 && header.parent == self.head_checksum() {
-            self.append(message.clone());
+            _ if !from_primary || header.op <= self.commit_min => {}
+            _ if header.op - self.commit_min >= JOURNAL_SLOTS as u64 => {
+                // Too far ahead of what this replica applied: taking it would overwrite an op
+                // it still needs. It catches up by repair first (or, once built, by state
+                // transfer).
+            }
+            _ if header.op == self.op + 1 && header.parent == self.head_checksum() => {
+                self.append(message.clone());
+            }
+            _ if header.op > self.op => {
+                // Beyond a hole (this replica fell behind): take the op as the new head and
+                // repair down the chain to what it has.
+                self.jump_to(message.clone());
+            }
+            _ => {
+                // This replica's op there is not on this view's chain: replace it.
+                self.place(message.clone());
+            }
         }
-        // A prepare beyond the head is dropped: the primary resends unacknowledged prepares
-        // in op order, so the gap closes without repair while the view lasts.
-        self.advance_commit_max(header.commit);
+        if from_primary {
+            self.advance_commit_max(header.commit);
+        }
+    }
+
+    /// Take `prepare`, from the current primary in the current view, as the head although the
+    /// ops between are missing here: they become holes the chain walk names.
+    fn jump_to(&mut self, prepare: Message) {
+        let header = prepare.header;
+        assert!(header.op > self.op);
+        for op in self.op + 1..header.op {
+            let slot = slot_of(op);
+            if self.journal[slot].as_ref().is_some_and(|s| s.op != op) {
+                // An older lap's op; it was applied long ago (the journal spans the pipeline).
+                self.journal[slot] = None;
+            }
+        }
+        self.op = header.op;
+        self.place(prepare);
+    }
+
+    /// Put a verified prepare in its slot (replacing whatever was there), write it, and walk
+    /// the chain below it.
+    fn place(&mut self, prepare: Message) {
+        let header = prepare.header;
+        assert!(header.op > self.commit_min && header.op <= self.op);
+        self.journal[slot_of(header.op)] = Some(Slot {
+            op: header.op,
+            checksum: header.checksum,
+            header: Some(header),
+            message: Some(prepare.clone()),
+            durable: false,
+            verified: true,
+        });
+        self.outbox.push(Output::WritePrepare { message: prepare });
+        self.link_chain_below(header.op);
     }
 
     fn on_prepare_ok(&mut self, header: &Header) {
@@ -481,7 +611,12 @@ impl<S: StateMachine> Replica<S> {
         assert_eq!(header.parent, self.head_checksum(), "the hash chain is unbroken");
         // The slot's previous occupant must be applied: the pipeline bound keeps the head
         // within the journal ahead of commit_min.
-        assert!(header.op - self.commit_min <= JOURNAL_SLOTS as u64);
+        assert!(
+            header.op - self.commit_min <= JOURNAL_SLOTS as u64,
+            "appending op {} would overwrite an op not yet applied: {}",
+            header.op,
+            self.describe()
+        );
         self.op = header.op;
         self.journal[slot_of(header.op)] = Some(Slot {
             op: header.op,
@@ -489,6 +624,7 @@ impl<S: StateMachine> Replica<S> {
             header: Some(header),
             message: Some(prepare.clone()),
             durable: false,
+            verified: true,
         });
         self.outbox.push(Output::WritePrepare { message: prepare });
     }
@@ -501,6 +637,7 @@ impl<S: StateMachine> Replica<S> {
         slot.header = Some(header);
         slot.message = Some(prepare.clone());
         slot.durable = false;
+        slot.verified = true;
         self.outbox.push(Output::WritePrepare { message: prepare });
         self.link_chain_below(header.op);
     }
@@ -515,7 +652,11 @@ impl<S: StateMachine> Replica<S> {
 
     /// Commit the pipeline's front while it has a quorum of durable acknowledgements.
     fn commit_pipeline(&mut self) {
-        let quorum = self.config.quorum();
+        let quorum = if self.config.bugs.commit_without_quorum {
+            1
+        } else {
+            self.config.quorum()
+        };
         while let Some(front) = self.pipeline.front() {
             if (front.oks.count_ones() as usize) < quorum {
                 break;
@@ -534,7 +675,11 @@ impl<S: StateMachine> Replica<S> {
     fn commit_journal(&mut self) {
         while self.commit_min < self.commit_max && self.commit_min < self.op {
             let op = self.commit_min + 1;
-            let Some(prepare) = self.slot(op).and_then(|slot| slot.message.clone()) else {
+            let Some(prepare) = self
+                .slot(op)
+                .filter(|slot| slot.verified)
+                .and_then(|slot| slot.message.clone())
+            else {
                 break;
             };
             if prepare.header.parent != self.commit_min_checksum {
@@ -762,7 +907,13 @@ impl<S: StateMachine> Replica<S> {
             .dvcs
             .iter()
             .flatten()
-            .max_by_key(|dvc| (dvc.log_view, dvc.op))
+            .max_by_key(|dvc| {
+                if self.config.bugs.merge_ignores_log_view {
+                    (0, dvc.op)
+                } else {
+                    (dvc.log_view, dvc.op)
+                }
+            })
             .cloned()
             .expect("a quorum of DoViewChanges");
         let commit = self
@@ -812,13 +963,22 @@ impl<S: StateMachine> Replica<S> {
                     header: Some(*header),
                     message: None,
                     durable: false,
+                    verified: true,
                 });
             } else if let Some(slot) = self.slot_mut(header.op) {
                 slot.header = Some(*header);
+                slot.verified = true;
             }
         }
-        if let Some(lowest) = headers.last() {
-            self.link_chain_below(lowest.op);
+        // Below the suffix, nothing is trusted until the chain walk confirms it.
+        let lowest = headers.last().map_or(self.op + 1, |lowest| lowest.op);
+        for op in self.commit_min + 1..lowest.min(self.op + 1) {
+            if let Some(slot) = self.slot_mut(op) {
+                slot.verified = false;
+            }
+        }
+        if !headers.is_empty() {
+            self.link_chain_below(lowest);
         }
     }
 
@@ -843,8 +1003,14 @@ impl<S: StateMachine> Replica<S> {
                     header: None,
                     message: None,
                     durable: false,
+                    verified: true,
                 });
+                // Ask at once: the chain is repaired one op at a time, downwards.
+                self.request_prepare(below, parent, 0);
                 return;
+            }
+            if let Some(slot) = self.slot_mut(below) {
+                slot.verified = true;
             }
             op = below;
         }
@@ -878,24 +1044,31 @@ impl<S: StateMachine> Replica<S> {
             .filter(|(_, checksum)| *checksum != 0)
             .collect();
         for (index, (op, checksum)) in holes.into_iter().enumerate() {
-            let mut request = self.control(Command::RequestPrepare);
-            request.header.op = op;
-            request.header.context = checksum;
-            let request = Message::new(request.header, Arc::from(&[][..]));
-            let target = if self.status == Status::Normal && !self.is_primary() {
-                self.config.primary_of(self.view)
-            } else {
-                let others = self.config.replica_count - 1;
-                let pick = (self.ticks / VIEW_CHANGE_RETRY_TICKS + index as u64) % u64::from(others.max(1));
-                let mut target = pick as u8;
-                if target >= self.config.replica {
-                    target += 1;
-                }
-                target
-            };
-            if target != self.config.replica {
-                self.send(Destination::Replica(target), request);
+            self.request_prepare(op, checksum, index as u64);
+        }
+    }
+
+    /// Ask one replica for the prepare `op` with checksum `checksum`: a backup in normal
+    /// status asks its primary; otherwise the target rotates over the others with time and
+    /// `spread`, so a prepare only some replicas hold is found.
+    fn request_prepare(&mut self, op: u64, checksum: u128, spread: u64) {
+        let mut request = self.control(Command::RequestPrepare).header;
+        request.op = op;
+        request.context = checksum;
+        let request = Message::new(request, Arc::from(&[][..]));
+        let target = if self.status == Status::Normal && !self.is_primary() {
+            self.config.primary_of(self.view)
+        } else {
+            let others = u64::from(self.config.replica_count - 1).max(1);
+            let pick = (self.ticks / VIEW_CHANGE_RETRY_TICKS + spread) % others;
+            let mut target = pick as u8;
+            if target >= self.config.replica {
+                target += 1;
             }
+            target
+        };
+        if target != self.config.replica && target < self.config.replica_count {
+            self.send(Destination::Replica(target), request);
         }
     }
 
@@ -905,6 +1078,7 @@ impl<S: StateMachine> Replica<S> {
         self.primary_heard_tick = self.ticks;
         self.commit_journal();
         if self.is_primary() {
+            self.view_start_op = self.op;
             self.pipeline = (self.commit_max + 1..=self.op)
                 .map(|op| {
                     let slot = self.slot(op).expect("a whole log");

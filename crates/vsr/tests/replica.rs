@@ -5,7 +5,7 @@
 
 use cairn_vsr::constants::{OPERATION_REGISTER, OPERATION_SESSION_EVICTED};
 use cairn_vsr::header::{Command, Header, Message};
-use cairn_vsr::replica::{Config, Destination, Output, Replica, StateMachine, Status};
+use cairn_vsr::replica::{Bugs, Config, Destination, Output, Replica, StateMachine, Status};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -61,6 +61,7 @@ impl Cluster {
                     group: GROUP,
                     replica,
                     replica_count,
+                    bugs: Bugs::default(),
                 };
                 Replica::new(config, Recorder::default())
             })
@@ -259,13 +260,24 @@ fn normal_operation(replica_count: u8) {
     cluster.request(40, 1, session, &40u64.to_le_bytes());
     assert_eq!(cluster.replies.len(), replies + 1);
     assert_eq!(cluster.replicas[0].state_machine().applied.len(), 40);
-    // A client that never registered is told to register.
+    // A client that never registered is told to register (session 5 is an op this primary
+    // applied, and it was no register of client 10). A session beyond what the primary
+    // applied gets no answer: the primary may be the one behind.
     let mut header = Header::new(Command::Request, CLUSTER);
     header.group = GROUP;
     header.client = 10;
     header.request = 1;
     header.operation = 1;
     header.context = 77;
+    let replies = cluster.replies.len();
+    cluster.replicas[0].on_message(&Message::new(header, Arc::from(&b"x"[..])));
+    cluster.settle();
+    assert_eq!(
+        cluster.replies.len(),
+        replies,
+        "no answer from a primary that may be behind"
+    );
+    header.context = 5;
     cluster.replicas[0].on_message(&Message::new(header, Arc::from(&b"x"[..])));
     cluster.settle();
     assert_eq!(

@@ -10,7 +10,9 @@
 //! - [`storage`]: an in-memory model of one replica's disk zones with page-cache semantics,
 //!   torn and lost writes at a crash, failed syncs and latent bit flips.
 //! - [`trace`]: the event-trace hash that lets two runs of one seed be compared.
+//! - [`cluster`]: a whole simulated cluster (replicas, clients, faults) and the checkers.
 
+pub mod cluster;
 pub mod network;
 pub mod prng;
 pub mod storage;

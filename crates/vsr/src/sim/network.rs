@@ -175,6 +175,17 @@ impl<M: Clone> Network<M> {
         &self.options
     }
 
+    /// Change the fault parameters from now on (a harness turns faults off for its final
+    /// heal). Messages already in flight keep the delay they were given.
+    pub fn set_options(&mut self, options: NetworkOptions) {
+        options.check();
+        assert_eq!(
+            options.endpoint_count, self.options.endpoint_count,
+            "the endpoints are fixed"
+        );
+        self.options = options;
+    }
+
     pub fn counters(&self) -> NetworkCounters {
         self.counters
     }
