@@ -568,8 +568,16 @@ impl<S: StateMachine> Replica<S> {
     /// Put a verified prepare in its slot (replacing whatever was there), write it, and walk
     /// the chain below it.
     fn place(&mut self, prepare: Message) {
+        let op = prepare.header.op;
+        assert!(op > self.commit_min && op <= self.op);
+        self.store(prepare);
+        self.link_chain_below(op);
+    }
+
+    /// Put a prepare known to be on this view's chain in its slot, replacing whatever was
+    /// there, and ask for its write.
+    fn store(&mut self, prepare: Message) {
         let header = prepare.header;
-        assert!(header.op > self.commit_min && header.op <= self.op);
         self.journal[slot_of(header.op)] = Some(Slot {
             op: header.op,
             checksum: header.checksum,
@@ -579,7 +587,6 @@ impl<S: StateMachine> Replica<S> {
             verified: true,
         });
         self.outbox.push(Output::WritePrepare { message: prepare });
-        self.link_chain_below(header.op);
     }
 
     fn on_prepare_ok(&mut self, header: &Header) {
@@ -618,15 +625,7 @@ impl<S: StateMachine> Replica<S> {
             self.describe()
         );
         self.op = header.op;
-        self.journal[slot_of(header.op)] = Some(Slot {
-            op: header.op,
-            checksum: header.checksum,
-            header: Some(header),
-            message: Some(prepare.clone()),
-            durable: false,
-            verified: true,
-        });
-        self.outbox.push(Output::WritePrepare { message: prepare });
+        self.store(prepare);
     }
 
     /// A repaired prepare fills its hole; its parent link may reveal the next hole down.
