@@ -94,6 +94,9 @@ pub enum Command {
     RequestHeaders = 11,
     /// Repair answer: the body is prepare headers.
     Headers = 12,
+    /// Node → node: the commit heartbeats of every group whose primary is on the sender, for
+    /// the receiver's replicas, in one message (`node::HEARTBEAT_ENTRY_SIZE` bytes each).
+    Heartbeats = 13,
 }
 
 impl Command {
@@ -111,6 +114,7 @@ impl Command {
             10 => Command::RequestPrepare,
             11 => Command::RequestHeaders,
             12 => Command::Headers,
+            13 => Command::Heartbeats,
             _ => return None,
         })
     }

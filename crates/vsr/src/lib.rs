@@ -11,6 +11,8 @@
 //! - [`client_table`]: sessions and request numbers, for at-most-once execution.
 //! - [`durable`]: the superblock, the replica's durable VSR state in four checksummed copies.
 //! - [`journal`]: what a journal slot proves after a crash (clean, faulty, empty).
+//! - [`node`]: the groups of one node, with heartbeats batched per peer and durable writes
+//!   batched per tick.
 //! - [`replica`]: the replica state machine (normal operation so far).
 //! - [`sim`]: the deterministic simulator's parts: seeded PRNG streams, a faulty network, a
 //!   faulty storage model.
@@ -23,5 +25,6 @@ pub mod constants;
 pub mod durable;
 pub mod header;
 pub mod journal;
+pub mod node;
 pub mod replica;
 pub mod sim;
