@@ -772,18 +772,9 @@ impl<S: StateMachine> Replica<S> {
         if header.view > self.view {
             self.start_view_change(header.view);
         }
-        let Some(headers) = decode_headers(&message.body, self.config.cluster, self.config.group) else {
+        let Some(dvc) = self.decode_suffix(message, header.log_view) else {
             return;
         };
-        let dvc = DoViewChange {
-            log_view: header.log_view,
-            op: header.op,
-            commit: header.commit,
-            headers,
-        };
-        if !dvc_is_consistent(&dvc) {
-            return;
-        }
         self.dvcs[usize::from(header.replica)] = Some(dvc);
     }
 
@@ -795,18 +786,9 @@ impl<S: StateMachine> Replica<S> {
         if header.view == self.view && self.status == Status::Normal {
             return;
         }
-        let Some(headers) = decode_headers(&message.body, self.config.cluster, self.config.group) else {
+        let Some(suffix) = self.decode_suffix(message, header.view) else {
             return;
         };
-        let suffix = DoViewChange {
-            log_view: header.view,
-            op: header.op,
-            commit: header.commit,
-            headers,
-        };
-        if (header.op > 0 && suffix.headers.is_empty()) || !dvc_is_consistent(&suffix) {
-            return;
-        }
         let headers = suffix.headers;
         self.view = header.view;
         self.log_view = header.view;
@@ -1294,6 +1276,24 @@ impl<S: StateMachine> Replica<S> {
             assert!(self.pipeline.len() <= JOURNAL_SLOTS);
             assert_eq!(self.commit_max + self.pipeline.len() as u64, self.op);
         }
+    }
+}
+
+impl<S: StateMachine> Replica<S> {
+    /// The log a DoViewChange or StartView describes (its body holds the suffix headers), if
+    /// it is well formed: valid prepare headers of this group, descending one op at a time
+    /// along the chain from the head, and not empty unless the log is.
+    fn decode_suffix(&self, message: &Message, log_view: u32) -> Option<DoViewChange> {
+        let header = &message.header;
+        let headers = decode_headers(&message.body, self.config.cluster, self.config.group)?;
+        let suffix = DoViewChange {
+            log_view,
+            op: header.op,
+            commit: header.commit,
+            headers,
+        };
+        let empty_but_not_at_root = header.op > 0 && suffix.headers.is_empty();
+        (!empty_but_not_at_root && dvc_is_consistent(&suffix)).then_some(suffix)
     }
 }
 
