@@ -183,6 +183,145 @@ impl<R: Clone> ClientTable<R> {
     }
 }
 
+/// Why bytes are not an encoded client table.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TableFault {
+    #[error("the encoding ends early or has bytes after its end")]
+    Length,
+    #[error("the table holds {found} clients, more than its capacity {capacity}")]
+    Count { found: usize, capacity: usize },
+    #[error("capacity {found}, this replica runs with {expected}")]
+    Capacity { found: usize, expected: usize },
+    #[error("clients out of order or repeated")]
+    Order,
+    #[error("a stored reply does not verify: {0}")]
+    Reply(crate::header::HeaderFault),
+    #[error("an entry breaks its invariants (session after its latest commit)")]
+    Entry,
+}
+
+impl ClientTable<crate::header::Message> {
+    /// The table as bytes, for a checkpoint: it is replicated state, so it is snapshotted with
+    /// the state machine. Little-endian, clients in ascending order (the BTreeMap's), so every
+    /// replica encodes an equal table to equal bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&(self.capacity_clients as u32).to_le_bytes());
+        bytes.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&(self.evicted.len() as u32).to_le_bytes());
+        for (client, entry) in &self.entries {
+            bytes.extend_from_slice(&client.to_le_bytes());
+            bytes.extend_from_slice(&entry.session.to_le_bytes());
+            bytes.extend_from_slice(&entry.request.to_le_bytes());
+            bytes.extend_from_slice(&entry.committed_op.to_le_bytes());
+            let reply = entry.reply.encode();
+            bytes.extend_from_slice(&(reply.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(&reply);
+        }
+        for (client, session) in &self.evicted {
+            bytes.extend_from_slice(&client.to_le_bytes());
+            bytes.extend_from_slice(&session.to_le_bytes());
+        }
+        bytes
+    }
+
+    /// Decode [`ClientTable::encode`]'s bytes for a replica whose table holds
+    /// `capacity_clients`. Every count and length is bounded before use; every stored reply
+    /// must verify.
+    pub fn decode(bytes: &[u8], capacity_clients: usize) -> Result<Self, TableFault> {
+        let mut reader = Reader { bytes, at: 0 };
+        let capacity = reader.u32()? as usize;
+        if capacity != capacity_clients {
+            return Err(TableFault::Capacity {
+                found: capacity,
+                expected: capacity_clients,
+            });
+        }
+        let entries_count = reader.u32()? as usize;
+        let evicted_count = reader.u32()? as usize;
+        for found in [entries_count, evicted_count] {
+            if found > capacity {
+                return Err(TableFault::Count { found, capacity });
+            }
+        }
+        let mut table = ClientTable::new(capacity);
+        let mut previous = None;
+        for _ in 0..entries_count {
+            let client = reader.u128()?;
+            if previous.is_some_and(|previous| previous >= client) {
+                return Err(TableFault::Order);
+            }
+            previous = Some(client);
+            let session = reader.u64()?;
+            let request = reader.u64()?;
+            let committed_op = reader.u64()?;
+            let reply_len = reader.u32()? as usize;
+            if reply_len > crate::constants::MESSAGE_SIZE_MAX {
+                return Err(TableFault::Length);
+            }
+            let reply = crate::header::Message::decode(reader.take(reply_len)?).map_err(TableFault::Reply)?;
+            if session > committed_op {
+                return Err(TableFault::Entry);
+            }
+            table.entries.insert(
+                client,
+                Entry {
+                    session,
+                    request,
+                    reply,
+                    committed_op,
+                },
+            );
+        }
+        let mut previous = None;
+        for _ in 0..evicted_count {
+            let client = reader.u128()?;
+            if previous.is_some_and(|previous| previous >= client) {
+                return Err(TableFault::Order);
+            }
+            previous = Some(client);
+            table.evicted.insert(client, reader.u64()?);
+        }
+        if reader.at != bytes.len() {
+            return Err(TableFault::Length);
+        }
+        Ok(table)
+    }
+}
+
+/// Bounded little-endian reads over a byte slice.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, len: usize) -> Result<&'a [u8], TableFault> {
+        let end = self.at.checked_add(len).ok_or(TableFault::Length)?;
+        let taken = self.bytes.get(self.at..end).ok_or(TableFault::Length)?;
+        self.at = end;
+        Ok(taken)
+    }
+
+    fn u32(&mut self) -> Result<u32, TableFault> {
+        let mut raw = [0u8; 4];
+        raw.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(raw))
+    }
+
+    fn u64(&mut self) -> Result<u64, TableFault> {
+        let mut raw = [0u8; 8];
+        raw.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(raw))
+    }
+
+    fn u128(&mut self) -> Result<u128, TableFault> {
+        let mut raw = [0u8; 16];
+        raw.copy_from_slice(self.take(16)?);
+        Ok(u128::from_le_bytes(raw))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,6 +383,62 @@ mod tests {
         assert_eq!(table.commit_register(11, 21, ()), Some(5));
         assert_eq!(table.commit_register(12, 22, ()), Some(9));
         assert!(table.entry(3).is_some());
+    }
+
+    fn reply(op: u64) -> crate::header::Message {
+        let mut header = crate::header::Header::new(crate::header::Command::Reply, 1);
+        header.op = op;
+        crate::header::Message::new(header, std::sync::Arc::from(&op.to_le_bytes()[..]))
+    }
+
+    fn sample_table() -> ClientTable<crate::header::Message> {
+        let mut table = ClientTable::new(2);
+        table.commit_register(30, 1, reply(1));
+        table.commit_register(10, 2, reply(2));
+        table.commit_request(30, 1, 1, 3, reply(3));
+        // Client 10 goes (least recently committed), so the evicted map is encoded too.
+        table.commit_register(20, 4, reply(4));
+        table
+    }
+
+    #[test]
+    fn the_table_round_trips_through_its_encoding() {
+        let table = sample_table();
+        let bytes = table.encode();
+        assert_eq!(ClientTable::decode(&bytes, 2), Ok(table.clone()));
+        assert_eq!(table.encode(), bytes, "equal tables encode to equal bytes");
+        assert_eq!(
+            ClientTable::decode(&bytes, 3),
+            Err(TableFault::Capacity {
+                found: 2,
+                expected: 3
+            })
+        );
+        for cut in [0, 4, 11, bytes.len() - 1] {
+            assert_eq!(
+                ClientTable::decode(&bytes[..cut], 2),
+                Err(TableFault::Length),
+                "cut at {cut}"
+            );
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert_eq!(ClientTable::decode(&longer, 2), Err(TableFault::Length));
+        // A flipped bit inside a stored reply is caught by the reply's own checksums.
+        let mut flipped = bytes.clone();
+        let inside_first_reply = 12 + 16 + 24 + 4 + 100;
+        flipped[inside_first_reply] ^= 1;
+        assert!(matches!(
+            ClientTable::decode(&flipped, 2),
+            Err(TableFault::Reply(_))
+        ));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
+            let _ = ClientTable::decode(&bytes, 2);
+        }
     }
 
     #[test]
