@@ -702,17 +702,10 @@ impl<S: StateMachine> Replica<S> {
             self.state_machine
                 .apply(header.op, header.timestamp, header.operation, &prepare.body)
         };
-        let mut reply = Header::new(Command::Reply, self.config.cluster);
-        reply.group = self.config.group;
-        reply.replica = self.config.replica;
-        reply.view = self.view;
+        let mut reply = self.reply_header(header.client, header.request, header.operation, header.checksum);
         reply.op = header.op;
         reply.commit = header.op;
         reply.timestamp = header.timestamp;
-        reply.client = header.client;
-        reply.request = header.request;
-        reply.operation = header.operation;
-        reply.context = header.checksum;
         let reply = Message::new(reply, Arc::from(reply_body));
         if header.operation == OPERATION_REGISTER {
             // The session is the op the register committed at.
@@ -1202,18 +1195,30 @@ impl<S: StateMachine> Replica<S> {
     }
 
     fn send_session_evicted(&mut self, request: &Header) {
-        let mut reply = Header::new(Command::Reply, self.config.cluster);
-        reply.group = self.config.group;
-        reply.replica = self.config.replica;
-        reply.view = self.view;
-        reply.client = request.client;
-        reply.request = request.request;
-        reply.operation = OPERATION_SESSION_EVICTED;
-        reply.context = request.checksum;
+        let reply = self.reply_header(
+            request.client,
+            request.request,
+            OPERATION_SESSION_EVICTED,
+            request.checksum,
+        );
         self.send(
             Destination::Client(request.client),
             Message::new(reply, Arc::from(&[][..])),
         );
+    }
+
+    /// A reply of this replica's view to `client`'s `request`; `context` is the checksum the
+    /// reply answers (the committed prepare's, or the refused request's).
+    fn reply_header(&self, client: u128, request: u64, operation: u8, context: u128) -> Header {
+        let mut reply = Header::new(Command::Reply, self.config.cluster);
+        reply.group = self.config.group;
+        reply.replica = self.config.replica;
+        reply.view = self.view;
+        reply.client = client;
+        reply.request = request;
+        reply.operation = operation;
+        reply.context = context;
+        reply
     }
 
     fn broadcast(&mut self, message: &Message) {
