@@ -74,3 +74,28 @@ pub const VIEW_CHANGE_HEADERS_MAX: usize = 2 * PIPELINE_PREPARES_MAX + 1;
 const _: () = assert!(VIEW_CHANGE_RETRY_TICKS < VIEW_CHANGE_TIMEOUT_TICKS);
 const _: () = assert!(VIEW_CHANGE_HEADERS_MAX * HEADER_SIZE <= MESSAGE_SIZE_MAX - HEADER_SIZE);
 const _: () = assert!(VIEW_CHANGE_HEADERS_MAX < JOURNAL_SLOTS);
+
+/// Ops applied between checkpoints. A replica checkpoints once its applied op is this far past
+/// its durable checkpoint; the journal slots of ops at or below a durable checkpoint may be
+/// reused.
+pub const CHECKPOINT_INTERVAL_OPS: u64 = 16;
+
+/// Largest state-machine snapshot a checkpoint carries.
+pub const STATE_MACHINE_SNAPSHOT_MAX: usize = MESSAGE_SIZE_MAX;
+
+/// Largest encoded checkpoint: a prepare header, the snapshot, and the client table (one
+/// stored reply per client, each at most a message).
+pub const CHECKPOINT_SIZE_MAX: usize =
+    64 + STATE_MACHINE_SNAPSHOT_MAX + (CLIENTS_MAX + 1) * (MESSAGE_SIZE_MAX + 64);
+
+// The journal holds ops up to `checkpoint_op + JOURNAL_SLOTS`. The primary's pipeline, the
+// view change's suffix and the lag of a checkpoint behind the applied op must fit in it, or
+// the primary stalls waiting for its own checkpoint.
+const _: () = assert!(CHECKPOINT_INTERVAL_OPS as usize + 2 * PIPELINE_PREPARES_MAX < JOURNAL_SLOTS);
+
+/// Ticks between a recovering replica's RequestStartView probes.
+pub const PROBE_INTERVAL_TICKS: u64 = 10;
+
+/// Ticks a replica waits with committed ops it cannot apply (their prepares are gone from
+/// every journal it asked) before it asks its shell for state transfer, and between asks.
+pub const STATE_TRANSFER_TIMEOUT_TICKS: u64 = 100;

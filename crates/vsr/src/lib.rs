@@ -8,6 +8,7 @@
 //! Layout:
 //! - [`constants`]: every limit and timeout, with the relations between them asserted.
 //! - [`header`]: the fixed 256-byte message header, its checksums and its codec.
+//! - [`checkpoint`]: the replicated state at one op (snapshot, client table, anchor header).
 //! - [`client_table`]: sessions and request numbers, for at-most-once execution.
 //! - [`durable`]: the superblock, the replica's durable VSR state in four checksummed copies.
 //! - [`journal`]: what a journal slot proves after a crash (clean, faulty, empty).
@@ -20,6 +21,7 @@
 //! Architecture invariant: this crate knows nothing of partitions, Iggy or tokio. The state
 //! machine it replicates is a parameter.
 
+pub mod checkpoint;
 pub mod client_table;
 pub mod constants;
 pub mod durable;

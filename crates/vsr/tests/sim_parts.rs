@@ -596,6 +596,10 @@ fn layout() -> StorageLayout {
             slot_count: 8,
             slot_size_bytes: 4 * SECTOR_SIZE_BYTES,
         },
+        checkpoints: ZoneShape {
+            slot_count: 2,
+            slot_size_bytes: 4 * SECTOR_SIZE_BYTES,
+        },
     }
 }
 
@@ -620,7 +624,7 @@ fn overlay(image: &[u8], bytes: &[u8]) -> Vec<u8> {
 
 #[test]
 fn storage_journal_layout_follows_the_constants() {
-    let layout = StorageLayout::journal(4096, 8192);
+    let layout = StorageLayout::journal(4096, 8192, 16384);
     assert_eq!(
         layout.shape(Zone::Superblock),
         ZoneShape {
@@ -640,6 +644,13 @@ fn storage_journal_layout_follows_the_constants() {
         ZoneShape {
             slot_count: 64,
             slot_size_bytes: 8192
+        }
+    );
+    assert_eq!(
+        layout.shape(Zone::Checkpoints),
+        ZoneShape {
+            slot_count: 2,
+            slot_size_bytes: 16384
         }
     );
 }

@@ -1,12 +1,13 @@
 //! An in-memory model of one replica's disk, with the faults a real disk and page cache show.
 //!
-//! The disk has three zones (`docs/replication.md`, "Durable state" and "Journal"), each an
-//! array of fixed-size slots, all zero when new:
+//! The disk has four zones (`docs/replication.md`, "Durable state", "Journal" and
+//! "Checkpoints"), each an array of fixed-size slots, all zero when new:
 //! - [`Zone::Superblock`]: one slot per superblock copy;
 //! - [`Zone::Headers`]: the redundant header ring, one slot per journal slot;
-//! - [`Zone::Prepares`]: the prepare ring, one slot per journal slot.
+//! - [`Zone::Prepares`]: the prepare ring, one slot per journal slot;
+//! - [`Zone::Checkpoints`]: two checkpoint slots, written alternately.
 //!
-//! The zones are a fixed enum because the protocol has exactly these three; their shapes (slot
+//! The zones are a fixed enum because the protocol has exactly these four; their shapes (slot
 //! counts and sizes) are a [`StorageLayout`], so a simulator can use small prepare slots.
 //!
 //! # Fault model
@@ -61,16 +62,18 @@ pub enum Zone {
     Superblock,
     Headers,
     Prepares,
+    Checkpoints,
 }
 
 impl Zone {
-    pub const ALL: [Zone; 3] = [Zone::Superblock, Zone::Headers, Zone::Prepares];
+    pub const ALL: [Zone; 4] = [Zone::Superblock, Zone::Headers, Zone::Prepares, Zone::Checkpoints];
 
     fn index(self) -> usize {
         match self {
             Zone::Superblock => 0,
             Zone::Headers => 1,
             Zone::Prepares => 2,
+            Zone::Checkpoints => 3,
         }
     }
 }
@@ -82,20 +85,26 @@ pub struct ZoneShape {
     pub slot_size_bytes: u32,
 }
 
-/// The shapes of the three zones.
+/// The shapes of the four zones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StorageLayout {
     pub superblock: ZoneShape,
     pub headers: ZoneShape,
     pub prepares: ZoneShape,
+    pub checkpoints: ZoneShape,
 }
 
 impl StorageLayout {
     /// The layout the design note describes: `SUPERBLOCK_COPIES` superblock slots,
     /// `JOURNAL_SLOTS` header slots of `HEADER_SIZE` bytes and `JOURNAL_SLOTS` prepare slots.
-    /// The caller picks the superblock copy size (the superblock's encoding decides it) and the
-    /// prepare slot size (the largest prepare the run sends; a simulator keeps it small).
-    pub fn journal(superblock_copy_size_bytes: u32, prepare_slot_size_bytes: u32) -> StorageLayout {
+    /// The caller picks the superblock copy size (the superblock's encoding decides it), the
+    /// prepare slot size (the largest prepare the run sends; a simulator keeps it small) and
+    /// the checkpoint slot size (the largest checkpoint the run takes); two checkpoint slots.
+    pub fn journal(
+        superblock_copy_size_bytes: u32,
+        prepare_slot_size_bytes: u32,
+        checkpoint_slot_size_bytes: u32,
+    ) -> StorageLayout {
         let journal_slots = u32::try_from(JOURNAL_SLOTS).expect("JOURNAL_SLOTS fits u32");
         StorageLayout {
             superblock: ZoneShape {
@@ -110,6 +119,10 @@ impl StorageLayout {
                 slot_count: journal_slots,
                 slot_size_bytes: prepare_slot_size_bytes,
             },
+            checkpoints: ZoneShape {
+                slot_count: 2,
+                slot_size_bytes: checkpoint_slot_size_bytes,
+            },
         }
     }
 
@@ -118,6 +131,7 @@ impl StorageLayout {
             Zone::Superblock => self.superblock,
             Zone::Headers => self.headers,
             Zone::Prepares => self.prepares,
+            Zone::Checkpoints => self.checkpoints,
         }
     }
 
@@ -220,10 +234,10 @@ pub struct Storage {
     prng: Prng,
     /// Per zone (by `Zone::index`), per slot, the durable bytes; `None` is all zeros.
     /// Invariant: every `Some` buffer is exactly the zone's `slot_size_bytes` long.
-    durable: [Vec<Option<Box<[u8]>>>; 3],
+    durable: [Vec<Option<Box<[u8]>>>; 4],
     /// Per zone, per slot, the length of the last write that reached the durable bytes, whole
     /// or torn; 0 if none since the last wipe. Invariant: `≤ slot_size_bytes`.
-    durable_record_bytes: [Vec<u32>; 3],
+    durable_record_bytes: [Vec<u32>; 4],
     /// The bytes written at the start of each slot since the last sync or crash.
     /// Invariants: `0 < len ≤ slot_size_bytes`; empty while no writes are pending.
     pending: BTreeMap<(Zone, u32), Vec<u8>>,
