@@ -39,6 +39,8 @@ pub struct NodeOutputs {
     pub prepare_writes: Vec<(u64, Message)>,
     /// Durable states to write, by group: one batch, one sync per superblock copy.
     pub durable_writes: Vec<(u64, DurableState)>,
+    /// Checkpoint writes and state-transfer requests, by group, as the replica asked.
+    pub checkpoint_work: Vec<(u64, Output)>,
 }
 
 /// The replicas of one node, by group.
@@ -102,6 +104,20 @@ impl<S: StateMachine> Node<S> {
         self.collect()
     }
 
+    pub fn on_checkpoint_written(&mut self, group: u64, op: u64, checksum: u128) -> NodeOutputs {
+        if let Some(replica) = self.groups.get_mut(&group) {
+            replica.on_checkpoint_written(op, checksum);
+        }
+        self.collect()
+    }
+
+    pub fn on_state_transferred(&mut self, group: u64, bytes: &[u8], checksum: u128) -> NodeOutputs {
+        if let Some(replica) = self.groups.get_mut(&group) {
+            replica.on_state_transferred(bytes, checksum);
+        }
+        self.collect()
+    }
+
     /// The shell wrote a batch of durable states (one sync per copy for all of them).
     pub fn on_durable_written(&mut self, written: &[(u64, DurableState)]) -> NodeOutputs {
         for (group, state) in written {
@@ -155,6 +171,9 @@ impl<S: StateMachine> Node<S> {
                     Output::Send { to, message } => outputs.sends.push((to, message)),
                     Output::WritePrepare { message } => outputs.prepare_writes.push((group, message)),
                     Output::WriteDurable { state } => outputs.durable_writes.push((group, state)),
+                    work @ (Output::WriteCheckpoint { .. } | Output::StateTransfer { .. }) => {
+                        outputs.checkpoint_work.push((group, work))
+                    }
                 }
             }
         }

@@ -12,15 +12,18 @@
 //! view persisted before any message of that view leaves, and repair of missing prepares by
 //! op and checksum). Restart recovery, wiped disks and state transfer follow (issue 6).
 
-use crate::client_table::{Admission, ClientTable};
+use crate::checkpoint::Checkpoint;
+use crate::client_table::{Admission, ClientTable, TableFault};
 use crate::constants::{
-    CLIENTS_MAX, COMMIT_INTERVAL_TICKS, HEADER_SIZE, JOURNAL_SLOTS, NORMAL_TIMEOUT_TICKS, OPERATION_REGISTER,
-    OPERATION_SESSION_EVICTED, PIPELINE_PREPARES_MAX, PREPARE_TIMEOUT_TICKS, REPLICAS_MAX,
-    VIEW_CHANGE_HEADERS_MAX, VIEW_CHANGE_RETRY_TICKS, VIEW_CHANGE_TIMEOUT_TICKS,
+    CHECKPOINT_INTERVAL_OPS, CLIENTS_MAX, COMMIT_INTERVAL_TICKS, HEADER_SIZE, JOURNAL_SLOTS,
+    NORMAL_TIMEOUT_TICKS, OPERATION_REGISTER, OPERATION_SESSION_EVICTED, PIPELINE_PREPARES_MAX,
+    PREPARE_TIMEOUT_TICKS, PROBE_INTERVAL_TICKS, REPLICAS_MAX, STATE_MACHINE_SNAPSHOT_MAX,
+    STATE_TRANSFER_TIMEOUT_TICKS, VIEW_CHANGE_HEADERS_MAX, VIEW_CHANGE_RETRY_TICKS,
+    VIEW_CHANGE_TIMEOUT_TICKS,
 };
 use crate::durable::DurableState;
 use crate::header::{Command, Header, Message, root_checksum};
-use crate::journal::slot_of;
+use crate::journal::{SlotState, slot_of};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -29,6 +32,14 @@ use std::sync::Arc;
 pub trait StateMachine {
     /// Apply committed op `op` (`operation`, `input`, prepared at `timestamp`); the reply body.
     fn apply(&mut self, op: u64, timestamp: u64, operation: u8, input: &[u8]) -> Vec<u8>;
+
+    /// The whole state as bytes, for a checkpoint: equal states give equal bytes, at most
+    /// [`STATE_MACHINE_SNAPSHOT_MAX`].
+    fn snapshot(&self) -> Vec<u8>;
+
+    /// Replace the whole state with a snapshot's (from a checkpoint or state transfer). An
+    /// `Err` leaves the state as it was; the text says why the bytes were refused.
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String>;
 }
 
 /// Who a message goes to.
@@ -55,6 +66,23 @@ pub enum Output {
     WriteDurable {
         state: DurableState,
     },
+    /// Write the checkpoint `bytes` to checkpoint slot `slot` (0 or 1), sync, and report
+    /// [`Replica::on_checkpoint_written`]. The other slot holds the checkpoint the durable
+    /// state names, and is never written while it does.
+    WriteCheckpoint {
+        slot: u8,
+        op: u64,
+        checksum: u128,
+        bytes: Arc<[u8]>,
+    },
+    /// Fetch a peer's latest durable checkpoint above op `above_op` and hand it to
+    /// [`Replica::on_state_transferred`]; ask a peer whose `commit_max` is at least
+    /// `commit_max` (Iggy trap 9: never take state from a replica that knows less). No answer
+    /// is fine: the replica asks again later.
+    StateTransfer {
+        above_op: u64,
+        commit_max: u64,
+    },
 }
 
 /// Where the replica stands in the protocol.
@@ -63,6 +91,88 @@ pub enum Status {
     Normal,
     /// Electing the primary of `view`, or installing its log.
     ViewChange,
+    /// Restarted from storage (or with a wiped disk): it probes for the current view and
+    /// casts no vote and sends no acknowledgement until a StartView it may trust arrives.
+    Recovering,
+}
+
+/// What a restarted replica read back from its storage (the shell reads; `journal::classify_slot`
+/// and `durable::choose` decide what the bytes mean).
+#[derive(Debug, Clone)]
+pub struct Recovered {
+    /// The superblock's state after the shell repaired its copies; `None` if every copy was
+    /// blank (a wiped disk).
+    pub durable: Option<DurableState>,
+    /// The checkpoint the durable state names and the slot it was found in; `None` exactly
+    /// when `durable.checkpoint_op` is 0 (or the disk was wiped).
+    pub checkpoint: Option<(Checkpoint, u8)>,
+    /// Every journal slot, by index (`JOURNAL_SLOTS` of them; empty for a wiped disk).
+    pub journal: Vec<SlotState>,
+    /// Fresh for every boot (the shell draws it): a StartView echoing it was made after this
+    /// boot, so it cannot be a stale answer older than what this replica acknowledged.
+    pub nonce: u128,
+}
+
+/// Why a replica refuses to start from what its storage holds. Each needs an operator: the
+/// bytes are kept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecoveryError {
+    #[error("the durable state names checkpoint op {op}, but no checkpoint slot holds it")]
+    CheckpointMissing { op: u64 },
+    #[error("the durable state names no checkpoint, but one was handed over")]
+    CheckpointUnexpected,
+    #[error("the checkpoint is at op {found}, the durable state names op {expected}")]
+    CheckpointOp { found: u64, expected: u64 },
+    #[error("the checkpoint's state machine snapshot was refused: {0}")]
+    StateMachine(String),
+    #[error("the checkpoint's client table was refused: {0}")]
+    ClientTable(TableFault),
+    #[error("the recovered journal has {found} slots, not {expected}")]
+    JournalShape { found: usize, expected: usize },
+    #[error("the durable state belongs to another replica or cluster")]
+    Foreign,
+}
+
+/// A restarted replica's probe: until a StartView it may trust arrives.
+#[derive(Debug, Clone, Copy)]
+struct Recovery {
+    nonce: u128,
+    /// The durable `view` at boot. A PrepareOk of view `v` leaves only once `v` is durable,
+    /// so this replica acknowledged nothing in any higher view: a StartView of one cannot be
+    /// older than an acknowledgement it gave, and is trusted without the nonce.
+    boot_view: u32,
+    /// The disk was wiped: everything it acknowledged before is gone, so only a StartView
+    /// echoing the nonce is trusted, and it never votes until installed.
+    wiped: bool,
+    probe_sent_tick: u64,
+}
+
+/// What a faulty slot may have held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FaultyOp {
+    /// The redundant header verifies and names this op.
+    Op(u64),
+    /// Nothing readable says which op it was.
+    Any,
+}
+
+impl FaultyOp {
+    fn covers(self, op: u64) -> bool {
+        match self {
+            FaultyOp::Op(faulty) => faulty == op,
+            FaultyOp::Any => true,
+        }
+    }
+}
+
+/// A checkpoint on its way to durability: written to `slot`, then named by the durable state.
+#[derive(Debug, Clone, Copy)]
+struct CheckpointCycle {
+    op: u64,
+    checksum: u128,
+    slot: u8,
+    /// The shell reported the checkpoint bytes synced; the durable state may name it.
+    written: bool,
 }
 
 /// Fixed identity of a replica.
@@ -86,6 +196,12 @@ pub struct Bugs {
     /// The new primary adopts the longest log of the DoViewChange quorum, whatever its
     /// `log_view` (an old primary's uncommitted tail can then replace committed ops).
     pub merge_ignores_log_view: bool,
+    /// The new primary truncates the canonical log at an op one DoViewChange sender nacks,
+    /// not a quorum.
+    pub truncate_without_nack_quorum: bool,
+    /// StartViewChange, DoViewChange and StartView leave before the view is durable (and
+    /// the persist-before-send assertion is off).
+    pub send_before_view_persist: bool,
 }
 
 impl Config {
@@ -138,6 +254,11 @@ struct DoViewChange {
     commit: u64,
     /// Prepare headers from `op` down, contiguous.
     headers: Vec<Header>,
+    /// Per header (same order): the sender provably never acknowledged that prepare. It
+    /// holds the header but not the body, and its slot was not found faulty at recovery (a
+    /// faulty slot may hide a prepare it did acknowledge: Iggy trap 15). Empty in a
+    /// StartView.
+    nacks: Vec<bool>,
 }
 
 pub struct Replica<S: StateMachine> {
@@ -181,6 +302,23 @@ pub struct Replica<S: StateMachine> {
     /// applied: until then the client table may not yet know about requests and registers
     /// that committed in earlier views, and a request admitted now could run twice.
     view_start_op: u64,
+    /// Set while status is recovering.
+    recovery: Option<Recovery>,
+    /// Journal slots found faulty at recovery and not durably rewritten since. The op they
+    /// held may have been acknowledged, so this replica never nacks it: `Some(op)` when the
+    /// redundant header still names the op (an acknowledged prepare had its header synced
+    /// with it), `None` when it does not, and then no op of that slot is nacked.
+    faulty_slots: Vec<Option<FaultyOp>>,
+    /// The checkpoint slot (0 or 1) holding the checkpoint the durable state names.
+    checkpoint_slot: u8,
+    /// A checkpoint being written; one at a time, so the slot the durable state names is
+    /// never overwritten.
+    checkpoint_cycle: Option<CheckpointCycle>,
+    /// When `commit_min` last moved (or had nothing to catch up): a replica stuck below
+    /// `commit_max` for [`STATE_TRANSFER_TIMEOUT_TICKS`] asks for state transfer.
+    commit_progress_tick: u64,
+    commit_progress_op: u64,
+    state_transfer_tick: Option<u64>,
     /// Logical time: ticks since the replica started.
     ticks: u64,
     primary_heard_tick: u64,
@@ -220,6 +358,13 @@ impl<S: StateMachine> Replica<S> {
             dvcs: vec![None; usize::from(config.replica_count)],
             merged: false,
             view_start_op: 0,
+            recovery: None,
+            faulty_slots: vec![None; JOURNAL_SLOTS],
+            checkpoint_slot: 1,
+            checkpoint_cycle: None,
+            commit_progress_tick: 0,
+            commit_progress_op: 0,
+            state_transfer_tick: None,
             ticks: 0,
             primary_heard_tick: 0,
             heartbeat_sent_tick: 0,
@@ -231,8 +376,118 @@ impl<S: StateMachine> Replica<S> {
         }
     }
 
+    /// A replica restarted from what its storage holds (or from a wiped disk). It boots in
+    /// status recovering: it probes for the current view with `recovered.nonce` and acts on
+    /// nothing else until it installs a StartView it may trust (`docs/replication.md`,
+    /// "Restart and a wiped disk"). Slots above the checkpoint are kept as unverified copies:
+    /// a StartView's headers decide which belong to the log.
+    pub fn recover(
+        config: Config,
+        state_machine: S,
+        recovered: Recovered,
+    ) -> Result<Replica<S>, RecoveryError> {
+        assert_ne!(
+            recovered.nonce, 0,
+            "a recovery nonce is never 0 (0 means no probe)"
+        );
+        let mut replica = Replica::new(config, state_machine);
+        let wiped = recovered.durable.is_none();
+        if let Some(durable) = recovered.durable {
+            if durable.cluster != config.cluster
+                || durable.replica != config.replica
+                || durable.replica_count != config.replica_count
+            {
+                return Err(RecoveryError::Foreign);
+            }
+            replica.durable = durable;
+            replica.view = durable.view;
+            replica.log_view = durable.log_view;
+            replica.commit_max = durable.commit_max;
+        }
+        match (replica.durable.checkpoint_op, recovered.checkpoint) {
+            (0, None) => {}
+            (0, Some(_)) => return Err(RecoveryError::CheckpointUnexpected),
+            (op, None) => return Err(RecoveryError::CheckpointMissing { op }),
+            (op, Some((checkpoint, slot))) => {
+                if checkpoint.op() != op {
+                    return Err(RecoveryError::CheckpointOp {
+                        found: checkpoint.op(),
+                        expected: op,
+                    });
+                }
+                replica.install_checkpoint_state(&checkpoint)?;
+                replica.checkpoint_slot = slot;
+            }
+        }
+        if !wiped && recovered.journal.len() != JOURNAL_SLOTS {
+            return Err(RecoveryError::JournalShape {
+                found: recovered.journal.len(),
+                expected: JOURNAL_SLOTS,
+            });
+        }
+        let checkpoint_op = replica.commit_min;
+        let window_end = replica.journal_window_end();
+        for (slot_index, state) in recovered.journal.into_iter().enumerate() {
+            // Faulty slots are left out: a StartView's headers name what to repair. Clean ones
+            // are copies by checksum, trusted only once the view's chain vouches for them. Ops
+            // at or below the checkpoint stay only to answer peers' repair requests.
+            let prepare = match state {
+                SlotState::Clean(prepare) => prepare,
+                SlotState::Empty => continue,
+                SlotState::Faulty { header } => {
+                    replica.faulty_slots[slot_index] =
+                        Some(header.map_or(FaultyOp::Any, |header| FaultyOp::Op(header.op)));
+                    continue;
+                }
+            };
+            let op = prepare.header.op;
+            if op == 0 || op > window_end || op + JOURNAL_SLOTS as u64 <= checkpoint_op {
+                continue;
+            }
+            if op == checkpoint_op && prepare.header.checksum != replica.commit_min_checksum {
+                continue;
+            }
+            replica.journal[slot_of(op)] = Some(Slot {
+                op,
+                checksum: prepare.header.checksum,
+                header: Some(prepare.header),
+                message: Some(prepare),
+                durable: true,
+                verified: op == checkpoint_op,
+            });
+            replica.op = replica.op.max(op);
+        }
+        if wiped {
+            // Everything this replica acknowledged before is gone: no slot may be nacked,
+            // and it counts as repairing until each op of its log is durable again.
+            replica.faulty_slots.fill(Some(FaultyOp::Any));
+        }
+        replica.status = Status::Recovering;
+        replica.recovery = Some(Recovery {
+            nonce: recovered.nonce,
+            boot_view: replica.view,
+            wiped,
+            probe_sent_tick: 0,
+        });
+        replica.commit_progress_op = replica.commit_min;
+        replica.send_probes();
+        replica.check_invariants();
+        Ok(replica)
+    }
+
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// Whether this replica still lacks durable copies of ops it may once have acknowledged:
+    /// it is recovering, or an op of its log above its checkpoint sits in a slot found faulty
+    /// at recovery (or lost with a wiped disk) and not durably rewritten since. Until then it
+    /// counts as faulty in a fault budget: another failure could destroy the last copy of a
+    /// committed op.
+    pub fn is_repairing(&self) -> bool {
+        self.status == Status::Recovering
+            || (self.durable.checkpoint_op + 1..=self.op)
+                .any(|op| self.faulty_slots[slot_of(op)].is_some_and(|faulty| faulty.covers(op)))
     }
 
     pub fn status(&self) -> Status {
@@ -294,16 +549,23 @@ impl<S: StateMachine> Replica<S> {
             .filter(|&op| self.slot(op).is_some_and(|slot| !slot.durable))
             .collect();
         format!(
-            "r{} {:?} v{} lv{} dv{}/{} op{} c{}/{} pipeline {:?} holes {:?} unverified {:?} undurable {:?}",
+            "r{} {:?} v{} lv{} dv{}/{}{} op{} c{}/{} cp{}{} pipeline {:?} holes {:?} unverified {:?} undurable {:?}",
             self.config.replica,
             self.status,
             self.view,
             self.log_view,
             self.durable.view,
             self.durable.log_view,
+            if self.durable_writing { " (writing)" } else { "" },
             self.op,
             self.commit_min,
             self.commit_max,
+            self.durable.checkpoint_op,
+            match self.checkpoint_cycle {
+                Some(cycle) if cycle.written => format!(" (checkpoint {} written)", cycle.op),
+                Some(cycle) => format!(" (checkpoint {} writing)", cycle.op),
+                None => String::new(),
+            },
             pipeline,
             holes,
             unverified,
@@ -319,6 +581,7 @@ impl<S: StateMachine> Replica<S> {
     /// One tick of logical time.
     pub fn on_tick(&mut self) {
         self.ticks += 1;
+        self.check_commit_progress();
         match self.status {
             Status::Normal if self.is_primary() => {
                 if self.ticks - self.heartbeat_sent_tick >= COMMIT_INTERVAL_TICKS {
@@ -333,6 +596,14 @@ impl<S: StateMachine> Replica<S> {
                     self.start_view_change(self.view + 1);
                 } else if self.ticks - self.repair_sent_tick >= VIEW_CHANGE_RETRY_TICKS {
                     self.request_repairs();
+                }
+            }
+            Status::Recovering => {
+                let probe_due = self
+                    .recovery
+                    .is_some_and(|recovery| self.ticks - recovery.probe_sent_tick >= PROBE_INTERVAL_TICKS);
+                if probe_due {
+                    self.send_probes();
                 }
             }
             Status::ViewChange => {
@@ -390,6 +661,7 @@ impl<S: StateMachine> Replica<S> {
             return;
         }
         slot.durable = true;
+        self.faulty_slots[slot_of(op)] = None;
         if self.status == Status::Normal {
             if self.is_primary() {
                 let replica = self.config.replica;
@@ -408,6 +680,17 @@ impl<S: StateMachine> Replica<S> {
             "a durable write completed that was not asked for"
         );
         assert!(state.view >= self.durable.view && state.log_view >= self.durable.log_view);
+        assert!(state.checkpoint_op >= self.durable.checkpoint_op);
+        if let Some(cycle) = self.checkpoint_cycle
+            && cycle.written
+            && state.checkpoint_op == cycle.op
+        {
+            assert_eq!(state.checkpoint_checksum, cycle.checksum);
+            // The durable state names the new checkpoint: journal slots at or below it may be
+            // reused, and the other slot is the one the next checkpoint goes to.
+            self.checkpoint_slot = cycle.slot;
+            self.checkpoint_cycle = None;
+        }
         self.durable = state;
         self.durable_writing = false;
         if let Some(next) = self.durable_next.take()
@@ -416,6 +699,171 @@ impl<S: StateMachine> Replica<S> {
             self.write_durable(next);
         }
         self.progress();
+    }
+
+    /// The shell wrote and synced the checkpoint at `op` with checksum `checksum`.
+    pub fn on_checkpoint_written(&mut self, op: u64, checksum: u128) {
+        let Some(cycle) = self.checkpoint_cycle.as_mut() else {
+            return;
+        };
+        if cycle.op != op || cycle.checksum != checksum || cycle.written {
+            return;
+        }
+        cycle.written = true;
+        self.want_durable();
+        self.progress();
+    }
+
+    /// The shell fetched a peer's checkpoint (state transfer): `bytes` with the checksum the
+    /// peer's durable state names. It is installed only if it is above what this replica
+    /// applied; everything it replaces was committed, so nothing is lost. Bytes that do not
+    /// verify are ignored (the replica asks again later).
+    pub fn on_state_transferred(&mut self, bytes: &[u8], checksum: u128) {
+        let Ok(checkpoint) = Checkpoint::decode(bytes, checksum, self.config.cluster, self.config.group)
+        else {
+            return;
+        };
+        if checkpoint.op() <= self.commit_min || self.checkpoint_cycle.is_some() {
+            return;
+        }
+        if self.status == Status::Normal && self.is_primary() {
+            // A primary in normal status applied everything it committed; it never needs this.
+            return;
+        }
+        let before = self.commit_min;
+        if self.install_checkpoint_state(&checkpoint).is_err() {
+            return;
+        }
+        debug_assert!(self.commit_min > before);
+        // Slots at or below the new checkpoint hold ops this replica never needs again.
+        for slot in self.journal.iter_mut() {
+            if slot.as_ref().is_some_and(|slot| slot.op < checkpoint.op()) {
+                *slot = None;
+            }
+        }
+        self.commit_progress_op = self.commit_min;
+        self.commit_progress_tick = self.ticks;
+        self.state_transfer_tick = None;
+        // Persist it like a checkpoint of its own: the slot first, then the durable state.
+        let (bytes, checksum_written) = checkpoint.encode();
+        debug_assert_eq!(checksum_written, checksum);
+        self.start_checkpoint_cycle(checkpoint.op(), checksum, Arc::from(bytes));
+        self.progress();
+    }
+
+    // ----- checkpoints and state transfer -----
+
+    /// Make the replica's replicated state the checkpoint's: state machine, client table, and
+    /// the commit point with the checksum the next op must name as its parent.
+    fn install_checkpoint_state(&mut self, checkpoint: &Checkpoint) -> Result<(), RecoveryError> {
+        if checkpoint.state_machine.len() > STATE_MACHINE_SNAPSHOT_MAX {
+            return Err(RecoveryError::StateMachine(
+                "snapshot larger than the limit".to_string(),
+            ));
+        }
+        let client_table =
+            ClientTable::decode(&checkpoint.client_table, CLIENTS_MAX).map_err(RecoveryError::ClientTable)?;
+        self.state_machine
+            .restore(&checkpoint.state_machine)
+            .map_err(RecoveryError::StateMachine)?;
+        self.client_table = client_table;
+        let header = checkpoint.header;
+        self.commit_min = header.op;
+        self.commit_min_checksum = header.checksum;
+        self.commit_max = self.commit_max.max(header.op);
+        self.op = self.op.max(header.op);
+        let keep = self
+            .slot(header.op)
+            .is_some_and(|slot| slot.checksum == header.checksum && slot.message.is_some());
+        if !keep {
+            // The anchor of the chain above: its header, for view changes and the chain walk.
+            self.journal[slot_of(header.op)] = Some(Slot {
+                op: header.op,
+                checksum: header.checksum,
+                header: Some(header),
+                message: None,
+                durable: false,
+                verified: true,
+            });
+        }
+        Ok(())
+    }
+
+    /// After applying op `commit_min`: checkpoint once it is an interval past the durable one.
+    fn maybe_checkpoint(&mut self) {
+        if self.checkpoint_cycle.is_some()
+            || self.commit_min < self.durable.checkpoint_op + CHECKPOINT_INTERVAL_OPS
+        {
+            return;
+        }
+        let Some(header) = self.slot(self.commit_min).and_then(|slot| slot.header) else {
+            return;
+        };
+        debug_assert_eq!(header.checksum, self.commit_min_checksum);
+        let checkpoint = Checkpoint {
+            header,
+            state_machine: self.state_machine.snapshot(),
+            client_table: self.client_table.encode(),
+        };
+        assert!(checkpoint.state_machine.len() <= STATE_MACHINE_SNAPSHOT_MAX);
+        let (bytes, checksum) = checkpoint.encode();
+        self.start_checkpoint_cycle(header.op, checksum, Arc::from(bytes));
+    }
+
+    fn start_checkpoint_cycle(&mut self, op: u64, checksum: u128, bytes: Arc<[u8]>) {
+        assert!(self.checkpoint_cycle.is_none(), "one checkpoint write at a time");
+        assert!(op > self.durable.checkpoint_op);
+        let slot = 1 - self.checkpoint_slot;
+        self.checkpoint_cycle = Some(CheckpointCycle {
+            op,
+            checksum,
+            slot,
+            written: false,
+        });
+        self.outbox.push(Output::WriteCheckpoint {
+            slot,
+            op,
+            checksum,
+            bytes,
+        });
+    }
+
+    /// A replica whose commit point has not moved for [`STATE_TRANSFER_TIMEOUT_TICKS`] while
+    /// ops it knows are committed wait asks for state transfer: the prepares it needs may be
+    /// gone from every peer's journal.
+    fn check_commit_progress(&mut self) {
+        if self.commit_min != self.commit_progress_op || self.commit_min >= self.commit_max {
+            self.commit_progress_op = self.commit_min;
+            self.commit_progress_tick = self.ticks;
+            return;
+        }
+        if self.ticks - self.commit_progress_tick >= STATE_TRANSFER_TIMEOUT_TICKS {
+            self.request_state_transfer();
+        }
+    }
+
+    fn request_state_transfer(&mut self) {
+        if self.checkpoint_cycle.is_some() || (self.status == Status::Normal && self.is_primary()) {
+            return;
+        }
+        if self
+            .state_transfer_tick
+            .is_some_and(|tick| self.ticks - tick < STATE_TRANSFER_TIMEOUT_TICKS)
+        {
+            return;
+        }
+        self.state_transfer_tick = Some(self.ticks);
+        self.outbox.push(Output::StateTransfer {
+            above_op: self.commit_min,
+            commit_max: self.commit_max,
+        });
+    }
+
+    /// The highest op this replica may write to its journal: a slot is reused only once the
+    /// op it held is below the durable checkpoint. The checkpoint's own slot is kept: its
+    /// header anchors the chain above (view-change suffixes, the chain walk).
+    fn journal_window_end(&self) -> u64 {
+        self.durable.checkpoint_op + JOURNAL_SLOTS as u64 - 1
     }
 
     // ----- normal operation -----
@@ -462,8 +910,12 @@ impl<S: StateMachine> Replica<S> {
                 .and_then(|slot| slot.header)
                 .is_some_and(|prepare| prepare.client == header.client)
         });
-        if in_pipeline || self.pipeline.len() >= PIPELINE_PREPARES_MAX {
-            // The reply follows the commit; or the client retries once there is room.
+        if in_pipeline
+            || self.pipeline.len() >= PIPELINE_PREPARES_MAX
+            || self.op + 1 > self.journal_window_end()
+        {
+            // The reply follows the commit; or the client retries once there is room (in the
+            // pipeline, or in the journal once the next checkpoint is durable).
             return;
         }
         let mut prepare = Header::new(Command::Prepare, self.config.cluster);
@@ -493,9 +945,10 @@ impl<S: StateMachine> Replica<S> {
         let header = &message.header;
         // A prepare this replica is waiting for (a hole from a view change or the hash chain)
         // is taken from anyone, whatever view it was prepared in: its checksum is known.
-        if self
-            .slot(header.op)
-            .is_some_and(|slot| slot.message.is_none() && slot.checksum == header.checksum)
+        if header.op > self.commit_min
+            && self
+                .slot(header.op)
+                .is_some_and(|slot| slot.message.is_none() && slot.checksum == header.checksum)
         {
             self.fill(message.clone());
             return;
@@ -525,11 +978,20 @@ impl<S: StateMachine> Replica<S> {
                     self.send_prepare_ok(header.op, header.checksum);
                 }
             }
+            _ if header.op <= self.durable.checkpoint_op => {
+                // Committed, applied and covered by this replica's durable checkpoint (it may
+                // have come by state transfer, so the slot is gone). The primary's log holds
+                // every committed op as committed, so its pipeline entry here can only be that
+                // op, and an acknowledgement of any other checksum matches nothing there.
+                // Without it, a primary that learned of the commit late (a re-proposed op of an
+                // older view) would wait for a quorum forever.
+                self.send_prepare_ok(header.op, header.checksum);
+            }
             _ if !from_primary || header.op <= self.commit_min => {}
-            _ if header.op - self.commit_min >= JOURNAL_SLOTS as u64 => {
-                // Too far ahead of what this replica applied: taking it would overwrite an op
-                // it still needs. It catches up by repair first (or, once built, by state
-                // transfer).
+            _ if header.op > self.journal_window_end() => {
+                // Beyond the journal: its slot still holds an op above the durable checkpoint.
+                // The primary sends it again; by then this replica has caught up by repair and
+                // checkpointed, or asked for state transfer.
             }
             _ if header.op == self.op + 1 && header.parent == self.head_checksum() => {
                 self.append(message.clone());
@@ -578,6 +1040,12 @@ impl<S: StateMachine> Replica<S> {
     /// there, and ask for its write.
     fn store(&mut self, prepare: Message) {
         let header = prepare.header;
+        assert!(
+            header.op <= self.journal_window_end(),
+            "writing op {} would overwrite an op above the durable checkpoint {}",
+            header.op,
+            self.durable.checkpoint_op
+        );
         self.journal[slot_of(header.op)] = Some(Slot {
             op: header.op,
             checksum: header.checksum,
@@ -616,14 +1084,6 @@ impl<S: StateMachine> Replica<S> {
         let header = prepare.header;
         assert_eq!(header.op, self.op + 1, "the journal grows by one op at a time");
         assert_eq!(header.parent, self.head_checksum(), "the hash chain is unbroken");
-        // The slot's previous occupant must be applied: the pipeline bound keeps the head
-        // within the journal ahead of commit_min.
-        assert!(
-            header.op - self.commit_min <= JOURNAL_SLOTS as u64,
-            "appending op {} would overwrite an op not yet applied: {}",
-            header.op,
-            self.describe()
-        );
         self.op = header.op;
         self.store(prepare);
     }
@@ -631,6 +1091,7 @@ impl<S: StateMachine> Replica<S> {
     /// A repaired prepare fills its hole; its parent link may reveal the next hole down.
     fn fill(&mut self, prepare: Message) {
         let header = prepare.header;
+        assert!(header.op <= self.journal_window_end());
         let slot = self.slot_mut(header.op).expect("a hole to fill");
         debug_assert_eq!(slot.checksum, header.checksum);
         slot.header = Some(header);
@@ -689,6 +1150,7 @@ impl<S: StateMachine> Replica<S> {
             self.apply(&prepare);
             self.commit_min = op;
             self.commit_min_checksum = prepare.header.checksum;
+            self.maybe_checkpoint();
         }
     }
 
@@ -745,6 +1207,10 @@ impl<S: StateMachine> Replica<S> {
     }
 
     fn on_start_view_change(&mut self, header: &Header) {
+        if self.status == Status::Recovering {
+            // It votes in nothing until it has installed a view.
+            return;
+        }
         if header.view < self.view || (header.view == self.view && self.status == Status::Normal) {
             return;
         }
@@ -756,6 +1222,9 @@ impl<S: StateMachine> Replica<S> {
 
     fn on_do_view_change(&mut self, message: &Message) {
         let header = &message.header;
+        if self.status == Status::Recovering {
+            return;
+        }
         if header.view < self.view || (header.view == self.view && self.status == Status::Normal) {
             return;
         }
@@ -765,7 +1234,7 @@ impl<S: StateMachine> Replica<S> {
         if header.view > self.view {
             self.start_view_change(header.view);
         }
-        let Some(dvc) = self.decode_suffix(message, header.log_view) else {
+        let Some(dvc) = self.decode_suffix(message, header.log_view, true) else {
             return;
         };
         self.dvcs[usize::from(header.replica)] = Some(dvc);
@@ -779,9 +1248,45 @@ impl<S: StateMachine> Replica<S> {
         if header.view == self.view && self.status == Status::Normal {
             return;
         }
-        let Some(suffix) = self.decode_suffix(message, header.view) else {
+        if let Some(recovery) = self.recovery {
+            // A StartView made after this boot (it echoes the nonce), or of a view this
+            // replica never acknowledged anything in, cannot be older than an acknowledgement
+            // it gave. Any other could be a stale answer from before the restart.
+            let fresh = header.nonce == recovery.nonce;
+            let newer = !recovery.wiped && header.view > recovery.boot_view;
+            if !fresh && !newer {
+                return;
+            }
+        }
+        let Some(suffix) = self.decode_suffix(message, header.view, false) else {
             return;
         };
+        if header.op < self.commit_min {
+            // An older StartView of this view (the primary sends one per probe, each with its
+            // head then), overtaken by a state transfer: the view's log holds every committed
+            // op, so a newer StartView will.
+            return;
+        }
+        if header.op > self.journal_window_end() {
+            // The view's log runs past what this journal can hold above its checkpoint: catch
+            // up by state transfer first, then take the next StartView. A replica in an older
+            // view (an old primary cut off, or one installing an older view's log) leaves it
+            // first: what it was doing there is moot, and the commit point it learns here
+            // lies beyond that view's log.
+            if self.status != Status::Recovering && header.view > self.view {
+                self.start_view_change(header.view);
+            } else if self.status == Status::Recovering && header.view > self.view {
+                // Still recovering: remember the view, so the durable state the checkpoint
+                // write brings carries it. A wiped replica that crashes again before it
+                // installs a view then boots trusting only StartViews of higher views, in
+                // which it never acknowledged anything.
+                self.view = header.view;
+            }
+            self.advance_commit_max(header.commit);
+            self.request_state_transfer();
+            return;
+        }
+        self.recovery = None;
         let headers = suffix.headers;
         self.view = header.view;
         self.log_view = header.view;
@@ -819,7 +1324,7 @@ impl<S: StateMachine> Replica<S> {
                 self.commit_pipeline();
             }
             self.commit_journal();
-        } else {
+        } else if self.status == Status::ViewChange {
             self.progress_view_change();
         }
         self.check_invariants();
@@ -827,7 +1332,7 @@ impl<S: StateMachine> Replica<S> {
 
     fn progress_view_change(&mut self) {
         debug_assert_eq!(self.status, Status::ViewChange);
-        let view_durable = self.durable.view >= self.view;
+        let view_durable = self.durable.view >= self.view || self.config.bugs.send_before_view_persist;
         if self.merged {
             // Installing a log (new primary after the merge, or a backup after StartView). The
             // new primary raises log_view only once it holds every prepare of the merged log:
@@ -855,11 +1360,13 @@ impl<S: StateMachine> Replica<S> {
             let dvc = self.do_view_change_message();
             let primary = self.config.primary_of(self.view);
             if primary == self.config.replica {
+                let headers = self.suffix_headers();
                 let own = DoViewChange {
                     log_view: self.log_view,
                     op: self.op,
                     commit: self.commit_max,
-                    headers: self.suffix_headers(),
+                    nacks: self.suffix_nacks(&headers),
+                    headers,
                 };
                 self.dvcs[usize::from(primary)] = Some(own);
             } else {
@@ -900,17 +1407,75 @@ impl<S: StateMachine> Replica<S> {
         // Every committed op is in the canonical log (the DoViewChange quorum meets every
         // commit quorum, and the highest log_view's log holds everything committed before).
         debug_assert!(commit <= best.op.max(self.commit_min));
-        self.install_log(best.op, &best.headers);
+        let (head, headers) = self.truncate_nacked(&best, commit);
+        if head > self.journal_window_end() {
+            // This replica cannot hold the canonical log yet: it catches up by state transfer,
+            // and the view change moves on to the next primary meanwhile.
+            self.advance_commit_max(commit);
+            self.request_state_transfer();
+            return;
+        }
+        self.install_log(head, &headers);
         self.advance_commit_max(commit.min(self.op));
         self.merged = true;
         self.request_repairs();
+    }
+
+    /// The canonical log cut below its lowest op that a quorum of DoViewChange senders nack.
+    /// A commit needs a quorum of durable acknowledgements, and two quorums share a replica,
+    /// so a prepare nacked by a quorum was never committed, nor was anything after it: it is
+    /// safe to drop, and without dropping it a view change whose only copies of that prepare
+    /// were lost (never synced anywhere) would wait forever. Ops at or below `commit` are
+    /// never cut.
+    fn truncate_nacked(&self, best: &DoViewChange, commit: u64) -> (u64, Vec<Header>) {
+        let quorum = if self.config.bugs.truncate_without_nack_quorum {
+            1
+        } else {
+            self.config.quorum()
+        };
+        // Ascending, so the lowest nacked op is found first.
+        let cut = best.headers.iter().rev().find(|canonical| {
+            let nacks = self
+                .dvcs
+                .iter()
+                .flatten()
+                .filter(|dvc| {
+                    dvc.headers.iter().zip(&dvc.nacks).any(|(header, &nack)| {
+                        nack && header.op == canonical.op && header.checksum == canonical.checksum
+                    })
+                })
+                .count();
+            nacks >= quorum
+        });
+        match cut {
+            Some(cut) => {
+                assert!(
+                    cut.op > commit || self.config.bugs.truncate_without_nack_quorum,
+                    "a quorum nacked op {} at or below the commit point {commit}",
+                    cut.op
+                );
+                let head = cut.op - 1;
+                let headers = best
+                    .headers
+                    .iter()
+                    .filter(|header| header.op <= head)
+                    .copied()
+                    .collect();
+                (head, headers)
+            }
+            None => (best.op, best.headers.clone()),
+        }
     }
 
     /// Make the journal hold the log whose head is `head` and whose suffix headers are
     /// `headers` (from `head` down): keep matching slots, turn the rest into holes, drop
     /// everything above the head, and link the chain below the suffix.
     fn install_log(&mut self, head: u64, headers: &[Header]) {
-        assert!(head >= self.commit_min, "a view change never loses a commit");
+        assert!(
+            head >= self.commit_min,
+            "a view change never loses a commit: head {head}, {}",
+            self.describe()
+        );
         for op in head + 1..=self.op {
             let slot = slot_of(op);
             if self.journal[slot].as_ref().is_some_and(|s| s.op == op) {
@@ -920,11 +1485,14 @@ impl<S: StateMachine> Replica<S> {
         self.op = head.max(self.commit_min);
         for header in headers {
             if header.op <= self.commit_min {
-                assert_eq!(
-                    self.slot(header.op).map(|slot| slot.checksum),
-                    Some(header.checksum),
-                    "the canonical log agrees with what this replica applied"
-                );
+                // Below the commit point the slots may hold copies of other laps (after a
+                // restart or state transfer); the applied op itself is known exactly.
+                if header.op == self.commit_min {
+                    assert_eq!(
+                        header.checksum, self.commit_min_checksum,
+                        "the canonical log agrees with what this replica applied"
+                    );
+                }
                 continue;
             }
             let keep = self
@@ -1086,10 +1654,16 @@ impl<S: StateMachine> Replica<S> {
 
     /// Persist `view`, `log_view` and `commit_max` as they stand.
     fn want_durable(&mut self) {
+        let (checkpoint_op, checkpoint_checksum) = match self.checkpoint_cycle {
+            Some(cycle) if cycle.written => (cycle.op, cycle.checksum),
+            _ => (self.durable.checkpoint_op, self.durable.checkpoint_checksum),
+        };
         let next = DurableState {
             view: self.view,
             log_view: self.log_view,
-            commit_max: self.commit_max.max(self.durable.commit_max),
+            commit_max: self.commit_max.max(self.durable.commit_max).max(checkpoint_op),
+            checkpoint_op,
+            checkpoint_checksum,
             ..self.durable
         };
         if self.durable_writing {
@@ -1122,9 +1696,25 @@ impl<S: StateMachine> Replica<S> {
 
     fn do_view_change_message(&self) -> Message {
         let mut header = self.control(Command::DoViewChange).header;
-        let body = encode_headers(&self.suffix_headers());
+        let headers = self.suffix_headers();
+        let mut body = encode_headers(&headers);
+        body.extend(self.suffix_nacks(&headers).into_iter().map(u8::from));
         header.log_view = self.log_view;
         Message::new(header, Arc::from(body))
+    }
+
+    /// Per suffix header: whether this replica nacks it (see [`DoViewChange::nacks`]).
+    fn suffix_nacks(&self, headers: &[Header]) -> Vec<bool> {
+        headers
+            .iter()
+            .map(|header| {
+                // Applied ops are committed: never nacked, whatever the slot holds now.
+                let held = self.slot(header.op).is_some_and(|slot| slot.message.is_some());
+                let faulty =
+                    self.faulty_slots[slot_of(header.op)].is_some_and(|faulty| faulty.covers(header.op));
+                header.op > self.commit_min && !held && !faulty
+            })
+            .collect()
     }
 
     fn start_view_message(&self, nonce: u128) -> Message {
@@ -1134,14 +1724,22 @@ impl<S: StateMachine> Replica<S> {
         Message::new(header, Arc::from(body))
     }
 
-    /// Headers from the head down, contiguous, at most [`VIEW_CHANGE_HEADERS_MAX`].
+    /// Headers from the head down, contiguous along the hash chain, at most
+    /// [`VIEW_CHANGE_HEADERS_MAX`]. It stops at a hole, or at a slot that does not chain to the
+    /// op above (a copy of another lap or view left below a checkpoint after a restart).
     fn suffix_headers(&self) -> Vec<Header> {
-        let mut headers = Vec::new();
+        let mut headers: Vec<Header> = Vec::new();
         let mut op = self.op;
         while op > 0 && headers.len() < VIEW_CHANGE_HEADERS_MAX {
             let Some(header) = self.slot(op).and_then(|slot| slot.header) else {
                 break;
             };
+            if headers
+                .last()
+                .is_some_and(|above| above.parent != header.checksum)
+            {
+                break;
+            }
             headers.push(header);
             op -= 1;
         }
@@ -1163,8 +1761,33 @@ impl<S: StateMachine> Replica<S> {
     }
 
     fn send_request_start_view(&mut self, primary: u8) {
-        let request = self.control(Command::RequestStartView);
-        self.send(Destination::Replica(primary), request);
+        let mut request = self.control(Command::RequestStartView).header;
+        request.nonce = self.recovery.map_or(0, |recovery| recovery.nonce);
+        self.send(
+            Destination::Replica(primary),
+            Message::new(request, Arc::from(&[][..])),
+        );
+    }
+
+    /// A recovering replica asks every replica for the current view (only that view's
+    /// primary answers). One that was in a view change when it stopped also says so again
+    /// with a StartViewChange of its durable view, or a cluster still in an older view would
+    /// never answer it. It sends no DoViewChange: its log counts for nothing until installed.
+    fn send_probes(&mut self) {
+        let Some(recovery) = self.recovery.as_mut() else {
+            return;
+        };
+        recovery.probe_sent_tick = self.ticks;
+        let wiped = recovery.wiped;
+        for replica in 0..self.config.replica_count {
+            if replica != self.config.replica {
+                self.send_request_start_view(replica);
+            }
+        }
+        if !wiped && self.view > self.log_view && self.durable.view >= self.view {
+            let svc = self.control(Command::StartViewChange);
+            self.broadcast(&svc);
+        }
     }
 
     fn send_commit_heartbeat(&mut self) {
@@ -1237,7 +1860,9 @@ impl<S: StateMachine> Replica<S> {
                 Command::PrepareOk | Command::StartViewChange | Command::DoViewChange | Command::StartView
             );
             assert!(
-                !view_scoped || self.durable.view >= message.header.view,
+                !view_scoped
+                    || self.durable.view >= message.header.view
+                    || self.config.bugs.send_before_view_persist,
                 "a {:?} of view {} before the view is durable",
                 message.header.command,
                 message.header.view
@@ -1267,6 +1892,11 @@ impl<S: StateMachine> Replica<S> {
 
     /// Cross-field invariants; cheap enough to run after every input.
     fn check_invariants(&self) {
+        assert_eq!(self.status == Status::Recovering, self.recovery.is_some());
+        assert!(
+            self.durable.checkpoint_op <= self.commit_min,
+            "the durable checkpoint is applied state"
+        );
         assert!(
             self.commit_min <= self.commit_max,
             "applied beyond the commit point"
@@ -1279,7 +1909,12 @@ impl<S: StateMachine> Replica<S> {
         }
         if self.is_primary() && self.status == Status::Normal {
             assert!(self.pipeline.len() <= JOURNAL_SLOTS);
-            assert_eq!(self.commit_max + self.pipeline.len() as u64, self.op);
+            assert_eq!(
+                self.commit_max + self.pipeline.len() as u64,
+                self.op,
+                "the pipeline spans commit_max to the head: {}",
+                self.describe()
+            );
         }
     }
 }
@@ -1288,14 +1923,25 @@ impl<S: StateMachine> Replica<S> {
     /// The log a DoViewChange or StartView describes (its body holds the suffix headers), if
     /// it is well formed: valid prepare headers of this group, descending one op at a time
     /// along the chain from the head, and not empty unless the log is.
-    fn decode_suffix(&self, message: &Message, log_view: u32) -> Option<DoViewChange> {
+    fn decode_suffix(&self, message: &Message, log_view: u32, with_nacks: bool) -> Option<DoViewChange> {
         let header = &message.header;
-        let headers = decode_headers(&message.body, self.config.cluster, self.config.group)?;
+        // A DoViewChange body is its headers, then one flag byte per header (1: nack).
+        let record_size = HEADER_SIZE + usize::from(with_nacks);
+        if !message.body.len().is_multiple_of(record_size) {
+            return None;
+        }
+        let count = message.body.len() / record_size;
+        let (header_bytes, flag_bytes) = message.body.split_at(count * HEADER_SIZE);
+        let headers = decode_headers(header_bytes, self.config.cluster, self.config.group)?;
+        if flag_bytes.iter().any(|&flag| flag > 1) {
+            return None;
+        }
         let suffix = DoViewChange {
             log_view,
             op: header.op,
             commit: header.commit,
             headers,
+            nacks: flag_bytes.iter().map(|&flag| flag == 1).collect(),
         };
         let empty_but_not_at_root = header.op > 0 && suffix.headers.is_empty();
         (!empty_but_not_at_root && dvc_is_consistent(&suffix)).then_some(suffix)

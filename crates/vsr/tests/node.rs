@@ -17,6 +17,18 @@ impl StateMachine for Nothing {
     fn apply(&mut self, _op: u64, _timestamp: u64, _operation: u8, _input: &[u8]) -> Vec<u8> {
         Vec::new()
     }
+
+    fn snapshot(&self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        if snapshot.is_empty() {
+            Ok(())
+        } else {
+            Err("this machine has no state".to_string())
+        }
+    }
 }
 
 struct Cluster {

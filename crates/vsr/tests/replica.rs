@@ -24,6 +24,35 @@ impl StateMachine for Recorder {
         self.applied.push((op, input.to_vec()));
         input.to_vec()
     }
+
+    /// Each applied op as `op u64, length u32, input`.
+    fn snapshot(&self) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for (op, input) in &self.applied {
+            bytes.extend_from_slice(&op.to_le_bytes());
+            bytes.extend_from_slice(&(input.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(input);
+        }
+        bytes
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        let mut applied = Vec::new();
+        let mut rest = snapshot;
+        while !rest.is_empty() {
+            let (op, after) = rest.split_at_checked(8).ok_or("short op")?;
+            let (len, after) = after.split_at_checked(4).ok_or("short length")?;
+            let len = u32::from_le_bytes(len.try_into().map_err(|_| "length")?) as usize;
+            let (input, after) = after.split_at_checked(len).ok_or("short input")?;
+            applied.push((
+                u64::from_le_bytes(op.try_into().map_err(|_| "op")?),
+                input.to_vec(),
+            ));
+            rest = after;
+        }
+        self.applied = applied;
+        Ok(())
+    }
 }
 
 enum Work {
@@ -39,6 +68,11 @@ enum Work {
     Durable {
         replica: u8,
         state: cairn_vsr::durable::DurableState,
+    },
+    CheckpointWritten {
+        replica: u8,
+        op: u64,
+        checksum: u128,
     },
 }
 
@@ -101,6 +135,16 @@ impl Cluster {
                     Output::WriteDurable { state } => {
                         self.work.push_back(Work::Durable { replica: from, state })
                     }
+                    Output::WriteCheckpoint { op, checksum, .. } => {
+                        self.work.push_back(Work::CheckpointWritten {
+                            replica: from,
+                            op,
+                            checksum,
+                        })
+                    }
+                    // These scenarios never fall behind the journal; the simulator's disks
+                    // and `tests/simulator.rs` cover state transfer.
+                    Output::StateTransfer { .. } => {}
                 }
             }
         }
@@ -131,6 +175,15 @@ impl Cluster {
                 Work::Durable { replica, state } => {
                     if !self.crashed[usize::from(replica)] {
                         self.replicas[usize::from(replica)].on_durable_written(state);
+                    }
+                }
+                Work::CheckpointWritten {
+                    replica,
+                    op,
+                    checksum,
+                } => {
+                    if !self.crashed[usize::from(replica)] {
+                        self.replicas[usize::from(replica)].on_checkpoint_written(op, checksum);
                     }
                 }
             }

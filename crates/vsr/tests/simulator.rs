@@ -36,11 +36,19 @@ fn run_shard(shard: u64) {
     let seeds_per_shard = SIMULATOR_SEEDS / SEED_SHARDS;
     let mut committed = 0;
     let mut view_changes = 0;
+    let mut crashes = 0;
+    let mut writes_lost_or_torn = 0;
+    let mut checkpoints = 0;
+    let mut state_transfers = 0;
     for seed in shard * seeds_per_shard..(shard + 1) * seeds_per_shard {
         match run(seed, Bugs::default()) {
             Ok(outcome) => {
                 committed += outcome.committed_ops;
                 view_changes += u64::from(outcome.highest_view);
+                crashes += outcome.crashes;
+                writes_lost_or_torn += outcome.writes_lost_or_torn;
+                checkpoints += outcome.checkpoints;
+                state_transfers += outcome.state_transfers;
             }
             Err(violation) => panic!(
                 "seed {seed}: {violation}\nreplay: cargo run -p cairn-vsr --release --bin vsr-sim -- --seed {seed}"
@@ -50,6 +58,21 @@ fn run_shard(shard: u64) {
     // The runs did real work: ops committed and views changed, in every shard.
     assert!(committed > seeds_per_shard * 20, "only {committed} ops committed");
     assert!(view_changes > seeds_per_shard, "only {view_changes} view changes");
+    // And the faults and recovery paths ran: replicas crashed with unsynced writes lost or
+    // torn, restarted from their disks, checkpointed, and caught up by state transfer.
+    assert!(crashes > seeds_per_shard, "only {crashes} crashes");
+    assert!(
+        writes_lost_or_torn > seeds_per_shard / 10,
+        "only {writes_lost_or_torn} writes lost or torn"
+    );
+    assert!(
+        checkpoints > seeds_per_shard * 5,
+        "only {checkpoints} checkpoints"
+    );
+    assert!(
+        state_transfers > seeds_per_shard / 10,
+        "only {state_transfers} state transfers"
+    );
 }
 
 #[test]
@@ -107,5 +130,26 @@ fn a_merge_that_ignores_log_view_is_caught() {
         ..Bugs::default()
     };
     let (seed, violation) = first_caught(bugs).expect("the checkers catch a merge by length alone");
+    eprintln!("caught at seed {seed}: {violation}");
+}
+
+#[test]
+fn truncating_without_a_nack_quorum_is_caught() {
+    let bugs = Bugs {
+        truncate_without_nack_quorum: true,
+        ..Bugs::default()
+    };
+    let (seed, violation) = first_caught(bugs).expect("the checkers catch a truncation one nack decided");
+    eprintln!("caught at seed {seed}: {violation}");
+}
+
+#[test]
+fn sending_before_the_view_is_durable_is_caught() {
+    let bugs = Bugs {
+        send_before_view_persist: true,
+        ..Bugs::default()
+    };
+    let (seed, violation) =
+        first_caught(bugs).expect("the checkers catch view-change messages sent before the persist");
     eprintln!("caught at seed {seed}: {violation}");
 }

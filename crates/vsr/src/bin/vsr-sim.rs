@@ -1,8 +1,8 @@
 //! `vsr-sim`: run simulator seeds. `vsr-sim --seed N` replays one seed exactly (same trace
 //! hash every time); `vsr-sim --seeds COUNT [--from N]` runs a range and stops at the first
-//! violation.
+//! violation. `--disk-faults` adds wipes and bit flips on crashed replicas' disks.
 
-use cairn_vsr::sim::cluster::{SimOptions, run_seed};
+use cairn_vsr::sim::cluster::{SimOptions, Simulation};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -17,28 +17,45 @@ fn main() -> ExitCode {
         (Some(Ok(seed)), None, None) => (seed, 1),
         (None, Some(Ok(count)), from) => (from.and_then(Result::ok).unwrap_or(0), count),
         _ => {
-            eprintln!("usage: vsr-sim --seed N | vsr-sim --seeds COUNT [--from N]");
+            eprintln!(
+                "usage: vsr-sim [--disk-faults] --seed N | vsr-sim [--disk-faults] --seeds COUNT [--from N]"
+            );
             return ExitCode::from(2);
         }
     };
+    let disk_faults = args.iter().any(|arg| arg == "--disk-faults");
+    let options = |seed| {
+        if disk_faults {
+            SimOptions::from_seed_with_disk_faults(seed)
+        } else {
+            SimOptions::from_seed(seed)
+        }
+    };
     for seed in from..from.saturating_add(count) {
-        match run_seed(seed) {
+        match Simulation::new(seed, options(seed)).run() {
             Ok(outcome) => {
                 if count == 1 {
-                    println!("seed {seed}: options {:?}", SimOptions::from_seed(seed));
+                    println!("seed {seed}: options {:?}", options(seed));
                 }
                 println!(
-                    "seed {seed}: ok, trace {:016x}, {} ticks, {} ops committed, {} replies, view {}",
+                    "seed {seed}: ok, trace {:016x}, {} ticks, {} ops committed, {} replies, view {}, {} crashes, {} wipes, {} bits flipped, {} writes lost or torn, {} checkpoints, {} state transfers",
                     outcome.trace_hash,
                     outcome.ticks,
                     outcome.committed_ops,
                     outcome.replies,
-                    outcome.highest_view
+                    outcome.highest_view,
+                    outcome.crashes,
+                    outcome.wipes,
+                    outcome.bits_flipped,
+                    outcome.writes_lost_or_torn,
+                    outcome.checkpoints,
+                    outcome.state_transfers
                 );
             }
             Err(violation) => {
                 println!("seed {seed}: VIOLATION {violation}");
-                println!("replay: cargo run -p cairn-vsr --release --bin vsr-sim -- --seed {seed}");
+                let flag = if disk_faults { " --disk-faults" } else { "" };
+                println!("replay: cargo run -p cairn-vsr --release --bin vsr-sim --{flag} --seed {seed}");
                 return ExitCode::FAILURE;
             }
         }

@@ -9,15 +9,27 @@
 //! - the network delays, reorders, drops and duplicates messages, and partitions replicas
 //!   (symmetric or one way) for random spans;
 //! - replicas pause for random spans: they take no input and their writes stall, and they
-//!   resume with their memory intact. Crashes with restart from storage, torn writes, bit
-//!   flips and failing syncs need the replica's recovery path, which is not built yet.
+//!   resume with their memory intact;
+//! - replicas crash: memory is lost, and every write not yet synced is lost, made durable or
+//!   torn (`sim/storage.rs`). After a random span the replica restarts from what its disk
+//!   holds (`Replica::recover`), in status recovering. At most `f` replicas are crashed or
+//!   recovering at once, so a quorum can always form a view and answer their probes.
 //! - Network faults and pauses may hit any number of replicas at once: safety must hold
 //!   whatever the network does. Liveness is checked only after the final heal.
+//!
+//! Every replica writes real bytes: prepares and their redundant headers to the journal
+//! rings, each superblock copy in turn (each synced before the next, so a crash can leave the
+//! copies at two sequences), checkpoints to two alternating slots. State transfer copies a
+//! reachable peer's durable checkpoint bytes.
 //!
 //! Checkers (a violation ends the run with [`Violation`]):
 //! - one canonical committed log: the first replica to commit an op fixes its checksum; every
 //!   replica's committed prefix must match it op by op;
-//! - a replica's commit point never moves back, and its view never decreases;
+//! - a replica's commit point never moves back, and its view never decreases, except across a
+//!   restart: then its durable view must not be below any durable view it had, and its
+//!   commit point restarts at its checkpoint, whose prepare must be the canonical one;
+//! - the state machine's state after op `o` is the same on every replica that applied (or
+//!   restored, or state-transferred) up to `o`;
 //! - every reply a client accepted names an op whose canonical checksum is the prepare it
 //!   answers;
 //! - liveness: after the final heal, every client's request completes within
@@ -26,10 +38,14 @@
 
 use super::network::{Endpoint, Network, NetworkOptions};
 use super::prng::{PPM, Prng, Streams, stream_names};
+use super::storage::{Storage, StorageLayout, StorageOptions, Zone};
 use super::trace::TraceHash;
-use crate::constants::OPERATION_REGISTER;
+use crate::checkpoint::Checkpoint;
+use crate::constants::{JOURNAL_SLOTS, OPERATION_REGISTER, SUPERBLOCK_COPIES};
+use crate::durable::{self, COPY_SIZE, Chosen, DurableState};
 use crate::header::{Command, Header, Message};
-use crate::replica::{Bugs, Config, Destination, Output, Replica, StateMachine};
+use crate::journal::{classify_slot, slot_of};
+use crate::replica::{Bugs, Config, Destination, Output, Recovered, Replica, StateMachine};
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
@@ -59,6 +75,18 @@ pub struct SimOptions {
     pub pause_ticks_mean: u64,
     /// Storage write latency.
     pub write_ticks_mean: u64,
+    /// Per tick and replica: chance that it crashes (within the fault budget).
+    pub crash_ppm: u32,
+    pub crash_down_ticks_mean: u64,
+    /// What a crash does to unsynced writes.
+    pub storage: StorageOptions,
+    /// Per crash: chance that the disk is replaced by a blank one (the replica restarts
+    /// wiped).
+    pub wipe_ppm: u32,
+    /// Per crash: chance that a bit flips in one journal slot (prepare or redundant header),
+    /// drawn again for a second and third slot; and that one superblock copy gets a flip.
+    pub journal_flip_ppm: u32,
+    pub superblock_flip_ppm: u32,
     /// Ticks a client waits for a reply before sending the request again.
     pub client_retry_ticks: u64,
     /// Protocol bugs to inject (mutation tests only).
@@ -90,8 +118,30 @@ impl SimOptions {
             pause_ppm: prng.below(u64::from(PPM / 200)) as u32,
             pause_ticks_mean: prng.range_inclusive(10, 200),
             write_ticks_mean: prng.range_inclusive(0, 3),
+            crash_ppm: prng.below(u64::from(PPM / 400)) as u32,
+            crash_down_ticks_mean: prng.range_inclusive(5, 300),
+            storage: StorageOptions::default(),
+            // Off in the seeded runs until the liveness finding that `vsr-sim --disk-faults
+            // --seed 2597` shows is fixed (docs/replication.md, "Built so far").
+            wipe_ppm: 0,
+            journal_flip_ppm: 0,
+            superblock_flip_ppm: 0,
             client_retry_ticks: 60,
             bugs: Bugs::default(),
+        }
+    }
+}
+
+impl SimOptions {
+    /// [`SimOptions::from_seed`] with wipes and bit flips on crashed replicas' disks, at
+    /// rates drawn from the seed.
+    pub fn from_seed_with_disk_faults(seed: u64) -> SimOptions {
+        let mut prng = Streams::new(seed).stream("disk_fault_options");
+        SimOptions {
+            wipe_ppm: prng.below(u64::from(PPM / 8)) as u32,
+            journal_flip_ppm: prng.below(u64::from(PPM / 2)) as u32,
+            superblock_flip_ppm: prng.below(u64::from(PPM / 3)) as u32,
+            ..SimOptions::from_seed(seed)
         }
     }
 }
@@ -115,6 +165,18 @@ pub struct Outcome {
     /// Requests acknowledged to clients.
     pub replies: u64,
     pub highest_view: u32,
+    /// Replica crashes (each followed by a restart from storage).
+    pub crashes: u64,
+    /// Crashes after which the replica restarted on a blank disk.
+    pub wipes: u64,
+    /// Bits flipped in journal slots and superblock copies of crashed replicas.
+    pub bits_flipped: u64,
+    /// Checkpoints made durable, summed over replicas (state transfers included).
+    pub checkpoints: u64,
+    /// Checkpoints installed from a peer.
+    pub state_transfers: u64,
+    /// Unsynced writes a crash lost or tore, summed over replicas.
+    pub writes_lost_or_torn: u64,
 }
 
 /// The state machine replicas run in the simulator: a hash chain of every applied op, so two
@@ -136,6 +198,47 @@ impl StateMachine for ChainMachine {
         self.applied += 1;
         self.state.to_le_bytes().to_vec()
     }
+
+    fn snapshot(&self) -> Vec<u8> {
+        let mut bytes = self.state.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&self.applied.to_le_bytes());
+        bytes
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        let (Some(state), Some(applied)) = (snapshot.get(0..8), snapshot.get(8..16)) else {
+            return Err(format!("a chain snapshot is 16 bytes, not {}", snapshot.len()));
+        };
+        if snapshot.len() != 16 {
+            return Err(format!("a chain snapshot is 16 bytes, not {}", snapshot.len()));
+        }
+        self.state = u64::from_le_bytes(state.try_into().map_err(|_| "8 bytes".to_string())?);
+        self.applied = u64::from_le_bytes(applied.try_into().map_err(|_| "8 bytes".to_string())?);
+        Ok(())
+    }
+}
+
+/// Largest prepare the simulated clients produce, rounded up to whole sectors.
+const PREPARE_SLOT_BYTES: u32 = 1024;
+/// Largest checkpoint of a simulated replica: a header, the chain snapshot and a client table
+/// of a few small replies.
+const CHECKPOINT_SLOT_BYTES: u32 = 64 * 1024;
+
+/// What the harness keeps of one replica besides the replica itself: its disk and where its
+/// superblock stands.
+struct Host {
+    storage: Storage,
+    /// The durable state and sequence every superblock copy holds (after the last complete
+    /// write or the boot repair); `None` while the copies are blank.
+    superblock: Option<(DurableState, u64)>,
+    /// A superblock write in progress: the state, its sequence and the bytes of each copy.
+    superblock_writing: Option<(DurableState, u64, [u8; COPY_SIZE])>,
+    /// Bumped at every crash: completions scheduled before it are dropped.
+    epoch: u64,
+    /// Crashed: takes no input until this tick, then restarts from its disk.
+    down_until: Option<u64>,
+    /// The highest durable view it ever had (views must not go back across restarts).
+    durable_view_max: u32,
 }
 
 /// A client: registers, then sends numbered requests one at a time, retrying on timeout.
@@ -156,25 +259,29 @@ struct PendingWrite {
     /// Reversed ordering key for the min-heap: (due tick, sequence).
     due: std::cmp::Reverse<(u64, u64)>,
     replica: u8,
+    /// The replica's epoch when it was scheduled; a crash since drops it.
+    epoch: u64,
     kind: WriteKind,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum WriteKind {
-    Prepare {
-        op: u64,
-        checksum: u128,
-    },
-    Durable {
-        view: u32,
-        log_view: u32,
-        commit_max: u64,
-    },
+    /// The prepare and its header are in the page cache: sync, then report.
+    Prepare { op: u64, checksum: u128 },
+    /// Write superblock copy `copy` of the write in progress and sync it.
+    DurableCopy { copy: usize },
+    /// The checkpoint is in the page cache: sync, then report.
+    Checkpoint { op: u64, checksum: u128 },
+    /// Fetch a peer's checkpoint above `above_op`.
+    StateTransfer { above_op: u64, commit_max: u64 },
 }
 
 pub struct Simulation {
     options: SimOptions,
     replicas: Vec<Replica<ChainMachine>>,
+    hosts: Vec<Host>,
+    crashes: Prng,
+    nonces: Prng,
     network: Network<Message>,
     clients: Vec<Client>,
     writes: BinaryHeap<PendingWrite>,
@@ -190,18 +297,25 @@ pub struct Simulation {
     trace: TraceHash,
     /// The canonical committed log: op → prepare checksum.
     canonical: BTreeMap<u64, u128>,
+    /// The state machine's state after each committed op, as the first replica to reach it
+    /// had it.
+    canonical_state: BTreeMap<u64, u64>,
     /// Per replica: how far its committed prefix was checked, and its last view.
     checked_commit: Vec<u64>,
     last_view: Vec<u32>,
     replies: u64,
     /// Replies whose op was not yet in the canonical log when they arrived.
     unconfirmed_replies: Vec<(u64, u128)>,
-    durable_pending: Vec<Option<crate::durable::DurableState>>,
     /// After the final heal: clients finish what they started (and register if they must) but
     /// start no new requests, so "everything completed" is a state the run can reach.
     draining: bool,
     /// The first violation found between ticks; reported at the end of the tick.
     found: Option<Violation>,
+    crash_count: u64,
+    wipe_count: u64,
+    flip_count: u64,
+    checkpoint_count: u64,
+    state_transfer_count: u64,
 }
 
 impl Simulation {
@@ -231,7 +345,35 @@ impl Simulation {
             })
             .collect();
         let n = usize::from(replica_count);
+        let layout = StorageLayout::journal(COPY_SIZE as u32, PREPARE_SLOT_BYTES, CHECKPOINT_SLOT_BYTES);
+        let hosts = (0..replica_count)
+            .map(|replica| {
+                let mut storage = Storage::new(
+                    layout,
+                    options.storage,
+                    streams.stream_indexed(stream_names::STORAGE_FAULTS, u64::from(replica)),
+                );
+                // Format: sequence 1 of the formatted state in every copy.
+                let state = DurableState::formatted(SIM_CLUSTER, replica, replica_count);
+                let (sequence, bytes) = durable::plan_format(&state).expect("a valid formatted state");
+                for copy in 0..SUPERBLOCK_COPIES {
+                    storage.write(Zone::Superblock, copy as u32, &bytes);
+                    storage.sync().expect("formatting syncs never fail");
+                }
+                Host {
+                    storage,
+                    superblock: Some((state, sequence)),
+                    superblock_writing: None,
+                    epoch: 0,
+                    down_until: None,
+                    durable_view_max: 0,
+                }
+            })
+            .collect();
         Simulation {
+            hosts,
+            crashes: streams.stream("crash_faults"),
+            nonces: streams.stream("nonces"),
             network: Network::new(options.network.clone(), streams.stream(stream_names::NETWORK)),
             options,
             replicas,
@@ -251,9 +393,14 @@ impl Simulation {
             last_view: vec![0; n],
             replies: 0,
             unconfirmed_replies: Vec::new(),
-            durable_pending: vec![None; n],
+            canonical_state: BTreeMap::new(),
             draining: false,
             found: None,
+            crash_count: 0,
+            wipe_count: 0,
+            flip_count: 0,
+            checkpoint_count: 0,
+            state_transfer_count: 0,
         }
     }
 
@@ -264,6 +411,11 @@ impl Simulation {
             self.step()?;
         }
         // The final heal: every replica up and connected, no more faults.
+        for replica in 0..self.replicas.len() {
+            if self.hosts[replica].down_until.is_some() {
+                self.restart(replica)?;
+            }
+        }
         self.network.heal_all();
         self.partition_until = None;
         self.paused_until.fill(0);
@@ -316,6 +468,19 @@ impl Simulation {
                 .map(|replica| replica.view())
                 .max()
                 .unwrap_or(0),
+            crashes: self.crash_count,
+            wipes: self.wipe_count,
+            bits_flipped: self.flip_count,
+            checkpoints: self.checkpoint_count,
+            state_transfers: self.state_transfer_count,
+            writes_lost_or_torn: self
+                .hosts
+                .iter()
+                .map(|host| {
+                    let counters = host.storage.counters();
+                    counters.crash_writes_lost + counters.crash_writes_torn
+                })
+                .sum(),
         })
     }
 
@@ -340,6 +505,15 @@ impl Simulation {
             _ => {}
         }
         for replica in 0..replica_count {
+            if self.crashes.chance_ppm(self.options.crash_ppm) && self.hosts[replica].down_until.is_none() {
+                // Within the budget: at most f replicas crashed or recovering at once, so the
+                // others can always form a view and answer the recovering replicas' probes.
+                let f = (replica_count - 1) / 2;
+                if self.faulty_count() < f {
+                    let span = 1 + self.crashes.exponential_ticks(self.options.crash_down_ticks_mean);
+                    self.crash(replica, span);
+                }
+            }
             if self.paused_until[replica] <= self.now && self.faults.chance_ppm(self.options.pause_ppm) {
                 let span = 1 + self.faults.exponential_ticks(self.options.pause_ticks_mean);
                 self.paused_until[replica] = self.now + span;
@@ -355,6 +529,12 @@ impl Simulation {
         self.now += 1;
         self.drive_clients();
         for replica in 0..self.replicas.len() {
+            if self.hosts[replica]
+                .down_until
+                .is_some_and(|until| until <= self.now)
+            {
+                self.restart(replica)?;
+            }
             if !self.is_paused(replica) {
                 self.replicas[replica].on_tick();
                 self.collect(replica);
@@ -373,8 +553,170 @@ impl Simulation {
         self.check()
     }
 
+    /// Paused, or crashed: it takes no input.
     fn is_paused(&self, replica: usize) -> bool {
-        self.paused_until[replica] > self.now
+        self.paused_until[replica] > self.now || self.hosts[replica].down_until.is_some()
+    }
+
+    /// Replicas that count against the fault budget: crashed, recovering, or still without
+    /// durable copies of ops a flipped bit or a wipe destroyed.
+    fn faulty_count(&self) -> usize {
+        (0..self.replicas.len())
+            .filter(|&replica| {
+                self.hosts[replica].down_until.is_some() || self.replicas[replica].is_repairing()
+            })
+            .count()
+    }
+
+    /// Crash `replica` for `span` ticks: its memory is gone, and every unsynced write is lost,
+    /// durable or torn.
+    fn crash(&mut self, replica: usize, span: u64) {
+        let host = &mut self.hosts[replica];
+        host.storage.crash(&mut self.crashes);
+        // Faults a crashed replica's disk may take while it is down. They count against the
+        // budget like the crash itself: the replica is faulty until it recovers, and it
+        // recovers only once it has installed a view and repaired its log.
+        if self.crashes.chance_ppm(self.options.wipe_ppm) {
+            host.storage.wipe();
+            host.superblock = None;
+            host.durable_view_max = 0;
+            self.wipe_count += 1;
+            self.trace.record_str("wipe");
+        } else {
+            for _ in 0..3 {
+                if self.crashes.chance_ppm(self.options.journal_flip_ppm) {
+                    let zone = if self.crashes.chance_ppm(PPM / 2) {
+                        Zone::Prepares
+                    } else {
+                        Zone::Headers
+                    };
+                    let slot = self.crashes.below(JOURNAL_SLOTS as u64) as u32;
+                    host.storage.corrupt(zone, slot, &mut self.crashes);
+                    self.flip_count += 1;
+                }
+            }
+            // Never on blank copies: one flipped bit on a blank superblock is indistinguishable
+            // from a damaged one, and the replica rightly refuses to boot.
+            if self.crashes.chance_ppm(self.options.superblock_flip_ppm) && host.superblock.is_some() {
+                let copy = self.crashes.below(SUPERBLOCK_COPIES as u64) as u32;
+                host.storage.corrupt(Zone::Superblock, copy, &mut self.crashes);
+                self.flip_count += 1;
+            }
+        }
+        host.epoch += 1;
+        host.superblock_writing = None;
+        host.down_until = Some(self.now + span);
+        self.crash_count += 1;
+        self.trace.record_str("crash");
+        self.trace.record_u64(replica as u64);
+    }
+
+    /// Restart `replica` from its disk, as a real boot would: choose the superblock and repair
+    /// its copies first, find the checkpoint it names, classify every journal slot.
+    fn restart(&mut self, replica: usize) -> Result<(), Violation> {
+        let replica_u8 = replica as u8;
+        let host = &mut self.hosts[replica];
+        host.down_until = None;
+        let copies: Vec<Vec<u8>> = (0..SUPERBLOCK_COPIES)
+            .map(|copy| host.storage.read(Zone::Superblock, copy as u32))
+            .collect();
+        let copy_refs: [Option<&[u8]>; SUPERBLOCK_COPIES] =
+            std::array::from_fn(|copy| Some(&copies[copy][..COPY_SIZE]));
+        let chosen = durable::choose(&copy_refs, SIM_CLUSTER, replica_u8);
+        let durable_state = match chosen {
+            Ok(Chosen::Formatted {
+                state,
+                sequence,
+                copies_to_repair,
+                ..
+            }) => {
+                let bytes = durable::encode_copy(&state, sequence);
+                for (copy, repair) in copies_to_repair.iter().enumerate() {
+                    if *repair {
+                        host.storage.write(Zone::Superblock, copy as u32, &bytes);
+                        host.storage.sync().expect("syncs do not fail in this run");
+                    }
+                }
+                host.superblock = Some((state, sequence));
+                Some(state)
+            }
+            Ok(Chosen::Wiped) => {
+                host.superblock = None;
+                None
+            }
+            Err(refusal) => {
+                return Err(self.violation(format!("replica {replica} refused to boot: {refusal}")));
+            }
+        };
+        let mut checkpoint = None;
+        if let Some(state) = durable_state
+            && state.checkpoint_op > 0
+        {
+            for slot in 0..2u8 {
+                let bytes = host.storage.read(Zone::Checkpoints, u32::from(slot));
+                if let Ok(found) =
+                    Checkpoint::decode(&bytes, state.checkpoint_checksum, SIM_CLUSTER, SIM_GROUP)
+                {
+                    checkpoint = Some((found, slot));
+                    break;
+                }
+            }
+        }
+        let journal = if durable_state.is_some() {
+            (0..JOURNAL_SLOTS)
+                .map(|slot| {
+                    let prepare = host.storage.read(Zone::Prepares, slot as u32);
+                    let header = host.storage.read(Zone::Headers, slot as u32);
+                    classify_slot(slot, &prepare, &header, SIM_CLUSTER, SIM_GROUP)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let nonce = u128::from(self.nonces.next_u64()) << 64 | 1;
+        let config = *self.replicas[replica].config();
+        let recovered = Recovered {
+            durable: durable_state,
+            checkpoint,
+            journal,
+            nonce,
+        };
+        let restarted = match Replica::recover(config, ChainMachine::default(), recovered) {
+            Ok(restarted) => restarted,
+            Err(error) => {
+                return Err(self.violation(format!("replica {replica} could not recover: {error}")));
+            }
+        };
+        self.replicas[replica] = restarted;
+        self.trace.record_str("restart");
+        self.trace.record_u64(replica as u64);
+        // The checkers start again from what it recovered.
+        let durable_view = self.replicas[replica].durable().view;
+        if durable_view < self.hosts[replica].durable_view_max {
+            return Err(self.violation(format!(
+                "replica {replica}'s durable view went back across a restart, from {} to {durable_view}",
+                self.hosts[replica].durable_view_max
+            )));
+        }
+        self.last_view[replica] = self.replicas[replica].view();
+        let commit_min = self.replicas[replica].commit_min();
+        self.checked_commit[replica] = commit_min;
+        if commit_min > 0 {
+            let header = self.replicas[replica].committed_header(commit_min);
+            match (header, self.canonical.get(&commit_min)) {
+                (Some(header), Some(&canonical)) if header.checksum == canonical => {}
+                (header, canonical) => {
+                    return Err(self.violation(format!(
+                        "replica {replica} restarted from a checkpoint at op {commit_min} that is not the canonical prepare: {:?} against {canonical:?}; {}",
+                        header.map(|header| header.checksum),
+                        self.replicas[replica].describe()
+                    )));
+                }
+            }
+            self.check_state(replica)?;
+        }
+        self.collect(replica);
+        Ok(())
     }
 
     fn client_endpoint(&self, index: usize) -> Endpoint {
@@ -429,6 +771,7 @@ impl Simulation {
         if to.0 < replica_count {
             let replica = usize::from(to.0);
             if self.is_paused(replica) {
+                // A paused replica's messages are lost; a crashed one's socket is closed.
                 return Ok(());
             }
             self.replicas[replica].on_message(&message);
@@ -506,6 +849,12 @@ impl Simulation {
                     self.network.send(self.now, from, to, message);
                 }
                 Output::WritePrepare { message } => {
+                    // Into the page cache now, the prepare then its redundant header; durable
+                    // at the sync the completion runs.
+                    let slot = slot_of(message.header.op) as u32;
+                    let storage = &mut self.hosts[replica].storage;
+                    storage.write(Zone::Prepares, slot, &message.encode());
+                    storage.write(Zone::Headers, slot, &message.header.encode());
                     let kind = WriteKind::Prepare {
                         op: message.header.op,
                         checksum: message.header.checksum,
@@ -513,13 +862,32 @@ impl Simulation {
                     self.schedule_write(replica, kind);
                 }
                 Output::WriteDurable { state } => {
-                    self.durable_pending[replica] = Some(state);
-                    let kind = WriteKind::Durable {
-                        view: state.view,
-                        log_view: state.log_view,
-                        commit_max: state.commit_max,
+                    let host = &mut self.hosts[replica];
+                    assert!(
+                        host.superblock_writing.is_none(),
+                        "one superblock write at a time"
+                    );
+                    let planned = match host.superblock {
+                        Some((current, sequence)) => durable::plan_write(&current, sequence, &state),
+                        None => durable::plan_format(&state),
                     };
-                    self.schedule_write(replica, kind);
+                    let (sequence, bytes) = planned.expect("the replica asks only for valid successors");
+                    host.superblock_writing = Some((state, sequence, bytes));
+                    self.schedule_write(replica, WriteKind::DurableCopy { copy: 0 });
+                }
+                Output::WriteCheckpoint {
+                    slot,
+                    op,
+                    checksum,
+                    bytes,
+                } => {
+                    self.hosts[replica]
+                        .storage
+                        .write(Zone::Checkpoints, u32::from(slot), &bytes);
+                    self.schedule_write(replica, WriteKind::Checkpoint { op, checksum });
+                }
+                Output::StateTransfer { above_op, commit_max } => {
+                    self.schedule_write(replica, WriteKind::StateTransfer { above_op, commit_max });
                 }
             }
         }
@@ -533,6 +901,7 @@ impl Simulation {
         self.writes.push(PendingWrite {
             due: std::cmp::Reverse((self.now + latency, self.write_sequence)),
             replica: replica as u8,
+            epoch: self.hosts[replica].epoch,
             kind,
         });
     }
@@ -548,6 +917,10 @@ impl Simulation {
         }
         let write = self.writes.pop().expect("peeked");
         let replica = usize::from(write.replica);
+        if write.epoch != self.hosts[replica].epoch {
+            // Scheduled before a crash: the crash already decided what reached the disk.
+            return true;
+        }
         if self.is_paused(replica) {
             // A paused replica's disk waits with it.
             self.write_sequence += 1;
@@ -561,18 +934,98 @@ impl Simulation {
         match write.kind {
             WriteKind::Prepare { op, checksum } => {
                 self.trace.record_u64(op);
+                self.hosts[replica]
+                    .storage
+                    .sync()
+                    .expect("syncs do not fail in this run");
                 self.replicas[replica].on_prepare_written(op, checksum);
             }
-            WriteKind::Durable { .. } => {
-                let state = self.durable_pending[replica]
-                    .take()
-                    .expect("a durable write in flight");
-                self.trace.record_u64(u64::from(state.view));
-                self.replicas[replica].on_durable_written(state);
+            WriteKind::DurableCopy { copy } => {
+                let host = &mut self.hosts[replica];
+                let (state, sequence, bytes) =
+                    host.superblock_writing.expect("a superblock write in progress");
+                // Each copy is written and synced before the next: a crash tears at most one.
+                host.storage.write(Zone::Superblock, copy as u32, &bytes);
+                host.storage.sync().expect("syncs do not fail in this run");
+                if copy + 1 < SUPERBLOCK_COPIES {
+                    self.schedule_write(replica, WriteKind::DurableCopy { copy: copy + 1 });
+                } else {
+                    host.superblock_writing = None;
+                    if host
+                        .superblock
+                        .is_some_and(|(previous, _)| previous.checkpoint_op < state.checkpoint_op)
+                    {
+                        self.checkpoint_count += 1;
+                    }
+                    host.superblock = Some((state, sequence));
+                    host.durable_view_max = host.durable_view_max.max(state.view);
+                    self.trace.record_u64(u64::from(state.view));
+                    self.replicas[replica].on_durable_written(state);
+                }
+            }
+            WriteKind::Checkpoint { op, checksum } => {
+                self.trace.record_u64(op);
+                self.hosts[replica]
+                    .storage
+                    .sync()
+                    .expect("syncs do not fail in this run");
+                self.replicas[replica].on_checkpoint_written(op, checksum);
+            }
+            WriteKind::StateTransfer { above_op, commit_max } => {
+                if let Some((bytes, checksum)) = self.peer_checkpoint(replica, above_op, commit_max) {
+                    self.trace.record_str("state transfer");
+                    let before = self.replicas[replica].commit_min();
+                    self.replicas[replica].on_state_transferred(&bytes, checksum);
+                    if self.replicas[replica].commit_min() > before {
+                        self.state_transfer_count += 1;
+                    }
+                }
             }
         }
         self.collect(replica);
         true
+    }
+
+    /// The newest durable checkpoint above `above_op` among the peers `replica` can reach,
+    /// from a peer whose durable `commit_max` is at least `commit_max` (Iggy trap 9).
+    fn peer_checkpoint(&self, replica: usize, above_op: u64, commit_max: u64) -> Option<(Vec<u8>, u128)> {
+        let me = Endpoint(replica as u16);
+        (0..self.replicas.len())
+            .filter(|&peer| peer != replica && self.hosts[peer].down_until.is_none())
+            .filter(|&peer| !self.network.is_cut(Endpoint(peer as u16), me))
+            .filter_map(|peer| {
+                let (state, _) = self.hosts[peer].superblock?;
+                (state.checkpoint_op > above_op && state.commit_max >= commit_max).then_some((peer, state))
+            })
+            .max_by_key(|(peer, state)| (state.checkpoint_op, std::cmp::Reverse(*peer)))
+            .and_then(|(peer, state)| {
+                (0..2u32).find_map(|slot| {
+                    let bytes = self.hosts[peer].storage.read(Zone::Checkpoints, slot);
+                    Checkpoint::decode(&bytes, state.checkpoint_checksum, SIM_CLUSTER, SIM_GROUP)
+                        .ok()
+                        .map(|_| (bytes, state.checkpoint_checksum))
+                })
+            })
+    }
+
+    /// The state machine of `replica` after its commit point must be the canonical state
+    /// there.
+    fn check_state(&mut self, replica: usize) -> Result<(), Violation> {
+        let commit_min = self.replicas[replica].commit_min();
+        if commit_min == 0 {
+            return Ok(());
+        }
+        let state = self.replicas[replica].state_machine().state;
+        match self.canonical_state.get(&commit_min) {
+            Some(&canonical) if canonical != state => Err(self.violation(format!(
+                "replica {replica}'s state after op {commit_min} differs from the canonical state"
+            ))),
+            Some(_) => Ok(()),
+            None => {
+                self.canonical_state.insert(commit_min, state);
+                Ok(())
+            }
+        }
     }
 
     /// The per-tick checkers.
@@ -581,7 +1034,10 @@ impl Simulation {
             return Err(violation);
         }
         for replica in 0..self.replicas.len() {
-            self.check_replica(replica)?;
+            if self.hosts[replica].down_until.is_none() {
+                // A crashed replica's memory is gone; it is checked again from its restart.
+                self.check_replica(replica)?;
+            }
         }
         Ok(())
     }
@@ -604,8 +1060,14 @@ impl Simulation {
                 self.checked_commit[replica]
             )));
         }
+        let advanced = commit_min > self.checked_commit[replica];
         for op in self.checked_commit[replica] + 1..=commit_min {
             let Some(header) = self.replicas[replica].committed_header(op) else {
+                if op < commit_min {
+                    // Passed by state transfer: the checkpoint vouches for these ops, and the
+                    // state check below compares what it installed.
+                    continue;
+                }
                 return Err(self.violation(format!(
                     "replica {replica} committed op {op} but holds no header for it: {}",
                     self.replicas[replica].describe()
@@ -624,6 +1086,11 @@ impl Simulation {
             }
         }
         self.checked_commit[replica] = commit_min;
+        let durable_view = self.replicas[replica].durable().view;
+        self.hosts[replica].durable_view_max = self.hosts[replica].durable_view_max.max(durable_view);
+        if advanced {
+            self.check_state(replica)?;
+        }
         Ok(())
     }
 
@@ -632,11 +1099,27 @@ impl Simulation {
     }
 
     fn replica_summary(&self) -> String {
-        self.replicas
+        let writes: Vec<(u8, u64)> = self
+            .writes
             .iter()
-            .map(|replica| format!("[{}]", replica.describe()))
+            .map(|write| (write.replica, write.due.0.0))
+            .collect();
+        let replicas = self
+            .replicas
+            .iter()
+            .enumerate()
+            .map(|(index, replica)| {
+                format!(
+                    "[{}; paused until {}, down until {:?}, superblock write {}]",
+                    replica.describe(),
+                    self.paused_until[index],
+                    self.hosts[index].down_until,
+                    self.hosts[index].superblock_writing.is_some()
+                )
+            })
             .collect::<Vec<_>>()
-            .join(" ")
+            .join(" ");
+        format!("{replicas}; pending storage work (replica, due) {writes:?}")
     }
 }
 
