@@ -97,6 +97,9 @@ pub enum Command {
     /// Node → node: the commit heartbeats of every group whose primary is on the sender, for
     /// the receiver's replicas, in one message (`node::HEARTBEAT_ENTRY_SIZE` bytes each).
     Heartbeats = 13,
+    /// Any replica → a recovering replica that probed: the responder's `view`, echoing the
+    /// probe's `nonce`. A wiped replica installs a view only after a quorum of these.
+    RecoveryResponse = 14,
 }
 
 impl Command {
@@ -115,6 +118,7 @@ impl Command {
             11 => Command::RequestHeaders,
             12 => Command::Headers,
             13 => Command::Heartbeats,
+            14 => Command::RecoveryResponse,
             _ => return None,
         })
     }

@@ -145,6 +145,9 @@ struct Recovery {
     /// echoing the nonce is trusted, and it never votes until installed.
     wiped: bool,
     probe_sent_tick: u64,
+    /// By replica: the highest view it reported in answer to this boot's probes (a
+    /// RecoveryResponse or a StartView echoing the nonce).
+    responses: [Option<u32>; REPLICAS_MAX],
 }
 
 /// What a faulty slot may have held.
@@ -468,6 +471,7 @@ impl<S: StateMachine> Replica<S> {
             boot_view: replica.view,
             wiped,
             probe_sent_tick: 0,
+            responses: [None; REPLICAS_MAX],
         });
         replica.commit_progress_op = replica.commit_min;
         replica.send_probes();
@@ -479,15 +483,18 @@ impl<S: StateMachine> Replica<S> {
         &self.config
     }
 
-    /// Whether this replica still lacks durable copies of ops it may once have acknowledged:
-    /// it is recovering, or an op of its log above its checkpoint sits in a slot found faulty
-    /// at recovery (or lost with a wiped disk) and not durably rewritten since. Until then it
+    /// Whether this replica may still lack durable copies of ops it once acknowledged: it is
+    /// recovering, or a slot found faulty at recovery (or lost with a wiped disk) is not yet
+    /// durably rewritten and may have held an op above its checkpoint. Such an op need not be
+    /// in its log yet (a StartView older than the op reinstalls a shorter log). Until then it
     /// counts as faulty in a fault budget: another failure could destroy the last copy of a
     /// committed op.
     pub fn is_repairing(&self) -> bool {
         self.status == Status::Recovering
-            || (self.durable.checkpoint_op + 1..=self.op)
-                .any(|op| self.faulty_slots[slot_of(op)].is_some_and(|faulty| faulty.covers(op)))
+            || self.faulty_slots.iter().flatten().any(|faulty| match faulty {
+                FaultyOp::Op(op) => *op > self.durable.checkpoint_op,
+                FaultyOp::Any => true,
+            })
     }
 
     pub fn status(&self) -> Status {
@@ -645,6 +652,7 @@ impl<S: StateMachine> Replica<S> {
             Command::DoViewChange => self.on_do_view_change(message),
             Command::StartView => self.on_start_view(message),
             Command::RequestStartView => self.on_request_start_view(header),
+            Command::RecoveryResponse => self.on_recovery_response(header),
             Command::RequestPrepare => self.on_request_prepare(header),
             _ => {}
         }
@@ -1257,6 +1265,12 @@ impl<S: StateMachine> Replica<S> {
             if !fresh && !newer {
                 return;
             }
+            if fresh {
+                self.on_recovery_response(header);
+            }
+            if !self.wiped_may_install(header.view) {
+                return;
+            }
         }
         let Some(suffix) = self.decode_suffix(message, header.view, false) else {
             return;
@@ -1303,7 +1317,45 @@ impl<S: StateMachine> Replica<S> {
         if self.status == Status::Normal && self.is_primary() && header.view <= self.view {
             let start_view = self.start_view_message(header.nonce);
             self.send(Destination::Replica(header.replica), start_view);
+        } else if self.status != Status::Recovering && header.nonce != 0 {
+            // Say which view this replica is in: a wiped replica needs a quorum of these to
+            // know the view a StartView comes from is current.
+            let mut response = Header::new(Command::RecoveryResponse, self.config.cluster);
+            response.group = self.config.group;
+            response.replica = self.config.replica;
+            response.view = self.view;
+            response.nonce = header.nonce;
+            self.send(
+                Destination::Replica(header.replica),
+                Message::new(response, Arc::from(&[][..])),
+            );
         }
+    }
+
+    fn on_recovery_response(&mut self, header: &Header) {
+        let Some(recovery) = self.recovery.as_mut() else {
+            return;
+        };
+        if header.nonce != recovery.nonce {
+            return;
+        }
+        let reported = &mut recovery.responses[usize::from(header.replica)];
+        *reported = Some(reported.map_or(header.view, |view| view.max(header.view)));
+    }
+
+    /// A wiped replica may install a StartView of `view` only once a quorum of the other
+    /// replicas answered this boot's probes and none reported a higher view. Any view that
+    /// formed before those answers had a quorum of participants, and at least one of them is
+    /// among the responders (the wiped replica may have been a participant before the wipe,
+    /// so it is not counted on either side). A cut-off old primary still normal in an older
+    /// view answers probes too: without this, the wiped replica would follow it, and its
+    /// acknowledgements would count a second time towards an old-view quorum (Iggy trap 9).
+    fn wiped_may_install(&self, view: u32) -> bool {
+        let Some(recovery) = self.recovery.filter(|recovery| recovery.wiped) else {
+            return true;
+        };
+        let reported: Vec<u32> = recovery.responses.iter().flatten().copied().collect();
+        reported.len() >= self.config.quorum() && reported.iter().all(|&reported| reported <= view)
     }
 
     fn on_request_prepare(&mut self, header: &Header) {
@@ -1489,8 +1541,12 @@ impl<S: StateMachine> Replica<S> {
                 // restart or state transfer); the applied op itself is known exactly.
                 if header.op == self.commit_min {
                     assert_eq!(
-                        header.checksum, self.commit_min_checksum,
-                        "the canonical log agrees with what this replica applied"
+                        header.checksum,
+                        self.commit_min_checksum,
+                        "the canonical log (head {head}, op {} of view {}) agrees with what this replica applied: {}",
+                        header.op,
+                        header.view,
+                        self.describe()
                     );
                 }
                 continue;

@@ -987,7 +987,9 @@ impl Simulation {
     }
 
     /// The newest durable checkpoint above `above_op` among the peers `replica` can reach,
-    /// from a peer whose durable `commit_max` is at least `commit_max` (Iggy trap 9).
+    /// from a peer whose `commit_max` is at least `commit_max` (Iggy trap 9). A real peer
+    /// would say its commit point in its answer, so this asks the running replica, not its
+    /// superblock (which records `commit_max` only as a lower bound).
     fn peer_checkpoint(&self, replica: usize, above_op: u64, commit_max: u64) -> Option<(Vec<u8>, u128)> {
         let me = Endpoint(replica as u16);
         (0..self.replicas.len())
@@ -995,7 +997,8 @@ impl Simulation {
             .filter(|&peer| !self.network.is_cut(Endpoint(peer as u16), me))
             .filter_map(|peer| {
                 let (state, _) = self.hosts[peer].superblock?;
-                (state.checkpoint_op > above_op && state.commit_max >= commit_max).then_some((peer, state))
+                let peer_commit_max = self.replicas[peer].commit_max();
+                (state.checkpoint_op > above_op && peer_commit_max >= commit_max).then_some((peer, state))
             })
             .max_by_key(|(peer, state)| (state.checkpoint_op, std::cmp::Reverse(*peer)))
             .and_then(|(peer, state)| {
