@@ -312,6 +312,9 @@ pub struct Simulation {
     /// The first violation found between ticks; reported at the end of the tick.
     found: Option<Violation>,
     crash_count: u64,
+    /// Per replica, since its last restart.
+    sent: Vec<Sent>,
+    state_transfers_by: Vec<u64>,
     wipe_count: u64,
     flip_count: u64,
     checkpoint_count: u64,
@@ -397,6 +400,8 @@ impl Simulation {
             draining: false,
             found: None,
             crash_count: 0,
+            sent: vec![Sent::default(); n],
+            state_transfers_by: vec![0; n],
             wipe_count: 0,
             flip_count: 0,
             checkpoint_count: 0,
@@ -410,7 +415,12 @@ impl Simulation {
             self.inject_faults();
             self.step()?;
         }
-        // The final heal: every replica up and connected, no more faults.
+        self.finish()
+    }
+
+    /// The end of a run: the final heal (every replica up and connected, no more faults),
+    /// the liveness window, and the checks that need the whole run.
+    pub fn finish(mut self) -> Result<Outcome, Violation> {
         for replica in 0..self.replicas.len() {
             if self.hosts[replica].down_until.is_some() {
                 self.restart(replica)?;
@@ -688,6 +698,7 @@ impl Simulation {
             }
         };
         self.replicas[replica] = restarted;
+        self.sent[replica] = Sent::default();
         self.trace.record_str("restart");
         self.trace.record_u64(replica as u64);
         // The checkers start again from what it recovered.
@@ -839,6 +850,15 @@ impl Simulation {
         for output in self.replicas[replica].take_outputs() {
             match output {
                 Output::Send { to, message } => {
+                    if let Destination::Replica(_) = to {
+                        let sent = &mut self.sent[replica];
+                        match message.header.command {
+                            Command::PrepareOk => sent.prepare_oks += 1,
+                            Command::StartViewChange => sent.start_view_changes += 1,
+                            Command::DoViewChange => sent.do_view_changes += 1,
+                            _ => {}
+                        }
+                    }
                     let to = match to {
                         Destination::Replica(to) => Endpoint(u16::from(to)),
                         Destination::Client(client) => {
@@ -978,6 +998,7 @@ impl Simulation {
                     self.replicas[replica].on_state_transferred(&bytes, checksum);
                     if self.replicas[replica].commit_min() > before {
                         self.state_transfer_count += 1;
+                        self.state_transfers_by[replica] += 1;
                     }
                 }
             }
@@ -1123,6 +1144,120 @@ impl Simulation {
             .collect::<Vec<_>>()
             .join(" ");
         format!("{replicas}; pending storage work (replica, due) {writes:?}")
+    }
+}
+
+/// What a replica sent to other replicas since it last (re)started: its votes and
+/// acknowledgements.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sent {
+    pub prepare_oks: u64,
+    pub start_view_changes: u64,
+    pub do_view_changes: u64,
+}
+
+/// Scripted scenarios: a quiet cluster (reliable network, no random faults) that a test
+/// drives tick by tick and breaks on purpose, with every checker running.
+impl Simulation {
+    /// A cluster of `replica_count` replicas and 3 clients with no random faults.
+    pub fn scripted(seed: u64, replica_count: u8) -> Simulation {
+        let mut options = SimOptions::from_seed(seed);
+        options.replica_count = replica_count;
+        options.network = NetworkOptions::reliable(u16::from(replica_count) + 3, 1);
+        options.partition_ppm = 0;
+        options.pause_ppm = 0;
+        options.crash_ppm = 0;
+        options.write_ticks_mean = 1;
+        Simulation::new(seed, options)
+    }
+
+    /// One tick, with the checkers (no random faults are injected).
+    pub fn tick(&mut self) -> Result<(), Violation> {
+        self.step()
+    }
+
+    /// Tick until `condition` holds, at most `ticks_max` ticks; whether it held.
+    pub fn run_until(
+        &mut self,
+        ticks_max: u64,
+        condition: impl Fn(&Simulation) -> bool,
+    ) -> Result<bool, Violation> {
+        for _ in 0..ticks_max {
+            if condition(self) {
+                return Ok(true);
+            }
+            self.step()?;
+        }
+        Ok(condition(self))
+    }
+
+    /// Crash `replica` until [`Simulation::restart_replica`]: unsynced writes are lost,
+    /// durable or torn as the storage options draw.
+    pub fn crash_replica(&mut self, replica: usize) {
+        assert!(
+            self.hosts[replica].down_until.is_none(),
+            "replica {replica} is already down"
+        );
+        self.crash(replica, u64::MAX - self.now);
+    }
+
+    /// Restart a crashed replica from its disk.
+    pub fn restart_replica(&mut self, replica: usize) -> Result<(), Violation> {
+        assert!(
+            self.hosts[replica].down_until.is_some(),
+            "replica {replica} is running"
+        );
+        self.restart(replica)
+    }
+
+    /// Replace a crashed replica's disk with a blank one.
+    pub fn wipe_disk(&mut self, replica: usize) {
+        assert!(
+            self.hosts[replica].down_until.is_some(),
+            "wipe a crashed replica's disk"
+        );
+        let host = &mut self.hosts[replica];
+        host.storage.wipe();
+        host.superblock = None;
+        host.durable_view_max = 0;
+        self.wipe_count += 1;
+    }
+
+    /// Flip a bit in the durable bytes of one slot of a crashed replica's disk.
+    pub fn flip_bit(&mut self, replica: usize, zone: Zone, slot: u32) {
+        assert!(
+            self.hosts[replica].down_until.is_some(),
+            "flip bits on a crashed replica's disk"
+        );
+        self.hosts[replica].storage.corrupt(zone, slot, &mut self.crashes);
+        self.flip_count += 1;
+    }
+
+    pub fn replica(&self, replica: usize) -> &Replica<ChainMachine> {
+        &self.replicas[replica]
+    }
+
+    pub fn storage(&self, replica: usize) -> &Storage {
+        &self.hosts[replica].storage
+    }
+
+    pub fn is_down(&self, replica: usize) -> bool {
+        self.hosts[replica].down_until.is_some()
+    }
+
+    /// What `replica` sent since it last (re)started.
+    pub fn sent(&self, replica: usize) -> Sent {
+        self.sent[replica]
+    }
+
+    /// State transfers `replica` completed (checkpoints it installed from a peer).
+    pub fn state_transfers_of(&self, replica: usize) -> u64 {
+        self.state_transfers_by[replica]
+    }
+
+    /// Ops in the canonical committed log so far.
+    pub fn committed_ops(&self) -> u64 {
+        self.canonical.len() as u64
     }
 }
 
