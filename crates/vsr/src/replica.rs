@@ -1492,9 +1492,15 @@ impl<S: StateMachine> Replica<S> {
                 .iter()
                 .flatten()
                 .filter(|dvc| {
-                    dvc.headers.iter().zip(&dvc.nacks).any(|(header, &nack)| {
+                    // A replica acknowledges a prepare of view `v` only while normal in a view
+                    // at or above `v`, so with `log_view` durable at or above `v`, and
+                    // `log_view` never decreases: a sender whose log_view is lower never
+                    // acknowledged it.
+                    let implicit = dvc.log_view < canonical.view;
+                    let explicit = dvc.headers.iter().zip(&dvc.nacks).any(|(header, &nack)| {
                         nack && header.op == canonical.op && header.checksum == canonical.checksum
-                    })
+                    });
+                    implicit || explicit
                 })
                 .count();
             nacks >= quorum

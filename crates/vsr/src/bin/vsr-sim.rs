@@ -1,6 +1,7 @@
 //! `vsr-sim`: run simulator seeds. `vsr-sim --seed N` replays one seed exactly (same trace
 //! hash every time); `vsr-sim --seeds COUNT [--from N]` runs a range and stops at the first
-//! violation. `--disk-faults` adds wipes and bit flips on crashed replicas' disks.
+//! violation (`--keep-going`: runs them all and counts). `--disk-faults` adds wipes and bit
+//! flips on crashed replicas' disks.
 
 use cairn_vsr::sim::cluster::{SimOptions, Simulation};
 use std::process::ExitCode;
@@ -18,12 +19,14 @@ fn main() -> ExitCode {
         (None, Some(Ok(count)), from) => (from.and_then(Result::ok).unwrap_or(0), count),
         _ => {
             eprintln!(
-                "usage: vsr-sim [--disk-faults] --seed N | vsr-sim [--disk-faults] --seeds COUNT [--from N]"
+                "usage: vsr-sim [--disk-faults] --seed N | vsr-sim [--disk-faults] [--keep-going] --seeds COUNT [--from N]"
             );
             return ExitCode::from(2);
         }
     };
     let disk_faults = args.iter().any(|arg| arg == "--disk-faults");
+    let keep_going = args.iter().any(|arg| arg == "--keep-going");
+    let mut failures = 0u64;
     let options = |seed| {
         if disk_faults {
             SimOptions::from_seed_with_disk_faults(seed)
@@ -56,9 +59,16 @@ fn main() -> ExitCode {
                 println!("seed {seed}: VIOLATION {violation}");
                 let flag = if disk_faults { " --disk-faults" } else { "" };
                 println!("replay: cargo run -p cairn-vsr --release --bin vsr-sim --{flag} --seed {seed}");
-                return ExitCode::FAILURE;
+                failures += 1;
+                if !keep_going {
+                    return ExitCode::FAILURE;
+                }
             }
         }
+    }
+    if failures > 0 {
+        println!("{failures} of {count} seeds failed");
+        return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
 }
