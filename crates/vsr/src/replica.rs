@@ -249,18 +249,42 @@ struct Prepared {
     oks: u8,
 }
 
-/// What a DoViewChange said.
+/// One op of a view-change suffix: its header, or only its checksum (a hole whose checksum
+/// the hash chain named, the header never having arrived).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    Header(Header),
+    Hole { op: u64, checksum: u128 },
+}
+
+impl Entry {
+    fn op(&self) -> u64 {
+        match self {
+            Entry::Header(header) => header.op,
+            Entry::Hole { op, .. } => *op,
+        }
+    }
+
+    fn checksum(&self) -> u128 {
+        match self {
+            Entry::Header(header) => header.checksum,
+            Entry::Hole { checksum, .. } => *checksum,
+        }
+    }
+}
+
+/// What a DoViewChange (or a StartView) said.
 #[derive(Debug, Clone)]
 struct DoViewChange {
     log_view: u32,
     op: u64,
     commit: u64,
-    /// Prepare headers from `op` down, contiguous.
-    headers: Vec<Header>,
-    /// Per header (same order): the sender provably never acknowledged that prepare. It
-    /// holds the header but not the body, and its slot was not found faulty at recovery (a
-    /// faulty slot may hide a prepare it did acknowledge: Iggy trap 15). Empty in a
-    /// StartView.
+    /// The suffix from `op` down, one entry per op. A StartView's entries are all headers.
+    entries: Vec<Entry>,
+    /// Per entry (same order): the sender provably never acknowledged that prepare. It
+    /// lacks the body, the op is above its commit point, and its slot was not found faulty
+    /// at recovery (a faulty slot may hide a prepare it did acknowledge: Iggy trap 15).
+    /// Empty in a StartView.
     nacks: Vec<bool>,
 }
 
@@ -1301,13 +1325,13 @@ impl<S: StateMachine> Replica<S> {
             return;
         }
         self.recovery = None;
-        let headers = suffix.headers;
+        let entries = suffix.entries;
         self.view = header.view;
         self.log_view = header.view;
         self.status = Status::ViewChange;
         self.merged = true;
         self.pipeline.clear();
-        self.install_log(header.op, &headers);
+        self.install_log(header.op, &entries);
         self.advance_commit_max(header.commit);
         self.primary_heard_tick = self.ticks;
         self.want_durable();
@@ -1412,13 +1436,13 @@ impl<S: StateMachine> Replica<S> {
             let dvc = self.do_view_change_message();
             let primary = self.config.primary_of(self.view);
             if primary == self.config.replica {
-                let headers = self.suffix_headers();
+                let entries = self.suffix_entries();
                 let own = DoViewChange {
                     log_view: self.log_view,
                     op: self.op,
                     commit: self.commit_max,
-                    nacks: self.suffix_nacks(&headers),
-                    headers,
+                    nacks: self.suffix_nacks(&entries),
+                    entries,
                 };
                 self.dvcs[usize::from(primary)] = Some(own);
             } else {
@@ -1459,7 +1483,7 @@ impl<S: StateMachine> Replica<S> {
         // Every committed op is in the canonical log (the DoViewChange quorum meets every
         // commit quorum, and the highest log_view's log holds everything committed before).
         debug_assert!(commit <= best.op.max(self.commit_min));
-        let (head, headers) = self.truncate_nacked(&best, commit);
+        let (head, entries) = self.truncate_nacked(&best, commit);
         if head > self.journal_window_end() {
             // This replica cannot hold the canonical log yet: it catches up by state transfer,
             // and the view change moves on to the next primary meanwhile.
@@ -1467,7 +1491,7 @@ impl<S: StateMachine> Replica<S> {
             self.request_state_transfer();
             return;
         }
-        self.install_log(head, &headers);
+        self.install_log(head, &entries);
         self.advance_commit_max(commit.min(self.op));
         self.merged = true;
         self.request_repairs();
@@ -1479,14 +1503,14 @@ impl<S: StateMachine> Replica<S> {
     /// safe to drop, and without dropping it a view change whose only copies of that prepare
     /// were lost (never synced anywhere) would wait forever. Ops at or below `commit` are
     /// never cut.
-    fn truncate_nacked(&self, best: &DoViewChange, commit: u64) -> (u64, Vec<Header>) {
+    fn truncate_nacked(&self, best: &DoViewChange, commit: u64) -> (u64, Vec<Entry>) {
         let quorum = if self.config.bugs.truncate_without_nack_quorum {
             1
         } else {
             self.config.quorum()
         };
         // Ascending, so the lowest nacked op is found first.
-        let cut = best.headers.iter().rev().find(|canonical| {
+        let cut = best.entries.iter().rev().find(|canonical| {
             let nacks = self
                 .dvcs
                 .iter()
@@ -1496,9 +1520,9 @@ impl<S: StateMachine> Replica<S> {
                     // at or above `v`, so with `log_view` durable at or above `v`, and
                     // `log_view` never decreases: a sender whose log_view is lower never
                     // acknowledged it.
-                    let implicit = dvc.log_view < canonical.view;
-                    let explicit = dvc.headers.iter().zip(&dvc.nacks).any(|(header, &nack)| {
-                        nack && header.op == canonical.op && header.checksum == canonical.checksum
+                    let implicit = matches!(canonical, Entry::Header(header) if dvc.log_view < header.view);
+                    let explicit = dvc.entries.iter().zip(&dvc.nacks).any(|(entry, &nack)| {
+                        nack && entry.op() == canonical.op() && entry.checksum() == canonical.checksum()
                     });
                     implicit || explicit
                 })
@@ -1508,27 +1532,27 @@ impl<S: StateMachine> Replica<S> {
         match cut {
             Some(cut) => {
                 assert!(
-                    cut.op > commit || self.config.bugs.truncate_without_nack_quorum,
+                    cut.op() > commit || self.config.bugs.truncate_without_nack_quorum,
                     "a quorum nacked op {} at or below the commit point {commit}",
-                    cut.op
+                    cut.op()
                 );
-                let head = cut.op - 1;
-                let headers = best
-                    .headers
+                let head = cut.op() - 1;
+                let entries = best
+                    .entries
                     .iter()
-                    .filter(|header| header.op <= head)
+                    .filter(|entry| entry.op() <= head)
                     .copied()
                     .collect();
-                (head, headers)
+                (head, entries)
             }
-            None => (best.op, best.headers.clone()),
+            None => (best.op, best.entries.clone()),
         }
     }
 
-    /// Make the journal hold the log whose head is `head` and whose suffix headers are
-    /// `headers` (from `head` down): keep matching slots, turn the rest into holes, drop
-    /// everything above the head, and link the chain below the suffix.
-    fn install_log(&mut self, head: u64, headers: &[Header]) {
+    /// Make the journal hold the log whose head is `head` and whose suffix is `entries`
+    /// (from `head` down): keep matching slots, turn the rest into holes, drop everything
+    /// above the head, and link the chain below the suffix.
+    fn install_log(&mut self, head: u64, entries: &[Entry]) {
         assert!(
             head >= self.commit_min,
             "a view change never loses a commit: head {head}, {}",
@@ -1541,47 +1565,53 @@ impl<S: StateMachine> Replica<S> {
             }
         }
         self.op = head.max(self.commit_min);
-        for header in headers {
-            if header.op <= self.commit_min {
+        for entry in entries {
+            let (op, checksum) = (entry.op(), entry.checksum());
+            if op <= self.commit_min {
                 // Below the commit point the slots may hold copies of other laps (after a
                 // restart or state transfer); the applied op itself is known exactly.
-                if header.op == self.commit_min {
+                if op == self.commit_min {
                     assert_eq!(
-                        header.checksum,
+                        checksum,
                         self.commit_min_checksum,
-                        "the canonical log (head {head}, op {} of view {}) agrees with what this replica applied: {}",
-                        header.op,
-                        header.view,
+                        "the canonical log (head {head}, op {op}) agrees with what this replica applied: {}",
                         self.describe()
                     );
                 }
                 continue;
             }
-            let keep = self
-                .slot(header.op)
-                .is_some_and(|slot| slot.checksum == header.checksum);
+            let header = match entry {
+                Entry::Header(header) => Some(*header),
+                Entry::Hole { .. } => None,
+            };
+            let keep = self.slot(op).is_some_and(|slot| slot.checksum == checksum);
             if !keep {
-                self.journal[slot_of(header.op)] = Some(Slot {
-                    op: header.op,
-                    checksum: header.checksum,
-                    header: Some(*header),
+                self.journal[slot_of(op)] = Some(Slot {
+                    op,
+                    checksum,
+                    header,
                     message: None,
                     durable: false,
                     verified: true,
                 });
-            } else if let Some(slot) = self.slot_mut(header.op) {
-                slot.header = Some(*header);
+            } else if let Some(slot) = self.slot_mut(op) {
+                if header.is_some() {
+                    slot.header = header;
+                }
                 slot.verified = true;
             }
         }
         // Below the suffix, nothing is trusted until the chain walk confirms it.
-        let lowest = headers.last().map_or(self.op + 1, |lowest| lowest.op);
+        let lowest = entries.last().map_or(self.op + 1, Entry::op);
         for op in self.commit_min + 1..lowest.min(self.op + 1) {
             if let Some(slot) = self.slot_mut(op) {
                 slot.verified = false;
             }
         }
-        if !headers.is_empty() {
+        // The walk needs the lowest entry's header, for its parent. A hole entry this
+        // replica holds the prepare of has it; otherwise the walk waits for the repair,
+        // whose `fill` walks on.
+        if !entries.is_empty() {
             self.link_chain_below(lowest);
         }
     }
@@ -1758,25 +1788,74 @@ impl<S: StateMachine> Replica<S> {
 
     fn do_view_change_message(&self) -> Message {
         let mut header = self.control(Command::DoViewChange).header;
-        let headers = self.suffix_headers();
-        let mut body = encode_headers(&headers);
-        body.extend(self.suffix_nacks(&headers).into_iter().map(u8::from));
+        let entries = self.suffix_entries();
+        let nacks = self.suffix_nacks(&entries);
+        let mut body = Vec::with_capacity(entries.len() * (HEADER_SIZE + 1));
+        for entry in &entries {
+            match entry {
+                Entry::Header(header) => body.extend_from_slice(&header.encode()),
+                Entry::Hole { op, checksum } => {
+                    let mut record = [0u8; HEADER_SIZE];
+                    record[..8].copy_from_slice(&op.to_le_bytes());
+                    record[8..24].copy_from_slice(&checksum.to_le_bytes());
+                    body.extend_from_slice(&record);
+                }
+            }
+        }
+        body.extend(entries.iter().zip(&nacks).map(|(entry, &nack)| {
+            let hole = matches!(entry, Entry::Hole { .. });
+            u8::from(nack) | (u8::from(hole) << 1)
+        }));
         header.log_view = self.log_view;
         Message::new(header, Arc::from(body))
     }
 
-    /// Per suffix header: whether this replica nacks it (see [`DoViewChange::nacks`]).
-    fn suffix_nacks(&self, headers: &[Header]) -> Vec<bool> {
-        headers
+    /// Per suffix entry: whether this replica nacks it (see [`DoViewChange::nacks`]).
+    fn suffix_nacks(&self, entries: &[Entry]) -> Vec<bool> {
+        entries
             .iter()
-            .map(|header| {
+            .map(|entry| {
+                let op = entry.op();
                 // Applied ops are committed: never nacked, whatever the slot holds now.
-                let held = self.slot(header.op).is_some_and(|slot| slot.message.is_some());
-                let faulty =
-                    self.faulty_slots[slot_of(header.op)].is_some_and(|faulty| faulty.covers(header.op));
-                header.op > self.commit_min && !held && !faulty
+                let held = self.slot(op).is_some_and(|slot| slot.message.is_some());
+                let faulty = self.faulty_slots[slot_of(op)].is_some_and(|faulty| faulty.covers(op));
+                op > self.commit_min && !held && !faulty
             })
             .collect()
+    }
+
+    /// A DoViewChange's suffix: from the head down, one entry per op, at most
+    /// [`VIEW_CHANGE_HEADERS_MAX`]. An op whose header this replica lacks but whose checksum
+    /// the chain named is a hole entry, so the new primary can count nacks for a prepare
+    /// no survivor ever received. It stops at an op it knows nothing of, at a header that
+    /// does not chain to the entry above, and, below a hole, at anything not verified on this
+    /// view's chain (a hole gives no parent to check against).
+    fn suffix_entries(&self) -> Vec<Entry> {
+        let mut entries: Vec<Entry> = Vec::new();
+        let mut op = self.op;
+        while op > 0 && entries.len() < VIEW_CHANGE_HEADERS_MAX {
+            let Some(slot) = self.slot(op) else {
+                break;
+            };
+            let chains = match entries.last() {
+                Some(Entry::Header(above)) => above.parent == slot.checksum,
+                Some(Entry::Hole { .. }) => slot.verified,
+                None => true,
+            };
+            if !chains {
+                break;
+            }
+            match slot.header {
+                Some(header) => entries.push(Entry::Header(header)),
+                None if slot.verified && !entries.is_empty() => entries.push(Entry::Hole {
+                    op,
+                    checksum: slot.checksum,
+                }),
+                None => break,
+            }
+            op -= 1;
+        }
+        entries
     }
 
     fn start_view_message(&self, nonce: u128) -> Message {
@@ -1982,31 +2061,55 @@ impl<S: StateMachine> Replica<S> {
 }
 
 impl<S: StateMachine> Replica<S> {
-    /// The log a DoViewChange or StartView describes (its body holds the suffix headers), if
-    /// it is well formed: valid prepare headers of this group, descending one op at a time
-    /// along the chain from the head, and not empty unless the log is.
-    fn decode_suffix(&self, message: &Message, log_view: u32, with_nacks: bool) -> Option<DoViewChange> {
+    /// The log a DoViewChange or StartView describes, if it is well formed: valid prepare
+    /// headers of this group (a DoViewChange may also carry hole records), descending one op
+    /// at a time along the chain from the head, and not empty unless the log is.
+    ///
+    /// A DoViewChange body is its records, 256 bytes each, then one flag byte per record:
+    /// bit 0 nack, bit 1 hole (the record then holds only the op and checksum, little-endian
+    /// at offsets 0 and 8, and zeros). A StartView body is headers only.
+    fn decode_suffix(&self, message: &Message, log_view: u32, with_flags: bool) -> Option<DoViewChange> {
         let header = &message.header;
-        // A DoViewChange body is its headers, then one flag byte per header (1: nack).
-        let record_size = HEADER_SIZE + usize::from(with_nacks);
-        if !message.body.len().is_multiple_of(record_size) {
+        let record_size = HEADER_SIZE + usize::from(with_flags);
+        if !message.body.len().is_multiple_of(record_size)
+            || message.body.len() / record_size > VIEW_CHANGE_HEADERS_MAX
+        {
             return None;
         }
         let count = message.body.len() / record_size;
-        let (header_bytes, flag_bytes) = message.body.split_at(count * HEADER_SIZE);
-        let headers = decode_headers(header_bytes, self.config.cluster, self.config.group)?;
-        if flag_bytes.iter().any(|&flag| flag > 1) {
+        let (records, flags) = message.body.split_at(count * HEADER_SIZE);
+        if flags.iter().any(|&flag| flag > 0b11) {
             return None;
+        }
+        let mut entries = Vec::with_capacity(count);
+        for (index, record) in records.chunks_exact(HEADER_SIZE).enumerate() {
+            let hole = flags.get(index).is_some_and(|flag| flag & 0b10 != 0);
+            if hole {
+                if record[24..].iter().any(|&byte| byte != 0) {
+                    return None;
+                }
+                let op = u64::from_le_bytes(record[..8].try_into().ok()?);
+                let checksum = u128::from_le_bytes(record[8..24].try_into().ok()?);
+                entries.push(Entry::Hole { op, checksum });
+            } else {
+                let decoded = Header::decode(record).ok().filter(|h| {
+                    h.command == Command::Prepare
+                        && h.cluster == self.config.cluster
+                        && h.group == self.config.group
+                })?;
+                entries.push(Entry::Header(decoded));
+            }
         }
         let suffix = DoViewChange {
             log_view,
             op: header.op,
             commit: header.commit,
-            headers,
-            nacks: flag_bytes.iter().map(|&flag| flag == 1).collect(),
+            entries,
+            nacks: flags.iter().map(|&flag| flag & 1 == 1).collect(),
         };
-        let empty_but_not_at_root = header.op > 0 && suffix.headers.is_empty();
-        (!empty_but_not_at_root && dvc_is_consistent(&suffix)).then_some(suffix)
+        let empty_but_not_at_root = header.op > 0 && suffix.entries.is_empty();
+        let starts_with_a_header = matches!(suffix.entries.first(), None | Some(Entry::Header(_)));
+        (!empty_but_not_at_root && starts_with_a_header && dvc_is_consistent(&suffix)).then_some(suffix)
     }
 }
 
@@ -2015,29 +2118,19 @@ fn encode_headers(headers: &[Header]) -> Vec<u8> {
     headers.iter().flat_map(|header| header.encode()).collect()
 }
 
-/// The prepare headers of a DoViewChange or StartView body, each verified; `None` if any is
-/// not a valid prepare header of this cluster and group, or there are too many.
-fn decode_headers(body: &[u8], cluster: u128, group: u64) -> Option<Vec<Header>> {
-    if !body.len().is_multiple_of(HEADER_SIZE) || body.len() / HEADER_SIZE > VIEW_CHANGE_HEADERS_MAX {
-        return None;
-    }
-    body.chunks_exact(HEADER_SIZE)
-        .map(|bytes| {
-            Header::decode(bytes)
-                .ok()
-                .filter(|h| h.command == Command::Prepare && h.cluster == cluster && h.group == group)
-        })
-        .collect()
-}
-
-/// A DoViewChange's headers start at its head and descend one op at a time along the chain.
+/// A suffix starts at its head and descends one op at a time, each header naming the entry
+/// below as its parent (a hole names nothing).
 fn dvc_is_consistent(dvc: &DoViewChange) -> bool {
-    if let Some(first) = dvc.headers.first()
-        && first.op != dvc.op
+    if let Some(first) = dvc.entries.first()
+        && first.op() != dvc.op
     {
         return false;
     }
-    dvc.headers
-        .windows(2)
-        .all(|pair| pair[1].op + 1 == pair[0].op && pair[0].parent == pair[1].checksum)
+    dvc.entries.windows(2).all(|pair| {
+        pair[1].op() + 1 == pair[0].op()
+            && match pair[0] {
+                Entry::Header(above) => above.parent == pair[1].checksum(),
+                Entry::Hole { .. } => true,
+            }
+    })
 }

@@ -1,6 +1,8 @@
 //! The deterministic simulator in the normal test command: many seeds with every fault the
-//! harness injects, zero violations; a seed replays to the same trace; and deliberately broken
-//! protocol rules are found (the checkers bite).
+//! harness injects (network faults, pauses, crashes, failed syncs, lost and torn writes,
+//! wiped disks, bit flips in journal slots and superblock copies), zero violations; a seed
+//! replays to the same trace; and deliberately broken protocol rules are found (the
+//! checkers bite).
 //!
 //! A failing seed replays with `cargo run -p cairn-vsr --release --bin vsr-sim -- --seed N`.
 
@@ -37,6 +39,9 @@ fn run_shard(shard: u64) {
     let mut committed = 0;
     let mut view_changes = 0;
     let mut crashes = 0;
+    let mut syncs_failed = 0;
+    let mut wipes = 0;
+    let mut bits_flipped = 0;
     let mut writes_lost_or_torn = 0;
     let mut checkpoints = 0;
     let mut state_transfers = 0;
@@ -46,6 +51,9 @@ fn run_shard(shard: u64) {
                 committed += outcome.committed_ops;
                 view_changes += u64::from(outcome.highest_view);
                 crashes += outcome.crashes;
+                syncs_failed += outcome.syncs_failed;
+                wipes += outcome.wipes;
+                bits_flipped += outcome.bits_flipped;
                 writes_lost_or_torn += outcome.writes_lost_or_torn;
                 checkpoints += outcome.checkpoints;
                 state_transfers += outcome.state_transfers;
@@ -58,9 +66,16 @@ fn run_shard(shard: u64) {
     // The runs did real work: ops committed and views changed, in every shard.
     assert!(committed > seeds_per_shard * 20, "only {committed} ops committed");
     assert!(view_changes > seeds_per_shard, "only {view_changes} view changes");
-    // And the faults and recovery paths ran: replicas crashed with unsynced writes lost or
-    // torn, restarted from their disks, checkpointed, and caught up by state transfer.
+    // And every fault and recovery path ran: replicas crashed (some on a failed sync) with
+    // unsynced writes lost or torn, restarted from disks that were wiped or had bits flipped,
+    // checkpointed, and caught up by state transfer.
     assert!(crashes > seeds_per_shard, "only {crashes} crashes");
+    assert!(
+        syncs_failed > seeds_per_shard / 4,
+        "only {syncs_failed} failed syncs"
+    );
+    assert!(wipes > seeds_per_shard / 20, "only {wipes} wipes");
+    assert!(bits_flipped > seeds_per_shard, "only {bits_flipped} bits flipped");
     assert!(
         writes_lost_or_torn > seeds_per_shard / 10,
         "only {writes_lost_or_torn} writes lost or torn"

@@ -1,7 +1,6 @@
 //! `vsr-sim`: run simulator seeds. `vsr-sim --seed N` replays one seed exactly (same trace
 //! hash every time); `vsr-sim --seeds COUNT [--from N]` runs a range and stops at the first
-//! violation (`--keep-going`: runs them all and counts). `--disk-faults` adds wipes and bit
-//! flips on crashed replicas' disks.
+//! violation (`--keep-going`: runs them all and counts the failures).
 
 use cairn_vsr::sim::cluster::{SimOptions, Simulation};
 use std::process::ExitCode;
@@ -18,22 +17,13 @@ fn main() -> ExitCode {
         (Some(Ok(seed)), None, None) => (seed, 1),
         (None, Some(Ok(count)), from) => (from.and_then(Result::ok).unwrap_or(0), count),
         _ => {
-            eprintln!(
-                "usage: vsr-sim [--disk-faults] --seed N | vsr-sim [--disk-faults] [--keep-going] --seeds COUNT [--from N]"
-            );
+            eprintln!("usage: vsr-sim --seed N | vsr-sim [--keep-going] --seeds COUNT [--from N]");
             return ExitCode::from(2);
         }
     };
-    let disk_faults = args.iter().any(|arg| arg == "--disk-faults");
     let keep_going = args.iter().any(|arg| arg == "--keep-going");
     let mut failures = 0u64;
-    let options = |seed| {
-        if disk_faults {
-            SimOptions::from_seed_with_disk_faults(seed)
-        } else {
-            SimOptions::from_seed(seed)
-        }
-    };
+    let options = SimOptions::from_seed;
     for seed in from..from.saturating_add(count) {
         match Simulation::new(seed, options(seed)).run() {
             Ok(outcome) => {
@@ -41,13 +31,14 @@ fn main() -> ExitCode {
                     println!("seed {seed}: options {:?}", options(seed));
                 }
                 println!(
-                    "seed {seed}: ok, trace {:016x}, {} ticks, {} ops committed, {} replies, view {}, {} crashes, {} wipes, {} bits flipped, {} writes lost or torn, {} checkpoints, {} state transfers",
+                    "seed {seed}: ok, trace {:016x}, {} ticks, {} ops committed, {} replies, view {}, {} crashes, {} failed syncs, {} wipes, {} bits flipped, {} writes lost or torn, {} checkpoints, {} state transfers",
                     outcome.trace_hash,
                     outcome.ticks,
                     outcome.committed_ops,
                     outcome.replies,
                     outcome.highest_view,
                     outcome.crashes,
+                    outcome.syncs_failed,
                     outcome.wipes,
                     outcome.bits_flipped,
                     outcome.writes_lost_or_torn,
@@ -57,8 +48,7 @@ fn main() -> ExitCode {
             }
             Err(violation) => {
                 println!("seed {seed}: VIOLATION {violation}");
-                let flag = if disk_faults { " --disk-faults" } else { "" };
-                println!("replay: cargo run -p cairn-vsr --release --bin vsr-sim --{flag} --seed {seed}");
+                println!("replay: cargo run -p cairn-vsr --release --bin vsr-sim -- --seed {seed}");
                 failures += 1;
                 if !keep_going {
                     return ExitCode::FAILURE;

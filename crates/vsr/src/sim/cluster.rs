@@ -80,6 +80,10 @@ pub struct SimOptions {
     pub crash_down_ticks_mean: u64,
     /// What a crash does to unsynced writes.
     pub storage: StorageOptions,
+    /// Per tick and replica: chance that its next sync fails (within the fault budget). A
+    /// failed sync is fatal: the replica crashes at once, and the crash decides what became
+    /// of every write the sync covered.
+    pub sync_fail_ppm: u32,
     /// Per crash: chance that the disk is replaced by a blank one (the replica restarts
     /// wiped).
     pub wipe_ppm: u32,
@@ -100,6 +104,9 @@ impl SimOptions {
         let mut prng = Streams::new(seed).stream("options");
         let replica_count = if prng.chance_ppm(PPM / 4) { 5 } else { 3 };
         let endpoint_count = u16::from(replica_count) + 3;
+        // Disk-fault rates draw from a stream of their own, so adding them left every other
+        // option of a seed as it was.
+        let mut disk = Streams::new(seed).stream("disk_fault_options");
         SimOptions {
             replica_count,
             client_count: 3,
@@ -121,27 +128,12 @@ impl SimOptions {
             crash_ppm: prng.below(u64::from(PPM / 400)) as u32,
             crash_down_ticks_mean: prng.range_inclusive(5, 300),
             storage: StorageOptions::default(),
-            // Off in the seeded runs until the liveness finding that `vsr-sim --disk-faults
-            // --seed 2597` shows is fixed (docs/replication.md, "Built so far").
-            wipe_ppm: 0,
-            journal_flip_ppm: 0,
-            superblock_flip_ppm: 0,
+            sync_fail_ppm: prng.below(u64::from(PPM / 1_000)) as u32,
+            wipe_ppm: disk.below(u64::from(PPM / 8)) as u32,
+            journal_flip_ppm: disk.below(u64::from(PPM / 2)) as u32,
+            superblock_flip_ppm: disk.below(u64::from(PPM / 3)) as u32,
             client_retry_ticks: 60,
             bugs: Bugs::default(),
-        }
-    }
-}
-
-impl SimOptions {
-    /// [`SimOptions::from_seed`] with wipes and bit flips on crashed replicas' disks, at
-    /// rates drawn from the seed.
-    pub fn from_seed_with_disk_faults(seed: u64) -> SimOptions {
-        let mut prng = Streams::new(seed).stream("disk_fault_options");
-        SimOptions {
-            wipe_ppm: prng.below(u64::from(PPM / 8)) as u32,
-            journal_flip_ppm: prng.below(u64::from(PPM / 2)) as u32,
-            superblock_flip_ppm: prng.below(u64::from(PPM / 3)) as u32,
-            ..SimOptions::from_seed(seed)
         }
     }
 }
@@ -167,6 +159,8 @@ pub struct Outcome {
     pub highest_view: u32,
     /// Replica crashes (each followed by a restart from storage).
     pub crashes: u64,
+    /// Syncs that failed (each crashed its replica; counted in `crashes` too).
+    pub syncs_failed: u64,
     /// Crashes after which the replica restarted on a blank disk.
     pub wipes: u64,
     /// Bits flipped in journal slots and superblock copies of crashed replicas.
@@ -237,6 +231,8 @@ struct Host {
     epoch: u64,
     /// Crashed: takes no input until this tick, then restarts from its disk.
     down_until: Option<u64>,
+    /// Its next sync will fail (it counts against the fault budget from now on).
+    sync_failure_armed: bool,
     /// The highest durable view it ever had (views must not go back across restarts).
     durable_view_max: u32,
 }
@@ -312,6 +308,7 @@ pub struct Simulation {
     /// The first violation found between ticks; reported at the end of the tick.
     found: Option<Violation>,
     crash_count: u64,
+    sync_failure_count: u64,
     /// Per replica, since its last restart.
     sent: Vec<Sent>,
     state_transfers_by: Vec<u64>,
@@ -369,6 +366,7 @@ impl Simulation {
                     superblock_writing: None,
                     epoch: 0,
                     down_until: None,
+                    sync_failure_armed: false,
                     durable_view_max: 0,
                 }
             })
@@ -400,6 +398,7 @@ impl Simulation {
             draining: false,
             found: None,
             crash_count: 0,
+            sync_failure_count: 0,
             sent: vec![Sent::default(); n],
             state_transfers_by: vec![0; n],
             wipe_count: 0,
@@ -479,6 +478,7 @@ impl Simulation {
                 .max()
                 .unwrap_or(0),
             crashes: self.crash_count,
+            syncs_failed: self.sync_failure_count,
             wipes: self.wipe_count,
             bits_flipped: self.flip_count,
             checkpoints: self.checkpoint_count,
@@ -515,6 +515,15 @@ impl Simulation {
             _ => {}
         }
         for replica in 0..replica_count {
+            let f = (replica_count - 1) / 2;
+            if self.crashes.chance_ppm(self.options.sync_fail_ppm)
+                && self.hosts[replica].down_until.is_none()
+                && !self.hosts[replica].sync_failure_armed
+                && self.faulty_count() < f
+            {
+                self.hosts[replica].storage.fail_next_sync();
+                self.hosts[replica].sync_failure_armed = true;
+            }
             if self.crashes.chance_ppm(self.options.crash_ppm) && self.hosts[replica].down_until.is_none() {
                 // Within the budget: at most f replicas crashed or recovering at once, so the
                 // others can always form a view and answer the recovering replicas' probes.
@@ -573,7 +582,8 @@ impl Simulation {
     fn faulty_count(&self) -> usize {
         (0..self.replicas.len())
             .filter(|&replica| {
-                self.hosts[replica].down_until.is_some() || self.replicas[replica].is_repairing()
+                let host = &self.hosts[replica];
+                host.down_until.is_some() || host.sync_failure_armed || self.replicas[replica].is_repairing()
             })
             .count()
     }
@@ -644,7 +654,15 @@ impl Simulation {
                 for (copy, repair) in copies_to_repair.iter().enumerate() {
                     if *repair {
                         host.storage.write(Zone::Superblock, copy as u32, &bytes);
-                        host.storage.sync().expect("syncs do not fail in this run");
+                        if host.storage.sync().is_err() {
+                            // The boot fails; the replica stays down and boots again later.
+                            host.sync_failure_armed = false;
+                            host.storage.crash(&mut self.crashes);
+                            host.down_until = Some(self.now + 1 + self.options.crash_down_ticks_mean);
+                            self.sync_failure_count += 1;
+                            self.trace.record_str("boot sync failed");
+                            return Ok(());
+                        }
                     }
                 }
                 host.superblock = Some((state, sequence));
@@ -954,10 +972,9 @@ impl Simulation {
         match write.kind {
             WriteKind::Prepare { op, checksum } => {
                 self.trace.record_u64(op);
-                self.hosts[replica]
-                    .storage
-                    .sync()
-                    .expect("syncs do not fail in this run");
+                if !self.sync_or_crash(replica) {
+                    return true;
+                }
                 self.replicas[replica].on_prepare_written(op, checksum);
             }
             WriteKind::DurableCopy { copy } => {
@@ -966,7 +983,10 @@ impl Simulation {
                     host.superblock_writing.expect("a superblock write in progress");
                 // Each copy is written and synced before the next: a crash tears at most one.
                 host.storage.write(Zone::Superblock, copy as u32, &bytes);
-                host.storage.sync().expect("syncs do not fail in this run");
+                if !self.sync_or_crash(replica) {
+                    return true;
+                }
+                let host = &mut self.hosts[replica];
                 if copy + 1 < SUPERBLOCK_COPIES {
                     self.schedule_write(replica, WriteKind::DurableCopy { copy: copy + 1 });
                 } else {
@@ -985,10 +1005,9 @@ impl Simulation {
             }
             WriteKind::Checkpoint { op, checksum } => {
                 self.trace.record_u64(op);
-                self.hosts[replica]
-                    .storage
-                    .sync()
-                    .expect("syncs do not fail in this run");
+                if !self.sync_or_crash(replica) {
+                    return true;
+                }
                 self.replicas[replica].on_checkpoint_written(op, checksum);
             }
             WriteKind::StateTransfer { above_op, commit_max } => {
@@ -1005,6 +1024,20 @@ impl Simulation {
         }
         self.collect(replica);
         true
+    }
+
+    /// Sync `replica`'s disk; a failed sync crashes it on the spot (carrying on after one is
+    /// the bug the storage model exists to catch). Whether the sync succeeded.
+    fn sync_or_crash(&mut self, replica: usize) -> bool {
+        if self.hosts[replica].storage.sync().is_ok() {
+            return true;
+        }
+        self.hosts[replica].sync_failure_armed = false;
+        self.sync_failure_count += 1;
+        self.trace.record_str("sync failed");
+        let span = 1 + self.crashes.exponential_ticks(self.options.crash_down_ticks_mean);
+        self.crash(replica, span);
+        false
     }
 
     /// The newest durable checkpoint above `above_op` among the peers `replica` can reach,
