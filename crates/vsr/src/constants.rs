@@ -72,6 +72,12 @@ pub const VIEW_CHANGE_TIMEOUT_TICKS: u64 = 100;
 pub const VIEW_CHANGE_HEADERS_MAX: usize = 2 * PIPELINE_PREPARES_MAX + 1;
 
 const _: () = assert!(VIEW_CHANGE_RETRY_TICKS < VIEW_CHANGE_TIMEOUT_TICKS);
+
+/// Most ticks added to a group's normal and view-change timeouts. The amount is a hash of
+/// (cluster, group, replica, view, which timeout): fixed for one group in one view, different
+/// across groups, replicas and views. So when a node fails, the groups it led do not all time
+/// out in the same tick, and no replica is always the first to start a view change.
+pub const TIMEOUT_JITTER_TICKS_MAX: u64 = NORMAL_TIMEOUT_TICKS / 2;
 const _: () = assert!(VIEW_CHANGE_HEADERS_MAX * HEADER_SIZE <= MESSAGE_SIZE_MAX - HEADER_SIZE);
 const _: () = assert!(VIEW_CHANGE_HEADERS_MAX < JOURNAL_SLOTS);
 

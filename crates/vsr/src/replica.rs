@@ -18,7 +18,7 @@ use crate::constants::{
     CHECKPOINT_INTERVAL_OPS, CLIENTS_MAX, COMMIT_INTERVAL_TICKS, HEADER_SIZE, JOURNAL_SLOTS,
     NORMAL_TIMEOUT_TICKS, OPERATION_REGISTER, OPERATION_SESSION_EVICTED, PIPELINE_PREPARES_MAX,
     PREPARE_TIMEOUT_TICKS, PROBE_INTERVAL_TICKS, REPLICAS_MAX, STATE_MACHINE_SNAPSHOT_MAX,
-    STATE_TRANSFER_TIMEOUT_TICKS, VIEW_CHANGE_HEADERS_MAX, VIEW_CHANGE_RETRY_TICKS,
+    STATE_TRANSFER_TIMEOUT_TICKS, TIMEOUT_JITTER_TICKS_MAX, VIEW_CHANGE_HEADERS_MAX, VIEW_CHANGE_RETRY_TICKS,
     VIEW_CHANGE_TIMEOUT_TICKS,
 };
 use crate::durable::DurableState;
@@ -623,7 +623,7 @@ impl<S: StateMachine> Replica<S> {
                 }
             }
             Status::Normal => {
-                if self.ticks - self.primary_heard_tick >= NORMAL_TIMEOUT_TICKS {
+                if self.ticks - self.primary_heard_tick >= NORMAL_TIMEOUT_TICKS + self.timeout_jitter(0) {
                     self.start_view_change(self.view + 1);
                 } else if self.ticks - self.repair_sent_tick >= VIEW_CHANGE_RETRY_TICKS {
                     self.request_repairs();
@@ -638,7 +638,9 @@ impl<S: StateMachine> Replica<S> {
                 }
             }
             Status::ViewChange => {
-                if self.ticks - self.view_change_started_tick >= VIEW_CHANGE_TIMEOUT_TICKS {
+                if self.ticks - self.view_change_started_tick
+                    >= VIEW_CHANGE_TIMEOUT_TICKS + self.timeout_jitter(1)
+                {
                     self.start_view_change(self.view + 1);
                 } else if self.ticks - self.view_change_sent_tick >= VIEW_CHANGE_RETRY_TICKS {
                     // Lost messages: say it again.
@@ -889,6 +891,19 @@ impl<S: StateMachine> Replica<S> {
             above_op: self.commit_min,
             commit_max: self.commit_max,
         });
+    }
+
+    /// Ticks added to a timeout (`which`: 0 normal, 1 view change) for this group, replica
+    /// and view: see [`TIMEOUT_JITTER_TICKS_MAX`]. A hash, not a random draw, so the replica
+    /// stays deterministic and needs no randomness from its shell.
+    fn timeout_jitter(&self, which: u8) -> u64 {
+        let mut bytes = [0u8; 16 + 8 + 1 + 4 + 1];
+        bytes[..16].copy_from_slice(&self.config.cluster.to_le_bytes());
+        bytes[16..24].copy_from_slice(&self.config.group.to_le_bytes());
+        bytes[24] = self.config.replica;
+        bytes[25..29].copy_from_slice(&self.view.to_le_bytes());
+        bytes[29] = which;
+        xxhash_rust::xxh3::xxh3_64(&bytes) % (TIMEOUT_JITTER_TICKS_MAX + 1)
     }
 
     /// The highest op this replica may write to its journal: a slot is reused only once the

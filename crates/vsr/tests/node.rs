@@ -166,9 +166,24 @@ fn idle_groups_share_one_heartbeat_message_per_node_pair() {
 fn a_node_wide_view_change_persists_its_views_in_batches() {
     let mut cluster = Cluster::new();
     cluster.isolated = Some(0);
-    for _ in 0..300 {
+    // The tick at which each group's replica on node 1 left view 0.
+    let mut left_view_0: Vec<Option<u64>> = vec![None; GROUPS as usize];
+    for tick in 0..300 {
         cluster.tick();
+        for group in 0..GROUPS {
+            let replica = cluster.nodes[1].group(group).expect("hosted");
+            if replica.view() > 0 && left_view_0[group as usize].is_none() {
+                left_view_0[group as usize] = Some(tick);
+            }
+        }
     }
+    // Per-group timeout jitter: the groups did not all time out in the same tick.
+    let start_ticks: std::collections::BTreeSet<u64> = left_view_0.iter().flatten().copied().collect();
+    assert!(
+        start_ticks.len() >= 10,
+        "view changes started in only {} distinct ticks: {start_ticks:?}",
+        start_ticks.len()
+    );
     for node in &cluster.nodes[1..] {
         for group in 0..GROUPS {
             let replica = node.group(group).expect("hosted");
@@ -178,18 +193,18 @@ fn a_node_wide_view_change_persists_its_views_in_batches() {
         }
     }
     // Every group changed view and persisted it at least twice (the view, then the log
-    // view), yet the nodes wrote their durable state in a handful of whole-node batches,
-    // not once per group.
+    // view), yet each node wrote its durable state in whole-node batches, one per round of
+    // work, never one per group: the jitter spreads the view changes over a few dozen ticks,
+    // and each batch still carries many groups.
     let written: usize = cluster.durable_batches.iter().sum();
     assert!(
         written >= 2 * 2 * GROUPS as usize,
         "{written} durable states written"
     );
     assert!(
-        cluster.durable_batches.len() <= 20,
-        "{} batches for {} groups: {:?}",
+        cluster.durable_batches.len() * 10 <= written,
+        "{} batches for {written} durable states: {:?}",
         cluster.durable_batches.len(),
-        GROUPS,
         cluster.durable_batches
     );
 }

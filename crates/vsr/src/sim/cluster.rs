@@ -869,6 +869,11 @@ impl Simulation {
             match output {
                 Output::Send { to, message } => {
                     if let Destination::Replica(_) = to {
+                        if self.found.is_none()
+                            && let Err(violation) = self.check_persisted_before_send(replica, &message.header)
+                        {
+                            self.found = Some(violation);
+                        }
                         let sent = &mut self.sent[replica];
                         match message.header.command {
                             Command::PrepareOk => sent.prepare_oks += 1,
@@ -1063,6 +1068,29 @@ impl Simulation {
                         .map(|_| (bytes, state.checkpoint_checksum))
                 })
             })
+    }
+
+    /// Persist before send, checked against the disk: a replica sends a message of view `v`
+    /// that votes or acknowledges (StartViewChange, DoViewChange, StartView, PrepareOk) only
+    /// once its superblock holds a view of at least `v`, and a DoViewChange or StartView only
+    /// once it holds the log_view the message claims.
+    fn check_persisted_before_send(&self, replica: usize, header: &Header) -> Result<(), Violation> {
+        let claimed_log_view = match header.command {
+            Command::StartViewChange | Command::PrepareOk => None,
+            Command::DoViewChange => Some(header.log_view),
+            Command::StartView => Some(header.view),
+            _ => return Ok(()),
+        };
+        let (disk_view, disk_log_view) = self.hosts[replica]
+            .superblock
+            .map_or((0, 0), |(state, _)| (state.view, state.log_view));
+        if disk_view < header.view || claimed_log_view.is_some_and(|log_view| disk_log_view < log_view) {
+            return Err(self.violation(format!(
+                "replica {replica} sent a {:?} of view {} (log_view {:?}) while its superblock holds view {disk_view}, log_view {disk_log_view}",
+                header.command, header.view, claimed_log_view
+            )));
+        }
+        Ok(())
     }
 
     /// The state machine of `replica` after its commit point must be the canonical state
