@@ -102,6 +102,10 @@ const _: () = assert!(CHECKPOINT_INTERVAL_OPS as usize + 2 * PIPELINE_PREPARES_M
 /// Ticks between a recovering replica's RequestStartView probes.
 pub const PROBE_INTERVAL_TICKS: u64 = 10;
 
+/// Probe rounds a restarted (not wiped) replica sends without any answer before it concludes
+/// the whole cluster restarted, and starts a view change with its recovered log.
+pub const PROBE_ATTEMPTS_MAX: u64 = 10;
+
 /// Ticks a replica waits with committed ops it cannot apply (their prepares are gone from
 /// every journal it asked) before it asks its shell for state transfer, and between asks.
 pub const STATE_TRANSFER_TIMEOUT_TICKS: u64 = 100;

@@ -102,7 +102,10 @@
 //! | 68 | 4 | `log_view` | (state) |
 //! | 72 | 1 | `replica` | another replica's superblock: directories swapped between replicas |
 //! | 73 | 1 | `replica_count` | a state formatted for another group size |
-//! | 74 | 38 | reserved, zero | as above; room for fields without a format break |
+//! | 74 | 6 | reserved, zero | as above; room for fields without a format break |
+//! | 80 | 8 | `log_head_op` | (state) |
+//! | 88 | 8 | reserved, zero | as above |
+//! | 96 | 16 | `log_head_checksum` | (state) |
 //! | 112 | 16 | `checksum` | bit flips and torn writes anywhere in bytes 0..112: XXH3-128 of them |
 //!
 //! Every field is naturally aligned and no byte is unaccounted for (both asserted at compile
@@ -139,14 +142,18 @@ const LOG_VIEW_OFFSET: usize = 68;
 const REPLICA_OFFSET: usize = 72;
 const REPLICA_COUNT_OFFSET: usize = 73;
 const RESERVED_TAIL_OFFSET: usize = 74;
-const RESERVED_TAIL_SIZE: usize = 38;
+const RESERVED_TAIL_SIZE: usize = 6;
+const LOG_HEAD_OP_OFFSET: usize = 80;
+const RESERVED_MIDDLE_OFFSET: usize = 88;
+const RESERVED_MIDDLE_SIZE: usize = 8;
+const LOG_HEAD_CHECKSUM_OFFSET: usize = 96;
 const CHECKSUM_OFFSET: usize = 112;
 const CHECKSUM_SIZE: usize = size_of::<u128>();
 
 /// Every region of a copy in order, as (offset, size, is a field). The const block below asserts
 /// that they tile the copy exactly, so a field moved in one place and not the other fails to
 /// compile, and that every field (reserved regions excepted) is naturally aligned.
-const LAYOUT: [(usize, usize, bool); 14] = [
+const LAYOUT: [(usize, usize, bool); 17] = [
     (MAGIC_OFFSET, size_of::<u32>(), true),
     (VERSION_OFFSET, size_of::<u16>(), true),
     (RESERVED_HEAD_OFFSET, RESERVED_HEAD_SIZE, false),
@@ -160,6 +167,9 @@ const LAYOUT: [(usize, usize, bool); 14] = [
     (REPLICA_OFFSET, size_of::<u8>(), true),
     (REPLICA_COUNT_OFFSET, size_of::<u8>(), true),
     (RESERVED_TAIL_OFFSET, RESERVED_TAIL_SIZE, false),
+    (LOG_HEAD_OP_OFFSET, size_of::<u64>(), true),
+    (RESERVED_MIDDLE_OFFSET, RESERVED_MIDDLE_SIZE, false),
+    (LOG_HEAD_CHECKSUM_OFFSET, size_of::<u128>(), true),
     (CHECKSUM_OFFSET, CHECKSUM_SIZE, true),
 ];
 
@@ -214,6 +224,12 @@ pub struct DurableState {
     /// The checksum of the checkpoint at `checkpoint_op`. It changes only when `checkpoint_op`
     /// does, since one op has exactly one checkpoint.
     pub checkpoint_checksum: u128,
+    /// The head of the log this replica last installed (op and prepare checksum; op 0 is the
+    /// root, checksum 0). Every op of the `log_view` log above it was prepared in `log_view`,
+    /// so after a restart a slot above it holding a prepare of an older view is known stale.
+    /// It is the latest install's, so it is not monotone.
+    pub log_head_op: u64,
+    pub log_head_checksum: u128,
 }
 
 impl DurableState {
@@ -229,6 +245,8 @@ impl DurableState {
             commit_max: 0,
             checkpoint_op: 0,
             checkpoint_checksum: 0,
+            log_head_op: 0,
+            log_head_checksum: 0,
         }
     }
 
@@ -458,6 +476,12 @@ pub fn encode_copy(state: &DurableState, sequence: u64) -> [u8; COPY_SIZE] {
     put(&mut bytes, LOG_VIEW_OFFSET, state.log_view.to_le_bytes());
     put(&mut bytes, REPLICA_OFFSET, [state.replica]);
     put(&mut bytes, REPLICA_COUNT_OFFSET, [state.replica_count]);
+    put(&mut bytes, LOG_HEAD_OP_OFFSET, state.log_head_op.to_le_bytes());
+    put(
+        &mut bytes,
+        LOG_HEAD_CHECKSUM_OFFSET,
+        state.log_head_checksum.to_le_bytes(),
+    );
     seal(&mut bytes);
 
     assert!(reserved_zero(&bytes));
@@ -500,6 +524,8 @@ pub fn decode_copy(bytes: &[u8]) -> Result<(DurableState, u64), CopyFault> {
         commit_max: u64::from_le_bytes(get(bytes, COMMIT_MAX_OFFSET)),
         checkpoint_op: u64::from_le_bytes(get(bytes, CHECKPOINT_OP_OFFSET)),
         checkpoint_checksum: u128::from_le_bytes(get(bytes, CHECKPOINT_CHECKSUM_OFFSET)),
+        log_head_op: u64::from_le_bytes(get(bytes, LOG_HEAD_OP_OFFSET)),
+        log_head_checksum: u128::from_le_bytes(get(bytes, LOG_HEAD_CHECKSUM_OFFSET)),
     };
     state.check().map_err(CopyFault::Invalid)?;
     Ok((state, sequence))
@@ -679,7 +705,8 @@ fn seal(bytes: &mut [u8; COPY_SIZE]) {
 fn reserved_zero(bytes: &[u8; COPY_SIZE]) -> bool {
     let head = &bytes[RESERVED_HEAD_OFFSET..RESERVED_HEAD_OFFSET + RESERVED_HEAD_SIZE];
     let tail = &bytes[RESERVED_TAIL_OFFSET..RESERVED_TAIL_OFFSET + RESERVED_TAIL_SIZE];
-    head.iter().chain(tail).all(|&byte| byte == 0)
+    let middle = &bytes[RESERVED_MIDDLE_OFFSET..RESERVED_MIDDLE_OFFSET + RESERVED_MIDDLE_SIZE];
+    head.iter().chain(tail).chain(middle).all(|&byte| byte == 0)
 }
 
 #[cfg(test)]
@@ -699,6 +726,8 @@ mod tests {
             commit_max: 1_000,
             checkpoint_op: 960,
             checkpoint_checksum: 0xaaaa_bbbb_cccc_dddd_eeee_ffff_0000_1111,
+            log_head_op: 1_003,
+            log_head_checksum: 0x1234_5678_9abc_def0_0fed_cba9_8765_4321,
         }
     }
 
@@ -722,6 +751,12 @@ mod tests {
         put(&mut bytes, LOG_VIEW_OFFSET, state.log_view.to_le_bytes());
         put(&mut bytes, REPLICA_OFFSET, [state.replica]);
         put(&mut bytes, REPLICA_COUNT_OFFSET, [state.replica_count]);
+        put(&mut bytes, LOG_HEAD_OP_OFFSET, state.log_head_op.to_le_bytes());
+        put(
+            &mut bytes,
+            LOG_HEAD_CHECKSUM_OFFSET,
+            state.log_head_checksum.to_le_bytes(),
+        );
         seal(&mut bytes);
         bytes
     }
@@ -767,14 +802,17 @@ mod tests {
         assert_eq!(&bytes[68..72], &5u32.to_le_bytes());
         assert_eq!(bytes[72], REPLICA);
         assert_eq!(bytes[73], 3);
-        assert!(bytes[74..112].iter().all(|&byte| byte == 0));
+        assert!(bytes[74..80].iter().all(|&byte| byte == 0));
+        assert_eq!(&bytes[80..88], &1_003u64.to_le_bytes());
+        assert!(bytes[88..96].iter().all(|&byte| byte == 0));
+        assert_eq!(&bytes[96..112], &state.log_head_checksum.to_le_bytes());
         assert_eq!(&bytes[112..128], &xxh3_128(&bytes[..112]).to_le_bytes());
         // Pinned, so that a change to the checksum (a seed, another hash) is a deliberate
         // format change and not an accident.
         assert_eq!(u128::from_le_bytes(get(&bytes, CHECKSUM_OFFSET)), CHECKSUM_PINNED);
     }
 
-    const CHECKSUM_PINNED: u128 = 0xe145_68f4_e81e_2b0b_40f6_08bd_b6c1_7277;
+    const CHECKSUM_PINNED: u128 = 0xfb70_d498_d690_9175_68ba_1eea_5086_a2fa;
 
     #[test]
     fn fault_wrong_size() {

@@ -17,9 +17,9 @@ use crate::client_table::{Admission, ClientTable, TableFault};
 use crate::constants::{
     CHECKPOINT_INTERVAL_OPS, CLIENTS_MAX, COMMIT_INTERVAL_TICKS, HEADER_SIZE, JOURNAL_SLOTS,
     NORMAL_TIMEOUT_TICKS, OPERATION_REGISTER, OPERATION_SESSION_EVICTED, PIPELINE_PREPARES_MAX,
-    PREPARE_TIMEOUT_TICKS, PROBE_INTERVAL_TICKS, REPLICAS_MAX, STATE_MACHINE_SNAPSHOT_MAX,
-    STATE_TRANSFER_TIMEOUT_TICKS, TIMEOUT_JITTER_TICKS_MAX, VIEW_CHANGE_HEADERS_MAX, VIEW_CHANGE_RETRY_TICKS,
-    VIEW_CHANGE_TIMEOUT_TICKS,
+    PREPARE_TIMEOUT_TICKS, PROBE_ATTEMPTS_MAX, PROBE_INTERVAL_TICKS, REPLICAS_MAX,
+    STATE_MACHINE_SNAPSHOT_MAX, STATE_TRANSFER_TIMEOUT_TICKS, TIMEOUT_JITTER_TICKS_MAX,
+    VIEW_CHANGE_HEADERS_MAX, VIEW_CHANGE_RETRY_TICKS, VIEW_CHANGE_TIMEOUT_TICKS,
 };
 use crate::durable::DurableState;
 use crate::header::{Command, Header, Message, root_checksum};
@@ -145,6 +145,8 @@ struct Recovery {
     /// echoing the nonce is trusted, and it never votes until installed.
     wiped: bool,
     probe_sent_tick: u64,
+    /// Probe rounds sent this boot.
+    probes_sent: u64,
     /// By replica: the highest view it reported in answer to this boot's probes (a
     /// RecoveryResponse or a StartView echoing the nonce).
     responses: [Option<u32>; REPLICAS_MAX],
@@ -205,6 +207,9 @@ pub struct Bugs {
     /// StartViewChange, DoViewChange and StartView leave before the view is durable (and
     /// the persist-before-send assertion is off).
     pub send_before_view_persist: bool,
+    /// A restarted replica trusts every clean journal slot as part of its log, ignoring the
+    /// persisted log head (stale prepares of older views then count as its log).
+    pub recovery_ignores_log_head: bool,
 }
 
 impl Config {
@@ -254,21 +259,31 @@ struct Prepared {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Entry {
     Header(Header),
-    Hole { op: u64, checksum: u128 },
+    Hole {
+        op: u64,
+        checksum: u128,
+    },
+    /// The sender knows nothing of this op: no slot, no checksum. It is there so the sender
+    /// can nack the position and go on with verified records below.
+    Unknown {
+        op: u64,
+    },
 }
 
 impl Entry {
     fn op(&self) -> u64 {
         match self {
             Entry::Header(header) => header.op,
-            Entry::Hole { op, .. } => *op,
+            Entry::Hole { op, .. } | Entry::Unknown { op } => *op,
         }
     }
 
+    /// The prepare's checksum; 0 when unknown.
     fn checksum(&self) -> u128 {
         match self {
             Entry::Header(header) => header.checksum,
             Entry::Hole { checksum, .. } => *checksum,
+            Entry::Unknown { .. } => 0,
         }
     }
 }
@@ -329,8 +344,14 @@ pub struct Replica<S: StateMachine> {
     /// applied: until then the client table may not yet know about requests and registers
     /// that committed in earlier views, and a request admitted now could run twice.
     view_start_op: u64,
+    /// The head (op, checksum) of the log installed when `log_view` was last set: persisted
+    /// with it, so a restart can tell the `log_view` log from stale slots. (0, 0) is the root.
+    log_head: (u64, u128),
     /// Set while status is recovering.
     recovery: Option<Recovery>,
+    /// Recovery found its `log_view` log left behind by its own checkpoint: it must not vote
+    /// with it, so it never falls back to an election and waits for a StartView.
+    log_unsound: bool,
     /// Journal slots found faulty at recovery and not durably rewritten since. The op they
     /// held may have been acknowledged, so this replica never nacks it: `Some(op)` when the
     /// redundant header still names the op (an acknowledged prepare had its header synced
@@ -385,7 +406,9 @@ impl<S: StateMachine> Replica<S> {
             dvcs: vec![None; usize::from(config.replica_count)],
             merged: false,
             view_start_op: 0,
+            log_head: (0, 0),
             recovery: None,
+            log_unsound: false,
             faulty_slots: vec![None; JOURNAL_SLOTS],
             checkpoint_slot: 1,
             checkpoint_cycle: None,
@@ -488,6 +511,9 @@ impl<S: StateMachine> Replica<S> {
             // Everything this replica acknowledged before is gone: no slot may be nacked,
             // and it counts as repairing until each op of its log is durable again.
             replica.faulty_slots.fill(Some(FaultyOp::Any));
+        } else {
+            replica.log_head = (replica.durable.log_head_op, replica.durable.log_head_checksum);
+            replica.rebuild_log_view_log()?;
         }
         replica.status = Status::Recovering;
         replica.recovery = Some(Recovery {
@@ -495,6 +521,7 @@ impl<S: StateMachine> Replica<S> {
             boot_view: replica.view,
             wiped,
             probe_sent_tick: 0,
+            probes_sent: 0,
             responses: [None; REPLICAS_MAX],
         });
         replica.commit_progress_op = replica.commit_min;
@@ -505,6 +532,102 @@ impl<S: StateMachine> Replica<S> {
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// After a restart: decide which recovered slots belong to the `log_view` log, so this
+    /// replica can vote with it. Every op of that log above the persisted log head was
+    /// prepared in `log_view` (one primary per view), and the log at and below the head
+    /// follows the hash chain down from the head's checksum. A slot above the head holding a
+    /// prepare of an older view is stale (left on disk when a view change replaced it in
+    /// memory): dropped. Ops the chain names but the disk lacks become holes with their
+    /// checksum; what lies below a hole with no way to check it stays an unverified copy.
+    fn rebuild_log_view_log(&mut self) -> Result<(), RecoveryError> {
+        let (head_op, head_checksum) = self.log_head;
+        let floor = self.commit_min;
+        for index in 0..JOURNAL_SLOTS {
+            let Some(slot) = self.journal[index].as_mut() else {
+                continue;
+            };
+            if slot.op <= floor {
+                continue;
+            }
+            let view = slot.header.map_or(0, |header| header.view);
+            if self.config.bugs.recovery_ignores_log_head {
+                slot.verified = true;
+            } else if slot.op > head_op && view != self.log_view {
+                self.journal[index] = None;
+            } else if slot.op > head_op || (slot.op == head_op && slot.checksum == head_checksum) {
+                slot.verified = true;
+            }
+        }
+        let top = (floor + 1..=floor + JOURNAL_SLOTS as u64)
+            .filter(|&op| self.slot(op).is_some_and(|slot| slot.verified))
+            .max()
+            .unwrap_or(floor)
+            .max(head_op)
+            .max(floor);
+        self.op = top;
+        if head_op > floor
+            && self
+                .slot(head_op)
+                .is_none_or(|slot| slot.checksum != head_checksum)
+        {
+            self.journal[slot_of(head_op)] = Some(Slot {
+                op: head_op,
+                checksum: head_checksum,
+                header: None,
+                message: None,
+                durable: false,
+                verified: true,
+            });
+        }
+        // Down the chain from the top: each verified header names its parent.
+        let mut op = top;
+        while op > floor + 1 {
+            let parent = self
+                .slot(op)
+                .filter(|slot| slot.verified)
+                .and_then(|slot| slot.header)
+                .map(|header| header.parent);
+            let below = op - 1;
+            match parent {
+                Some(parent) if self.slot(below).is_some_and(|slot| slot.checksum == parent) => {
+                    if let Some(slot) = self.slot_mut(below) {
+                        slot.verified = true;
+                    }
+                }
+                Some(parent) => {
+                    self.journal[slot_of(below)] = Some(Slot {
+                        op: below,
+                        checksum: parent,
+                        header: None,
+                        message: None,
+                        durable: false,
+                        verified: true,
+                    });
+                }
+                None => {}
+            }
+            op = below;
+        }
+        if let Some(first) = self
+            .slot(floor + 1)
+            .filter(|slot| slot.verified)
+            .and_then(|slot| slot.header)
+            && first.parent != self.commit_min_checksum
+        {
+            // The checkpoint came by state transfer from a later view, whose committed chain
+            // left this `log_view` log behind: nothing above the checkpoint is on it. The
+            // replica keeps the slots as unverified copies and waits for a StartView.
+            for op in floor + 1..=top {
+                if let Some(slot) = self.slot_mut(op) {
+                    slot.verified = false;
+                }
+            }
+            self.op = floor.max(top);
+            self.log_unsound = true;
+        }
+        Ok(())
     }
 
     /// Whether this replica may still lack durable copies of ops it once acknowledged: it is
@@ -630,10 +753,28 @@ impl<S: StateMachine> Replica<S> {
                 }
             }
             Status::Recovering => {
-                let probe_due = self
-                    .recovery
-                    .is_some_and(|recovery| self.ticks - recovery.probe_sent_tick >= PROBE_INTERVAL_TICKS);
-                if probe_due {
+                let Some(recovery) = self.recovery else {
+                    unreachable!("status recovering without a recovery");
+                };
+                let log_sound = !self.faulty_slots.iter().flatten().any(|faulty| match faulty {
+                    FaultyOp::Op(op) => *op > self.durable.checkpoint_op,
+                    FaultyOp::Any => true,
+                });
+                if !recovery.wiped
+                    && log_sound
+                    && !self.log_unsound
+                    && recovery.probes_sent >= PROBE_ATTEMPTS_MAX
+                {
+                    // No primary answered: the whole cluster restarted (everyone is
+                    // recovering, and recovering replicas install nothing from each other), or
+                    // no view is formed. Like a backup whose primary went quiet, it starts a
+                    // view change. Its durable log holds everything it ever acknowledged,
+                    // rebuilt against the persisted log head, so it may vote with it; but only
+                    // with no faulty slot that may hide an acknowledged op, or its log could
+                    // lack a committed op.
+                    self.recovery = None;
+                    self.start_view_change(self.view + 1);
+                } else if self.ticks - recovery.probe_sent_tick >= PROBE_INTERVAL_TICKS {
                     self.send_probes();
                 }
             }
@@ -1347,6 +1488,7 @@ impl<S: StateMachine> Replica<S> {
         self.merged = true;
         self.pipeline.clear();
         self.install_log(header.op, &entries);
+        self.log_head = (self.op, self.head_checksum());
         self.advance_commit_max(header.commit);
         self.primary_heard_tick = self.ticks;
         self.want_durable();
@@ -1431,6 +1573,7 @@ impl<S: StateMachine> Replica<S> {
             if self.holes().is_empty() {
                 if self.log_view < self.view {
                     self.log_view = self.view;
+                    self.log_head = (self.op, self.head_checksum());
                     self.want_durable();
                 }
                 if view_durable && self.durable.log_view >= self.view {
@@ -1499,6 +1642,13 @@ impl<S: StateMachine> Replica<S> {
         // commit quorum, and the highest log_view's log holds everything committed before).
         debug_assert!(commit <= best.op.max(self.commit_min));
         let (head, entries) = self.truncate_nacked(&best, commit);
+        let entries = self.canonical_entries(&best, head, entries);
+        if head > self.commit_min && entries.first().map(Entry::op) != Some(head) {
+            // No DoViewChange so far says which prepare the merged head is (a cut at a nacked
+            // op left a head only unverified copies know). Wait for more DoViewChanges; the
+            // view change moves on at its timeout otherwise.
+            return;
+        }
         if head > self.journal_window_end() {
             // This replica cannot hold the canonical log yet: it catches up by state transfer,
             // and the view change moves on to the next primary meanwhile.
@@ -1535,10 +1685,20 @@ impl<S: StateMachine> Replica<S> {
                     // at or above `v`, so with `log_view` durable at or above `v`, and
                     // `log_view` never decreases: a sender whose log_view is lower never
                     // acknowledged it.
-                    let implicit = matches!(canonical, Entry::Header(header) if dvc.log_view < header.view);
-                    let explicit = dvc.entries.iter().zip(&dvc.nacks).any(|(entry, &nack)| {
-                        nack && entry.op() == canonical.op() && entry.checksum() == canonical.checksum()
-                    });
+                    let implicit = matches!(canonical, Entry::Header(header) if dvc.log_view < header.view)
+                        // In one log_view every replica's log holds the installed head's
+                        // prefix, and above it grows only by prepares of that view, each
+                        // acknowledged only once durable, which a restart keeps: a sender of
+                        // the same log_view whose head is below the op never acknowledged it.
+                        || (dvc.log_view == best.log_view && dvc.op < canonical.op());
+                    // A nack says the sender holds no prepare at that op (a slot holds one op,
+                    // and a faulty one is never nacked), so it counts whatever checksum the
+                    // sender knew there.
+                    let explicit = dvc
+                        .entries
+                        .iter()
+                        .zip(&dvc.nacks)
+                        .any(|(entry, &nack)| nack && entry.op() == canonical.op());
                     implicit || explicit
                 })
                 .count();
@@ -1562,6 +1722,64 @@ impl<S: StateMachine> Replica<S> {
             }
             None => (best.op, best.entries.clone()),
         }
+    }
+
+    /// The merged suffix from `head` down: `best`'s entries, continued (or upgraded from a
+    /// hole to a header) from the other DoViewChanges of the same log_view. Those hold the
+    /// same log, since one primary made it, so where they overlap they agree; a cut at a
+    /// nacked op can leave `best` with nothing below it while another holds the rest.
+    fn canonical_entries(&self, best: &DoViewChange, head: u64, entries: Vec<Entry>) -> Vec<Entry> {
+        let mut by_op: std::collections::BTreeMap<u64, Entry> =
+            entries.iter().map(|entry| (entry.op(), *entry)).collect();
+        for dvc in self
+            .dvcs
+            .iter()
+            .flatten()
+            .filter(|dvc| dvc.log_view == best.log_view)
+        {
+            for entry in dvc.entries.iter().filter(|entry| entry.op() <= head) {
+                if matches!(entry, Entry::Unknown { .. }) {
+                    continue;
+                }
+                match by_op.get(&entry.op()) {
+                    None | Some(Entry::Unknown { .. }) => {
+                        by_op.insert(entry.op(), *entry);
+                    }
+                    Some(Entry::Hole { checksum, .. }) if matches!(entry, Entry::Header(_)) => {
+                        if *checksum == entry.checksum() {
+                            by_op.insert(entry.op(), *entry);
+                        }
+                    }
+                    Some(known) => {
+                        debug_assert_eq!(
+                            known.checksum(),
+                            entry.checksum(),
+                            "DoViewChanges of one log_view disagree at op {}",
+                            entry.op()
+                        );
+                    }
+                }
+            }
+        }
+        // Contiguous from the head down, each header naming the entry below as its parent.
+        let mut merged: Vec<Entry> = Vec::new();
+        let mut op = head;
+        while op > 0 && merged.len() < VIEW_CHANGE_HEADERS_MAX {
+            let Some(entry) = by_op
+                .get(&op)
+                .filter(|entry| !matches!(entry, Entry::Unknown { .. }))
+            else {
+                break;
+            };
+            if let Some(Entry::Header(above)) = merged.last()
+                && above.parent != entry.checksum()
+            {
+                break;
+            }
+            merged.push(*entry);
+            op -= 1;
+        }
+        merged
     }
 
     /// Make the journal hold the log whose head is `head` and whose suffix is `entries`
@@ -1598,6 +1816,7 @@ impl<S: StateMachine> Replica<S> {
             let header = match entry {
                 Entry::Header(header) => Some(*header),
                 Entry::Hole { .. } => None,
+                Entry::Unknown { .. } => unreachable!("the merge installs no unknown records"),
             };
             let keep = self.slot(op).is_some_and(|slot| slot.checksum == checksum);
             if !keep {
@@ -1768,6 +1987,8 @@ impl<S: StateMachine> Replica<S> {
         let next = DurableState {
             view: self.view,
             log_view: self.log_view,
+            log_head_op: self.log_head.0,
+            log_head_checksum: self.log_head.1,
             commit_max: self.commit_max.max(self.durable.commit_max).max(checkpoint_op),
             checkpoint_op,
             checkpoint_checksum,
@@ -1815,11 +2036,20 @@ impl<S: StateMachine> Replica<S> {
                     record[8..24].copy_from_slice(&checksum.to_le_bytes());
                     body.extend_from_slice(&record);
                 }
+                Entry::Unknown { op } => {
+                    let mut record = [0u8; HEADER_SIZE];
+                    record[..8].copy_from_slice(&op.to_le_bytes());
+                    body.extend_from_slice(&record);
+                }
             }
         }
         body.extend(entries.iter().zip(&nacks).map(|(entry, &nack)| {
-            let hole = matches!(entry, Entry::Hole { .. });
-            u8::from(nack) | (u8::from(hole) << 1)
+            let kind = match entry {
+                Entry::Header(_) => 0,
+                Entry::Hole { .. } => 0b10,
+                Entry::Unknown { .. } => 0b100,
+            };
+            u8::from(nack) | kind
         }));
         header.log_view = self.log_view;
         Message::new(header, Arc::from(body))
@@ -1850,11 +2080,17 @@ impl<S: StateMachine> Replica<S> {
         let mut op = self.op;
         while op > 0 && entries.len() < VIEW_CHANGE_HEADERS_MAX {
             let Some(slot) = self.slot(op) else {
-                break;
+                if op <= self.commit_min {
+                    break;
+                }
+                // Nothing here: say so, so the position can be nacked, and go on below.
+                entries.push(Entry::Unknown { op });
+                op -= 1;
+                continue;
             };
             let chains = match entries.last() {
                 Some(Entry::Header(above)) => above.parent == slot.checksum,
-                Some(Entry::Hole { .. }) => slot.verified,
+                Some(Entry::Hole { .. } | Entry::Unknown { .. }) => slot.verified,
                 None => true,
             };
             if !chains {
@@ -1862,7 +2098,7 @@ impl<S: StateMachine> Replica<S> {
             }
             match slot.header {
                 Some(header) => entries.push(Entry::Header(header)),
-                None if slot.verified && !entries.is_empty() => entries.push(Entry::Hole {
+                None if slot.verified && op > self.commit_min => entries.push(Entry::Hole {
                     op,
                     checksum: slot.checksum,
                 }),
@@ -1934,6 +2170,7 @@ impl<S: StateMachine> Replica<S> {
             return;
         };
         recovery.probe_sent_tick = self.ticks;
+        recovery.probes_sent += 1;
         let wiped = recovery.wiped;
         for replica in 0..self.config.replica_count {
             if replica != self.config.replica {
@@ -2082,7 +2319,8 @@ impl<S: StateMachine> Replica<S> {
     ///
     /// A DoViewChange body is its records, 256 bytes each, then one flag byte per record:
     /// bit 0 nack, bit 1 hole (the record then holds only the op and checksum, little-endian
-    /// at offsets 0 and 8, and zeros). A StartView body is headers only.
+    /// at offsets 0 and 8, and zeros), bit 2 unknown (only the op). A StartView body is
+    /// headers only.
     fn decode_suffix(&self, message: &Message, log_view: u32, with_flags: bool) -> Option<DoViewChange> {
         let header = &message.header;
         let record_size = HEADER_SIZE + usize::from(with_flags);
@@ -2093,13 +2331,19 @@ impl<S: StateMachine> Replica<S> {
         }
         let count = message.body.len() / record_size;
         let (records, flags) = message.body.split_at(count * HEADER_SIZE);
-        if flags.iter().any(|&flag| flag > 0b11) {
+        if flags.iter().any(|&flag| flag > 0b111 || flag & 0b110 == 0b110) {
             return None;
         }
         let mut entries = Vec::with_capacity(count);
         for (index, record) in records.chunks_exact(HEADER_SIZE).enumerate() {
-            let hole = flags.get(index).is_some_and(|flag| flag & 0b10 != 0);
-            if hole {
+            let flag = flags.get(index).copied().unwrap_or(0);
+            if flag & 0b100 != 0 {
+                if record[8..].iter().any(|&byte| byte != 0) {
+                    return None;
+                }
+                let op = u64::from_le_bytes(record[..8].try_into().ok()?);
+                entries.push(Entry::Unknown { op });
+            } else if flag & 0b10 != 0 {
                 if record[24..].iter().any(|&byte| byte != 0) {
                     return None;
                 }
@@ -2123,8 +2367,7 @@ impl<S: StateMachine> Replica<S> {
             nacks: flags.iter().map(|&flag| flag & 1 == 1).collect(),
         };
         let empty_but_not_at_root = header.op > 0 && suffix.entries.is_empty();
-        let starts_with_a_header = matches!(suffix.entries.first(), None | Some(Entry::Header(_)));
-        (!empty_but_not_at_root && starts_with_a_header && dvc_is_consistent(&suffix)).then_some(suffix)
+        (!empty_but_not_at_root && dvc_is_consistent(&suffix)).then_some(suffix)
     }
 }
 
@@ -2143,9 +2386,10 @@ fn dvc_is_consistent(dvc: &DoViewChange) -> bool {
     }
     dvc.entries.windows(2).all(|pair| {
         pair[1].op() + 1 == pair[0].op()
-            && match pair[0] {
-                Entry::Header(above) => above.parent == pair[1].checksum(),
-                Entry::Hole { .. } => true,
+            && match (pair[0], pair[1]) {
+                (_, Entry::Unknown { .. }) => true,
+                (Entry::Header(above), below) => above.parent == below.checksum(),
+                (Entry::Hole { .. } | Entry::Unknown { .. }, _) => true,
             }
     })
 }

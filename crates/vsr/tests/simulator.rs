@@ -1,6 +1,7 @@
 //! The deterministic simulator in the normal test command: many seeds with every fault the
-//! harness injects (network faults, pauses, crashes, failed syncs, lost and torn writes,
-//! wiped disks, bit flips in journal slots and superblock copies), zero violations; a seed
+//! harness injects (network faults, pauses, crashes, whole-cluster power losses, failed
+//! syncs, lost and torn writes, wiped disks, bit flips in journal slots and superblock
+//! copies), zero violations; a seed
 //! replays to the same trace; and deliberately broken protocol rules are found (the
 //! checkers bite).
 //!
@@ -39,6 +40,7 @@ fn run_shard(shard: u64) {
     let mut committed = 0;
     let mut view_changes = 0;
     let mut crashes = 0;
+    let mut power_losses = 0;
     let mut syncs_failed = 0;
     let mut wipes = 0;
     let mut bits_flipped = 0;
@@ -51,6 +53,7 @@ fn run_shard(shard: u64) {
                 committed += outcome.committed_ops;
                 view_changes += u64::from(outcome.highest_view);
                 crashes += outcome.crashes;
+                power_losses += outcome.power_losses;
                 syncs_failed += outcome.syncs_failed;
                 wipes += outcome.wipes;
                 bits_flipped += outcome.bits_flipped;
@@ -70,6 +73,10 @@ fn run_shard(shard: u64) {
     // unsynced writes lost or torn, restarted from disks that were wiped or had bits flipped,
     // checkpointed, and caught up by state transfer.
     assert!(crashes > seeds_per_shard, "only {crashes} crashes");
+    assert!(
+        power_losses > seeds_per_shard / 100,
+        "only {power_losses} power losses"
+    );
     assert!(
         syncs_failed > seeds_per_shard / 4,
         "only {syncs_failed} failed syncs"
@@ -166,5 +173,15 @@ fn sending_before_the_view_is_durable_is_caught() {
     };
     let (seed, violation) =
         first_caught(bugs).expect("the checkers catch view-change messages sent before the persist");
+    eprintln!("caught at seed {seed}: {violation}");
+}
+
+#[test]
+fn recovery_that_ignores_the_log_head_is_caught() {
+    let bugs = Bugs {
+        recovery_ignores_log_head: true,
+        ..Bugs::default()
+    };
+    let (seed, violation) = first_caught(bugs).expect("the checkers catch a restart that trusts stale slots");
     eprintln!("caught at seed {seed}: {violation}");
 }

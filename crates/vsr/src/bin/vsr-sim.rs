@@ -31,13 +31,14 @@ fn main() -> ExitCode {
                     println!("seed {seed}: options {:?}", options(seed));
                 }
                 println!(
-                    "seed {seed}: ok, trace {:016x}, {} ticks, {} ops committed, {} replies, view {}, {} crashes, {} failed syncs, {} wipes, {} bits flipped, {} writes lost or torn, {} checkpoints, {} state transfers",
+                    "seed {seed}: ok, trace {:016x}, {} ticks, {} ops committed, {} replies, view {}, {} crashes, {} power losses, {} failed syncs, {} wipes, {} bits flipped, {} writes lost or torn, {} checkpoints, {} state transfers",
                     outcome.trace_hash,
                     outcome.ticks,
                     outcome.committed_ops,
                     outcome.replies,
                     outcome.highest_view,
                     outcome.crashes,
+                    outcome.power_losses,
                     outcome.syncs_failed,
                     outcome.wipes,
                     outcome.bits_flipped,

@@ -84,6 +84,9 @@ pub struct SimOptions {
     /// failed sync is fatal: the replica crashes at once, and the crash decides what became
     /// of every write the sync covered.
     pub sync_fail_ppm: u32,
+    /// Per tick, while no replica is faulty: chance that every replica crashes at once (a
+    /// power loss). Only unsynced writes suffer; no disk is wiped or flipped with it.
+    pub power_loss_ppm: u32,
     /// Per crash: chance that the disk is replaced by a blank one (the replica restarts
     /// wiped).
     pub wipe_ppm: u32,
@@ -129,6 +132,7 @@ impl SimOptions {
             crash_down_ticks_mean: prng.range_inclusive(5, 300),
             storage: StorageOptions::default(),
             sync_fail_ppm: prng.below(u64::from(PPM / 1_000)) as u32,
+            power_loss_ppm: disk.below(u64::from(PPM / 2_000)) as u32,
             wipe_ppm: disk.below(u64::from(PPM / 8)) as u32,
             journal_flip_ppm: disk.below(u64::from(PPM / 2)) as u32,
             superblock_flip_ppm: disk.below(u64::from(PPM / 3)) as u32,
@@ -159,6 +163,8 @@ pub struct Outcome {
     pub highest_view: u32,
     /// Replica crashes (each followed by a restart from storage).
     pub crashes: u64,
+    /// Power losses: every replica crashed at once (each counted in `crashes` too).
+    pub power_losses: u64,
     /// Syncs that failed (each crashed its replica; counted in `crashes` too).
     pub syncs_failed: u64,
     /// Crashes after which the replica restarted on a blank disk.
@@ -308,6 +314,7 @@ pub struct Simulation {
     /// The first violation found between ticks; reported at the end of the tick.
     found: Option<Violation>,
     crash_count: u64,
+    power_loss_count: u64,
     sync_failure_count: u64,
     /// Per replica, since its last restart.
     sent: Vec<Sent>,
@@ -398,6 +405,7 @@ impl Simulation {
             draining: false,
             found: None,
             crash_count: 0,
+            power_loss_count: 0,
             sync_failure_count: 0,
             sent: vec![Sent::default(); n],
             state_transfers_by: vec![0; n],
@@ -478,6 +486,7 @@ impl Simulation {
                 .max()
                 .unwrap_or(0),
             crashes: self.crash_count,
+            power_losses: self.power_loss_count,
             syncs_failed: self.sync_failure_count,
             wipes: self.wipe_count,
             bits_flipped: self.flip_count,
@@ -514,6 +523,16 @@ impl Simulation {
             }
             _ => {}
         }
+        if self.crashes.chance_ppm(self.options.power_loss_ppm) && self.faulty_count() == 0 {
+            // Beyond the budget on purpose: every replica restarts recovering, nobody answers
+            // a probe, and only the fallback election brings the group back.
+            for replica in 0..replica_count {
+                let span = 1 + self.crashes.exponential_ticks(self.options.crash_down_ticks_mean);
+                self.crash(replica, span, false);
+            }
+            self.power_loss_count += 1;
+            self.trace.record_str("power loss");
+        }
         for replica in 0..replica_count {
             let f = (replica_count - 1) / 2;
             if self.crashes.chance_ppm(self.options.sync_fail_ppm)
@@ -530,7 +549,7 @@ impl Simulation {
                 let f = (replica_count - 1) / 2;
                 if self.faulty_count() < f {
                     let span = 1 + self.crashes.exponential_ticks(self.options.crash_down_ticks_mean);
-                    self.crash(replica, span);
+                    self.crash(replica, span, true);
                 }
             }
             if self.paused_until[replica] <= self.now && self.faults.chance_ppm(self.options.pause_ppm) {
@@ -590,13 +609,15 @@ impl Simulation {
 
     /// Crash `replica` for `span` ticks: its memory is gone, and every unsynced write is lost,
     /// durable or torn.
-    fn crash(&mut self, replica: usize, span: u64) {
+    fn crash(&mut self, replica: usize, span: u64, disk_faults: bool) {
         let host = &mut self.hosts[replica];
         host.storage.crash(&mut self.crashes);
         // Faults a crashed replica's disk may take while it is down. They count against the
         // budget like the crash itself: the replica is faulty until it recovers, and it
         // recovers only once it has installed a view and repaired its log.
-        if self.crashes.chance_ppm(self.options.wipe_ppm) {
+        if !disk_faults {
+            // Only the crash itself: unsynced writes lost, durable or torn.
+        } else if self.crashes.chance_ppm(self.options.wipe_ppm) {
             host.storage.wipe();
             host.superblock = None;
             host.durable_view_max = 0;
@@ -892,12 +913,14 @@ impl Simulation {
                     self.network.send(self.now, from, to, message);
                 }
                 Output::WritePrepare { message } => {
-                    // Into the page cache now, the prepare then its redundant header; durable
-                    // at the sync the completion runs.
+                    // The prepare into the page cache now, durable at the completion's sync;
+                    // only then its redundant header, with a sync of its own. So a durable
+                    // header implies a durable prepare, and a faulty slot whose header names
+                    // an op is a damaged prepare, never merely an unfinished write.
                     let slot = slot_of(message.header.op) as u32;
-                    let storage = &mut self.hosts[replica].storage;
-                    storage.write(Zone::Prepares, slot, &message.encode());
-                    storage.write(Zone::Headers, slot, &message.header.encode());
+                    self.hosts[replica]
+                        .storage
+                        .write(Zone::Prepares, slot, &message.encode());
                     let kind = WriteKind::Prepare {
                         op: message.header.op,
                         checksum: message.header.checksum,
@@ -980,7 +1003,21 @@ impl Simulation {
                 if !self.sync_or_crash(replica) {
                     return true;
                 }
-                self.replicas[replica].on_prepare_written(op, checksum);
+                let slot = slot_of(op) as u32;
+                let prepare = self.hosts[replica].storage.read(Zone::Prepares, slot);
+                // Still this prepare? A later one may have replaced it in the slot since, and
+                // its own completion writes its header.
+                if Header::decode(&prepare).is_ok_and(|header| header.checksum == checksum) {
+                    self.hosts[replica].storage.write(
+                        Zone::Headers,
+                        slot,
+                        &prepare[..crate::constants::HEADER_SIZE],
+                    );
+                    if !self.sync_or_crash(replica) {
+                        return true;
+                    }
+                    self.replicas[replica].on_prepare_written(op, checksum);
+                }
             }
             WriteKind::DurableCopy { copy } => {
                 let host = &mut self.hosts[replica];
@@ -1041,7 +1078,7 @@ impl Simulation {
         self.sync_failure_count += 1;
         self.trace.record_str("sync failed");
         let span = 1 + self.crashes.exponential_ticks(self.options.crash_down_ticks_mean);
-        self.crash(replica, span);
+        self.crash(replica, span, true);
         false
     }
 
@@ -1228,6 +1265,11 @@ impl Simulation {
         options.partition_ppm = 0;
         options.pause_ppm = 0;
         options.crash_ppm = 0;
+        options.sync_fail_ppm = 0;
+        options.power_loss_ppm = 0;
+        options.wipe_ppm = 0;
+        options.journal_flip_ppm = 0;
+        options.superblock_flip_ppm = 0;
         options.write_ticks_mean = 1;
         Simulation::new(seed, options)
     }
@@ -1259,7 +1301,7 @@ impl Simulation {
             self.hosts[replica].down_until.is_none(),
             "replica {replica} is already down"
         );
-        self.crash(replica, u64::MAX - self.now);
+        self.crash(replica, u64::MAX - self.now, false);
     }
 
     /// Restart a crashed replica from its disk.
