@@ -2,8 +2,8 @@
 //!
 //! The journal is two rings of [`JOURNAL_SLOTS`] slots: one of whole prepares, one of their
 //! headers alone (the *redundant* headers). Op `o` lives in slot `o % JOURNAL_SLOTS` of both.
-//! A replica writes the prepare, then its redundant header, and acknowledges the op only
-//! once both are durable. A crash can leave either write lost or torn, and a disk can flip
+//! A replica writes the prepare and syncs it, then writes its redundant header and syncs
+//! that, and acknowledges the op only once both are durable. A crash can leave either write lost or torn, and a disk can flip
 //! bits in either later; [`classify_slot`] tells what a slot still proves:
 //!
 //! - **Clean**: a whole prepare that verifies (checksums, cluster, group, slot). It may be
@@ -14,6 +14,9 @@
 //!   knows only the slot. A faulty slot is never taken as proof that an op is absent: a view
 //!   change must not count it as a nack (Iggy trap 15).
 //! - **Empty**: both rings hold zeros: nothing was ever written here.
+//! - **Unfinished**: a prepare that does not verify under a header slot that holds zeros.
+//!   A redundant header is written only after its prepare is durable, and a prepare is
+//!   acknowledged only after its header is durable, so nothing here was ever acknowledged.
 //!
 //! Pure: the shell reads the bytes; this decides what they mean.
 
@@ -30,6 +33,12 @@ pub enum SlotState {
     /// Something was written that cannot be served. `header`, when the redundant header
     /// verifies, names the op and checksum to repair.
     Faulty { header: Option<Header> },
+    /// A prepare that cannot be served, under a redundant header slot that was never
+    /// written. The header of a prepare is written only once the prepare is durable, and the
+    /// prepare is acknowledged only once its header is too: so no prepare in this slot was
+    /// ever acknowledged. A torn or lost first write of the slot, or damage to one that was
+    /// never acknowledged. Unlike a faulty slot, it hides nothing a view change needs.
+    Unfinished,
 }
 
 /// Classify slot `slot` of a journal for `cluster` and `group` from the bytes of its prepare
@@ -69,6 +78,7 @@ pub fn classify_slot(
                 }
             }
         }
+        (None, _) if header_blank => SlotState::Unfinished,
         (None, redundant) => SlotState::Faulty { header: redundant },
     }
 }
@@ -215,10 +225,20 @@ mod tests {
             classify_slot(slot_of(71), &p, &h, CLUSTER, GROUP),
             SlotState::Faulty { header: None }
         );
-        // Garbage that is not zeros.
+        // Garbage that is not zeros, under a header slot never written: no prepare there was
+        // ever acknowledged (headers are written after their prepare is durable).
         assert_eq!(
             classify(&[0xAA; SLOT_BYTES], &[0; HEADER_SIZE], 70),
-            SlotState::Faulty { header: None }
+            SlotState::Unfinished
+        );
+        // A two-sector prepare whose first write of the slot tore after the first sector.
+        let large = prepare(70, 1, &[7u8; 700]);
+        let (p_large, _) = slot_bytes(&large);
+        let mut torn_first_write = vec![0u8; SLOT_BYTES];
+        torn_first_write[..512].copy_from_slice(&p_large[..512]);
+        assert_eq!(
+            classify(&torn_first_write, &[0; HEADER_SIZE], 70),
+            SlotState::Unfinished
         );
     }
 }

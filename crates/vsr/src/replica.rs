@@ -483,7 +483,7 @@ impl<S: StateMachine> Replica<S> {
             // at or below the checkpoint stay only to answer peers' repair requests.
             let prepare = match state {
                 SlotState::Clean(prepare) => prepare,
-                SlotState::Empty => continue,
+                SlotState::Empty | SlotState::Unfinished => continue,
                 SlotState::Faulty { header } => {
                     replica.faulty_slots[slot_index] =
                         Some(header.map_or(FaultyOp::Any, |header| FaultyOp::Op(header.op)));

@@ -31,7 +31,7 @@ fn main() -> ExitCode {
                     println!("seed {seed}: options {:?}", options(seed));
                 }
                 println!(
-                    "seed {seed}: ok, trace {:016x}, {} ticks, {} ops committed, {} replies, view {}, {} crashes, {} power losses, {} failed syncs, {} wipes, {} bits flipped, {} writes lost or torn, {} checkpoints, {} state transfers",
+                    "seed {seed}: ok, trace {:016x}, {} ticks, {} ops committed, {} replies, view {}, {} crashes, {} power losses, {} failed syncs, {} wipes, {} bits flipped, {} writes lost, {} torn, {} checkpoints, {} state transfers",
                     outcome.trace_hash,
                     outcome.ticks,
                     outcome.committed_ops,
@@ -42,7 +42,8 @@ fn main() -> ExitCode {
                     outcome.syncs_failed,
                     outcome.wipes,
                     outcome.bits_flipped,
-                    outcome.writes_lost_or_torn,
+                    outcome.writes_lost,
+                    outcome.writes_torn,
                     outcome.checkpoints,
                     outcome.state_transfers
                 );

@@ -175,8 +175,10 @@ pub struct Outcome {
     pub checkpoints: u64,
     /// Checkpoints installed from a peer.
     pub state_transfers: u64,
-    /// Unsynced writes a crash lost or tore, summed over replicas.
-    pub writes_lost_or_torn: u64,
+    /// Unsynced writes a crash lost, summed over replicas.
+    pub writes_lost: u64,
+    /// Unsynced writes a crash tore (some sectors landed, some not), summed over replicas.
+    pub writes_torn: u64,
 }
 
 /// The state machine replicas run in the simulator: a hash chain of every applied op, so two
@@ -220,6 +222,9 @@ impl StateMachine for ChainMachine {
 
 /// Largest prepare the simulated clients produce, rounded up to whole sectors.
 const PREPARE_SLOT_BYTES: u32 = 1024;
+/// Largest request body the simulated clients send: a prepare of it fills most of a slot.
+const PREPARE_BODY_MAX: usize = 760;
+const _: () = assert!(crate::constants::HEADER_SIZE + PREPARE_BODY_MAX <= PREPARE_SLOT_BYTES as usize);
 /// Largest checkpoint of a simulated replica: a header, the chain snapshot and a client table
 /// of a few small replies.
 const CHECKPOINT_SLOT_BYTES: u32 = 64 * 1024;
@@ -492,13 +497,15 @@ impl Simulation {
             bits_flipped: self.flip_count,
             checkpoints: self.checkpoint_count,
             state_transfers: self.state_transfer_count,
-            writes_lost_or_torn: self
+            writes_lost: self
                 .hosts
                 .iter()
-                .map(|host| {
-                    let counters = host.storage.counters();
-                    counters.crash_writes_lost + counters.crash_writes_torn
-                })
+                .map(|host| host.storage.counters().crash_writes_lost)
+                .sum(),
+            writes_torn: self
+                .hosts
+                .iter()
+                .map(|host| host.storage.counters().crash_writes_torn)
                 .sum(),
         })
     }
@@ -799,7 +806,13 @@ impl Simulation {
                 OPERATION_REGISTER
             };
             header.context = u128::from(client.session.unwrap_or(0));
-            let body_len = self.clients_prng.below(64) as usize;
+            // Mostly small; a quarter large enough that the prepare spans two sectors, so a
+            // crash can tear it (a one-sector write is atomic).
+            let body_len = if self.clients_prng.chance_ppm(PPM / 4) {
+                self.clients_prng.range_inclusive(300, PREPARE_BODY_MAX as u64) as usize
+            } else {
+                self.clients_prng.below(64) as usize
+            };
             let body: Vec<u8> = (0..body_len)
                 .map(|i| (i as u8) ^ (client.request as u8))
                 .collect();
