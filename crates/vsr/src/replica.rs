@@ -572,14 +572,7 @@ impl<S: StateMachine> Replica<S> {
                 .slot(head_op)
                 .is_none_or(|slot| slot.checksum != head_checksum)
         {
-            self.journal[slot_of(head_op)] = Some(Slot {
-                op: head_op,
-                checksum: head_checksum,
-                header: None,
-                message: None,
-                durable: false,
-                verified: true,
-            });
+            self.set_hole(head_op, head_checksum, None);
         }
         // Down the chain from the top: each verified header names its parent.
         let mut op = top;
@@ -597,14 +590,7 @@ impl<S: StateMachine> Replica<S> {
                     }
                 }
                 Some(parent) => {
-                    self.journal[slot_of(below)] = Some(Slot {
-                        op: below,
-                        checksum: parent,
-                        header: None,
-                        message: None,
-                        durable: false,
-                        verified: true,
-                    });
+                    self.set_hole(below, parent, None);
                 }
                 None => {}
             }
@@ -952,14 +938,7 @@ impl<S: StateMachine> Replica<S> {
             .is_some_and(|slot| slot.checksum == header.checksum && slot.message.is_some());
         if !keep {
             // The anchor of the chain above: its header, for view changes and the chain walk.
-            self.journal[slot_of(header.op)] = Some(Slot {
-                op: header.op,
-                checksum: header.checksum,
-                header: Some(header),
-                message: None,
-                durable: false,
-                verified: true,
-            });
+            self.set_hole(header.op, header.checksum, Some(header));
         }
         Ok(())
     }
@@ -1820,14 +1799,7 @@ impl<S: StateMachine> Replica<S> {
             };
             let keep = self.slot(op).is_some_and(|slot| slot.checksum == checksum);
             if !keep {
-                self.journal[slot_of(op)] = Some(Slot {
-                    op,
-                    checksum,
-                    header,
-                    message: None,
-                    durable: false,
-                    verified: true,
-                });
+                self.set_hole(op, checksum, header);
             } else if let Some(slot) = self.slot_mut(op) {
                 if header.is_some() {
                     slot.header = header;
@@ -1865,14 +1837,7 @@ impl<S: StateMachine> Replica<S> {
             let below = op - 1;
             let matches = self.slot(below).is_some_and(|slot| slot.checksum == parent);
             if !matches {
-                self.journal[slot_of(below)] = Some(Slot {
-                    op: below,
-                    checksum: parent,
-                    header: None,
-                    message: None,
-                    durable: false,
-                    verified: true,
-                });
+                self.set_hole(below, parent, None);
                 // Ask at once: the chain is repaired one op at a time, downwards.
                 self.request_prepare(below, parent, 0);
                 return;
@@ -1890,6 +1855,20 @@ impl<S: StateMachine> Replica<S> {
                 "the canonical log continues what this replica applied"
             );
         }
+    }
+
+    /// Make op `op`'s slot a hole: the op is on this view's chain with checksum `checksum`
+    /// (its header too, when known), and its prepare is to be repaired.
+    fn set_hole(&mut self, op: u64, checksum: u128, header: Option<Header>) {
+        debug_assert!(header.is_none_or(|header| header.op == op && header.checksum == checksum));
+        self.journal[slot_of(op)] = Some(Slot {
+            op,
+            checksum,
+            header,
+            message: None,
+            durable: false,
+            verified: true,
+        });
     }
 
     /// Ops between `commit_min` and the head this replica cannot produce yet.
