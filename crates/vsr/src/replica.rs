@@ -513,7 +513,7 @@ impl<S: StateMachine> Replica<S> {
             replica.faulty_slots.fill(Some(FaultyOp::Any));
         } else {
             replica.log_head = (replica.durable.log_head_op, replica.durable.log_head_checksum);
-            replica.rebuild_log_view_log()?;
+            replica.rebuild_log_view_log();
         }
         replica.status = Status::Recovering;
         replica.recovery = Some(Recovery {
@@ -541,7 +541,7 @@ impl<S: StateMachine> Replica<S> {
     /// prepare of an older view is stale (left on disk when a view change replaced it in
     /// memory): dropped. Ops the chain names but the disk lacks become holes with their
     /// checksum; what lies below a hole with no way to check it stays an unverified copy.
-    fn rebuild_log_view_log(&mut self) -> Result<(), RecoveryError> {
+    fn rebuild_log_view_log(&mut self) {
         let (head_op, head_checksum) = self.log_head;
         let floor = self.commit_min;
         for index in 0..JOURNAL_SLOTS {
@@ -564,8 +564,7 @@ impl<S: StateMachine> Replica<S> {
             .filter(|&op| self.slot(op).is_some_and(|slot| slot.verified))
             .max()
             .unwrap_or(floor)
-            .max(head_op)
-            .max(floor);
+            .max(head_op);
         self.op = top;
         if head_op > floor
             && self
@@ -610,10 +609,8 @@ impl<S: StateMachine> Replica<S> {
                     slot.verified = false;
                 }
             }
-            self.op = floor.max(top);
             self.log_unsound = true;
         }
-        Ok(())
     }
 
     /// Whether this replica may still lack durable copies of ops it once acknowledged: it is
@@ -623,11 +620,16 @@ impl<S: StateMachine> Replica<S> {
     /// counts as faulty in a fault budget: another failure could destroy the last copy of a
     /// committed op.
     pub fn is_repairing(&self) -> bool {
-        self.status == Status::Recovering
-            || self.faulty_slots.iter().flatten().any(|faulty| match faulty {
-                FaultyOp::Op(op) => *op > self.durable.checkpoint_op,
-                FaultyOp::Any => true,
-            })
+        self.status == Status::Recovering || self.may_lack_acknowledged_op()
+    }
+
+    /// A slot found faulty at recovery (or lost with a wiped disk), not durably rewritten
+    /// since, may have held an op above the checkpoint that this replica acknowledged.
+    fn may_lack_acknowledged_op(&self) -> bool {
+        self.faulty_slots.iter().flatten().any(|faulty| match faulty {
+            FaultyOp::Op(op) => *op > self.durable.checkpoint_op,
+            FaultyOp::Any => true,
+        })
     }
 
     pub fn status(&self) -> Status {
@@ -742,15 +744,8 @@ impl<S: StateMachine> Replica<S> {
                 let Some(recovery) = self.recovery else {
                     unreachable!("status recovering without a recovery");
                 };
-                let log_sound = !self.faulty_slots.iter().flatten().any(|faulty| match faulty {
-                    FaultyOp::Op(op) => *op > self.durable.checkpoint_op,
-                    FaultyOp::Any => true,
-                });
-                if !recovery.wiped
-                    && log_sound
-                    && !self.log_unsound
-                    && recovery.probes_sent >= PROBE_ATTEMPTS_MAX
-                {
+                let log_sound = !self.may_lack_acknowledged_op() && !self.log_unsound;
+                if !recovery.wiped && log_sound && recovery.probes_sent >= PROBE_ATTEMPTS_MAX {
                     // No primary answered: the whole cluster restarted (everyone is
                     // recovering, and recovering replicas install nothing from each other), or
                     // no view is formed. Like a backup whose primary went quiet, it starts a
