@@ -14,7 +14,8 @@
 //! - [`journal`]: what a journal slot proves after a crash (clean, faulty, empty).
 //! - [`node`]: the groups of one node, with heartbeats batched per peer and durable writes
 //!   batched per tick.
-//! - [`replica`]: the replica state machine (normal operation so far).
+//! - [`replica`]: the replica state machine: normal operation, view change, checkpoints,
+//!   restart and wiped-disk recovery, state transfer.
 //! - [`sim`]: the deterministic simulator's parts: seeded PRNG streams, a faulty network, a
 //!   faulty storage model.
 //!

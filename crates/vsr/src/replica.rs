@@ -1,16 +1,20 @@
 //! The replica: a deterministic VSR state machine (`docs/replication.md`).
 //!
 //! A [`Replica`] is driven by its inputs: [`Replica::on_message`], [`Replica::on_tick`],
-//! [`Replica::on_prepare_written`] and [`Replica::on_durable_written`]. What it wants done
-//! accumulates in its outbox ([`Replica::take_outputs`]): messages to send, prepares to
-//! write, durable state to write. The shell performs them and reports completions back.
-//! Nothing here blocks, sleeps, reads a clock or draws randomness.
+//! [`Replica::on_prepare_written`], [`Replica::on_durable_written`],
+//! [`Replica::on_checkpoint_written`] and [`Replica::on_state_transferred`]. What it wants
+//! done accumulates in its outbox ([`Replica::take_outputs`]): messages to send, prepares,
+//! durable state and checkpoints to write, state to fetch. The shell performs them and
+//! reports completions back. A replica starts fresh ([`Replica::new`]) or from what its
+//! storage holds ([`Replica::recover`]). Nothing here blocks, sleeps, reads a clock or draws
+//! randomness.
 //!
-//! Built so far: normal operation (requests, pipelined prepares, acknowledgements only after
-//! the journal write is durable, commits in op order, replies, the client table, heartbeats,
-//! retransmission) and the view change (StartViewChange, DoViewChange, StartView, with the
-//! view persisted before any message of that view leaves, and repair of missing prepares by
-//! op and checksum). Restart recovery, wiped disks and state transfer follow (issue 6).
+//! It covers normal operation (requests, pipelined prepares, acknowledgements only after the
+//! journal write is durable, commits in op order, replies, the client table, heartbeats,
+//! retransmission), the view change (persist before send, DoViewChange records with nacks,
+//! nack-quorum truncation, repair by op and checksum), checkpoints, restart recovery
+//! (probes with a nonce, the log rebuilt against the persisted log head, the fallback
+//! election), wiped disks (a quorum of recovery responses) and the state-transfer hook.
 
 use crate::checkpoint::Checkpoint;
 use crate::client_table::{Admission, ClientTable, TableFault};
