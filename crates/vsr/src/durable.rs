@@ -460,33 +460,35 @@ pub fn encode_copy(state: &DurableState, sequence: u64) -> [u8; COPY_SIZE] {
     put(&mut bytes, MAGIC_OFFSET, MAGIC.to_le_bytes());
     put(&mut bytes, VERSION_OFFSET, VERSION.to_le_bytes());
     put(&mut bytes, SEQUENCE_OFFSET, sequence.to_le_bytes());
-    put(&mut bytes, CLUSTER_OFFSET, state.cluster.to_le_bytes());
-    put(
-        &mut bytes,
-        CHECKPOINT_CHECKSUM_OFFSET,
-        state.checkpoint_checksum.to_le_bytes(),
-    );
-    put(&mut bytes, COMMIT_MAX_OFFSET, state.commit_max.to_le_bytes());
-    put(
-        &mut bytes,
-        CHECKPOINT_OP_OFFSET,
-        state.checkpoint_op.to_le_bytes(),
-    );
-    put(&mut bytes, VIEW_OFFSET, state.view.to_le_bytes());
-    put(&mut bytes, LOG_VIEW_OFFSET, state.log_view.to_le_bytes());
-    put(&mut bytes, REPLICA_OFFSET, [state.replica]);
-    put(&mut bytes, REPLICA_COUNT_OFFSET, [state.replica_count]);
-    put(&mut bytes, LOG_HEAD_OP_OFFSET, state.log_head_op.to_le_bytes());
-    put(
-        &mut bytes,
-        LOG_HEAD_CHECKSUM_OFFSET,
-        state.log_head_checksum.to_le_bytes(),
-    );
+    put_state(&mut bytes, state);
     seal(&mut bytes);
 
     assert!(reserved_zero(&bytes));
     assert_ne!(bytes, [0u8; COPY_SIZE]);
     bytes
+}
+
+/// Write every field of `state` at its offset (magic, version, sequence and checksum are the
+/// caller's). The one place that knows where each state field goes.
+fn put_state(bytes: &mut [u8; COPY_SIZE], state: &DurableState) {
+    put(bytes, CLUSTER_OFFSET, state.cluster.to_le_bytes());
+    put(
+        bytes,
+        CHECKPOINT_CHECKSUM_OFFSET,
+        state.checkpoint_checksum.to_le_bytes(),
+    );
+    put(bytes, COMMIT_MAX_OFFSET, state.commit_max.to_le_bytes());
+    put(bytes, CHECKPOINT_OP_OFFSET, state.checkpoint_op.to_le_bytes());
+    put(bytes, VIEW_OFFSET, state.view.to_le_bytes());
+    put(bytes, LOG_VIEW_OFFSET, state.log_view.to_le_bytes());
+    put(bytes, REPLICA_OFFSET, [state.replica]);
+    put(bytes, REPLICA_COUNT_OFFSET, [state.replica_count]);
+    put(bytes, LOG_HEAD_OP_OFFSET, state.log_head_op.to_le_bytes());
+    put(
+        bytes,
+        LOG_HEAD_CHECKSUM_OFFSET,
+        state.log_head_checksum.to_le_bytes(),
+    );
 }
 
 /// Decode and verify one copy. Never panics on any input, and reads no byte outside `bytes`.
@@ -735,28 +737,7 @@ mod tests {
     /// buggy writer would leave.
     fn encode_unchecked(state: &DurableState, sequence: u64) -> [u8; COPY_SIZE] {
         let mut bytes = encode_copy(&state_example(), sequence);
-        put(&mut bytes, CLUSTER_OFFSET, state.cluster.to_le_bytes());
-        put(
-            &mut bytes,
-            CHECKPOINT_CHECKSUM_OFFSET,
-            state.checkpoint_checksum.to_le_bytes(),
-        );
-        put(&mut bytes, COMMIT_MAX_OFFSET, state.commit_max.to_le_bytes());
-        put(
-            &mut bytes,
-            CHECKPOINT_OP_OFFSET,
-            state.checkpoint_op.to_le_bytes(),
-        );
-        put(&mut bytes, VIEW_OFFSET, state.view.to_le_bytes());
-        put(&mut bytes, LOG_VIEW_OFFSET, state.log_view.to_le_bytes());
-        put(&mut bytes, REPLICA_OFFSET, [state.replica]);
-        put(&mut bytes, REPLICA_COUNT_OFFSET, [state.replica_count]);
-        put(&mut bytes, LOG_HEAD_OP_OFFSET, state.log_head_op.to_le_bytes());
-        put(
-            &mut bytes,
-            LOG_HEAD_CHECKSUM_OFFSET,
-            state.log_head_checksum.to_le_bytes(),
-        );
+        put_state(&mut bytes, state);
         seal(&mut bytes);
         bytes
     }

@@ -704,20 +704,10 @@ impl Simulation {
                 return Err(self.violation(format!("replica {replica} refused to boot: {refusal}")));
             }
         };
-        let mut checkpoint = None;
-        if let Some(state) = durable_state
-            && state.checkpoint_op > 0
-        {
-            for slot in 0..2u8 {
-                let bytes = host.storage.read(Zone::Checkpoints, u32::from(slot));
-                if let Ok(found) =
-                    Checkpoint::decode(&bytes, state.checkpoint_checksum, SIM_CLUSTER, SIM_GROUP)
-                {
-                    checkpoint = Some((found, slot));
-                    break;
-                }
-            }
-        }
+        let checkpoint = durable_state
+            .filter(|state| state.checkpoint_op > 0)
+            .and_then(|state| named_checkpoint(&host.storage, &state))
+            .map(|(checkpoint, slot, _)| (checkpoint, slot));
         let journal = if durable_state.is_some() {
             (0..JOURNAL_SLOTS)
                 .map(|slot| {
@@ -1111,12 +1101,8 @@ impl Simulation {
             })
             .max_by_key(|(peer, state)| (state.checkpoint_op, std::cmp::Reverse(*peer)))
             .and_then(|(peer, state)| {
-                (0..2u32).find_map(|slot| {
-                    let bytes = self.hosts[peer].storage.read(Zone::Checkpoints, slot);
-                    Checkpoint::decode(&bytes, state.checkpoint_checksum, SIM_CLUSTER, SIM_GROUP)
-                        .ok()
-                        .map(|_| (bytes, state.checkpoint_checksum))
-                })
+                named_checkpoint(&self.hosts[peer].storage, &state)
+                    .map(|(_, _, bytes)| (bytes, state.checkpoint_checksum))
             })
     }
 
@@ -1256,6 +1242,17 @@ impl Simulation {
             .join(" ");
         format!("{replicas}; pending storage work (replica, due) {writes:?}")
     }
+}
+
+/// The checkpoint `state` names, as found in one of the two checkpoint slots of `storage`:
+/// the checkpoint, its slot and the slot's bytes.
+fn named_checkpoint(storage: &Storage, state: &DurableState) -> Option<(Checkpoint, u8, Vec<u8>)> {
+    (0..2u8).find_map(|slot| {
+        let bytes = storage.read(Zone::Checkpoints, u32::from(slot));
+        Checkpoint::decode(&bytes, state.checkpoint_checksum, SIM_CLUSTER, SIM_GROUP)
+            .ok()
+            .map(|checkpoint| (checkpoint, slot, bytes))
+    })
 }
 
 /// What a replica sent to other replicas since it last (re)started: its votes and
