@@ -1,103 +1,32 @@
-//! The catalog: streams, topics, partitions, users and tokens, and their persistence.
+//! The catalog: the committed metadata and the run-time parts of every topic (partition
+//! logs, writers, balanced-send cursors, consumer-group membership).
 //!
-//! The catalog's metadata (names, ids, settings) lives in one checksummed document,
-//! `<data_dir>/metadata`, replaced atomically on every change (`cairn_storage::atomic_file`).
-//! Message data lives in the partitions' own directories:
+//! The metadata is the state of `cairn_machine::metadata`: it changes only through
+//! [`Catalog::commit`], which decides an op on a copy of the state, makes the copy durable
+//! (`<data_dir>/metadata`, one checksummed document replaced atomically), and only then
+//! publishes it. Memory is never ahead of the disk: an op whose write fails is refused and
+//! nothing of it is visible. Message data lives in the partitions' own directories:
 //! `<data_dir>/streams/<stream id>/topics/<topic id>/partitions/<partition id>/`.
 //!
 //! Ordering rules that keep the two consistent across a crash:
-//! - create: partition directories first, metadata second. A crash in between leaves an orphan
-//!   directory that no metadata names; the next create of that id clears it (nothing in it was
-//!   ever acknowledged).
+//! - create: partition directories first (not serving yet), metadata second, then they serve.
+//!   A crash or a failed metadata write in between leaves a directory that no metadata names;
+//!   it is removed (at once after a failed write, at the next create of that id or at boot
+//!   after a crash). Nothing in it was ever acknowledged.
 //! - delete: metadata first, directories second. A crash in between leaves an orphan directory,
 //!   removed at boot, so deleted data never comes back.
 
-use crate::auth::{PersonalAccessToken, User};
 use crate::writer::{CommitCounters, WriterContext, WriterHandle};
+use cairn_machine::metadata::{Applied, Effect, Metadata, MetadataOp, PartitionDoc, Stream, TopicDoc};
 use cairn_storage::StorageError;
 use cairn_storage::log::{LogConfig, PartitionLog};
 use cairn_storage::offsets::{ConsumerOffsets, OffsetOwner};
-use serde::{Deserialize, Serialize};
+use cairn_wire::codes;
+use cairn_wire::types::Identifier;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-
-/// Most partitions one topic may have (the SDK's validators use the same bound).
-pub const PARTITIONS_PER_TOPIC_MAX: u32 = 1000;
-
-/// Persisted form of the catalog (the `metadata` document).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MetadataDoc {
-    pub format_version: u32,
-    pub next_stream_id: u32,
-    pub streams: Vec<StreamDoc>,
-    pub next_user_id: u32,
-    pub users: Vec<User>,
-    pub next_token_id: u64,
-    pub tokens: Vec<PersonalAccessToken>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StreamDoc {
-    pub id: u32,
-    pub name: String,
-    pub created_at_us: u64,
-    pub next_topic_id: u32,
-    pub topics: Vec<TopicDoc>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TopicDoc {
-    pub id: u32,
-    pub name: String,
-    pub created_at_us: u64,
-    /// µs; 0 = never.
-    pub message_expiry_us: u64,
-    /// 1 none, 2 gzip (stored as sent; Cairn does not compress).
-    pub compression: u8,
-    /// 0 = server default, u64::MAX = unlimited.
-    pub max_topic_size_bytes: u64,
-    /// Partition ids are 0..partitions.len(), in order.
-    pub partitions: Vec<PartitionDoc>,
-    /// Consumer groups of this topic (membership is run-time only, see [`Topic::members`]).
-    /// Absent in metadata written before groups existed.
-    #[serde(default)]
-    pub consumer_groups: Vec<GroupDoc>,
-    /// The id the next consumer group of this topic gets (ids start at 0 per topic).
-    #[serde(default)]
-    pub next_group_id: u32,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GroupDoc {
-    pub id: u32,
-    pub name: String,
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PartitionDoc {
-    pub id: u32,
-    pub created_at_us: u64,
-    /// The topic-level purge marker: the partition's append counter when the last purge of
-    /// its topic or stream was decided (recorded here, durably, before any partition is
-    /// purged). Every offset below it is purged: a partition whose retained log starts below
-    /// it at boot finishes the purge before serving. 0 = never purged (absent in metadata
-    /// written before purge markers existed).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub purge_target: u64,
-}
-
-fn is_zero(value: &u64) -> bool {
-    *value == 0
-}
-
-pub const METADATA_FORMAT_VERSION: u32 = 1;
 
 /// A partition at run time. Its log and offsets sit behind one mutex; sends reach the log only
 /// through the partition's writer (group commit, see `writer`).
@@ -133,14 +62,26 @@ pub struct PartitionData {
     pub offsets: ConsumerOffsets,
 }
 
-pub struct Topic {
-    pub doc: TopicDoc,
+/// The run-time parts of one topic (its metadata is a `TopicDoc` in the committed state).
+#[derive(Default)]
+pub struct TopicRuntime {
+    /// By partition id: exactly the partitions the topic's metadata lists.
     pub partitions: Vec<Arc<Partition>>,
     /// Round-robin cursor for balanced sends that the server resolves itself.
     pub balanced_cursor: AtomicU32,
     /// Run-time membership of this topic's consumer groups, by group id (never persisted:
     /// membership belongs to client sessions).
     pub members: Mutex<BTreeMap<u32, Membership>>,
+}
+
+/// A topic as requests see it: its committed metadata and its run-time parts.
+#[derive(Clone, Copy)]
+pub struct Topic<'a> {
+    pub stream_id: u32,
+    pub doc: &'a TopicDoc,
+    pub partitions: &'a [Arc<Partition>],
+    pub balanced_cursor: &'a AtomicU32,
+    pub members: &'a Mutex<BTreeMap<u32, Membership>>,
 }
 
 /// The members of one consumer group, in join order, and the assignment generation.
@@ -215,26 +156,16 @@ impl Membership {
     }
 }
 
-pub struct Stream {
-    pub id: u32,
-    pub name: String,
-    pub created_at_us: u64,
-    pub next_topic_id: u32,
-    pub topics: BTreeMap<u32, Topic>,
-}
-
 /// The whole catalog. Guarded by one `RwLock` in the server; partitions have their own locks.
 pub struct Catalog {
     pub data_dir: PathBuf,
     pub log_config: LogConfig,
     /// Starts each partition's writer when the partition is opened or created.
     pub writers: WriterContext,
-    pub next_stream_id: u32,
-    pub streams: BTreeMap<u32, Stream>,
-    pub next_user_id: u32,
-    pub users: Vec<User>,
-    pub next_token_id: u64,
-    pub tokens: Vec<PersonalAccessToken>,
+    /// The committed metadata: replaced only by [`Catalog::commit`], after it is durable.
+    meta: Metadata,
+    /// Run-time parts by (stream id, topic id): exactly the topics `meta` holds.
+    runtime: BTreeMap<(u32, u32), TopicRuntime>,
 }
 
 pub fn metadata_path(data_dir: &Path) -> PathBuf {
@@ -266,8 +197,6 @@ fn offsets_dir(partition_dir: &Path) -> PathBuf {
 pub enum CatalogError {
     #[error(transparent)]
     Storage(#[from] StorageError),
-    #[error("metadata encoding failed: {0}")]
-    Encode(String),
 }
 
 impl Partition {
@@ -413,22 +342,31 @@ fn remove_dir(dir: &Path) -> Result<(), StorageError> {
     }
 }
 
-impl Topic {
+impl Topic<'_> {
     pub fn partitions_count(&self) -> u32 {
         self.partitions.len() as u32
     }
+}
 
+impl TopicRuntime {
     /// Bump every group's generation (the partition count changed: assignments change).
-    pub fn bump_generations(&self) {
+    fn bump_generations(&self) {
         for membership in lock(&self.members).values_mut() {
             membership.generation += 1;
         }
     }
 }
 
+/// A partition whose files were created for an op that is not durable yet.
+struct Staged {
+    stream_id: u32,
+    topic_id: u32,
+    partitions: Vec<Arc<Partition>>,
+}
+
 impl Catalog {
     /// Load the catalog from `data_dir` (or start empty), opening every partition.
-    /// Returns `Ok(None)` for the metadata when none existed (first start).
+    /// The flag is true when no metadata existed (first start).
     pub fn load(
         data_dir: &Path,
         log_config: LogConfig,
@@ -438,74 +376,44 @@ impl Catalog {
             path: data_dir.to_path_buf(),
             source,
         })?;
-        let (doc, first_start) = match cairn_storage::atomic_file::read(&metadata_path(data_dir))? {
+        let (meta, first_start) = match cairn_storage::atomic_file::read(&metadata_path(data_dir))? {
             Some(bytes) => {
-                let doc: MetadataDoc = serde_json::from_slice(&bytes).map_err(|e| StorageError::Damaged {
+                let meta = Metadata::restore(&bytes).map_err(|e| StorageError::Damaged {
                     path: metadata_path(data_dir),
-                    position: e.column() as u64,
-                    reason: format!("metadata document does not decode: {e}"),
+                    position: 0,
+                    reason: e.to_string(),
                 })?;
-                if doc.format_version != METADATA_FORMAT_VERSION {
-                    return Err(StorageError::Damaged {
-                        path: metadata_path(data_dir),
-                        position: 0,
-                        reason: format!("unsupported metadata format version {}", doc.format_version),
-                    }
-                    .into());
-                }
-                (doc, false)
+                (meta, false)
             }
-            None => (
-                MetadataDoc {
-                    format_version: METADATA_FORMAT_VERSION,
-                    ..MetadataDoc::default()
-                },
-                true,
-            ),
+            None => (Metadata::default(), true),
         };
-        let mut streams = BTreeMap::new();
-        for stream_doc in doc.streams {
-            let mut topics = BTreeMap::new();
-            for topic_doc in stream_doc.topics {
-                let partitions = topic_doc
+        let mut runtime = BTreeMap::new();
+        for stream in meta.streams.values() {
+            for topic in stream.topics.values() {
+                let topic_config = topic_log_config(log_config, topic);
+                let partitions = topic
                     .partitions
                     .iter()
                     .map(|p| {
-                        let dir = partition_dir(data_dir, stream_doc.id, topic_doc.id, p.id);
-                        Arc::new(Partition::open(dir, *p, log_config, &writers))
+                        let dir = partition_dir(data_dir, stream.id, topic.id, p.id);
+                        Arc::new(Partition::open(dir, *p, topic_config, &writers))
                     })
                     .collect();
-                topics.insert(
-                    topic_doc.id,
-                    Topic {
-                        doc: topic_doc,
+                runtime.insert(
+                    (stream.id, topic.id),
+                    TopicRuntime {
                         partitions,
-                        balanced_cursor: AtomicU32::new(0),
-                        members: Mutex::new(BTreeMap::new()),
+                        ..TopicRuntime::default()
                     },
                 );
             }
-            streams.insert(
-                stream_doc.id,
-                Stream {
-                    id: stream_doc.id,
-                    name: stream_doc.name,
-                    created_at_us: stream_doc.created_at_us,
-                    next_topic_id: stream_doc.next_topic_id,
-                    topics,
-                },
-            );
         }
         let catalog = Catalog {
             data_dir: data_dir.to_path_buf(),
             log_config,
             writers,
-            next_stream_id: doc.next_stream_id,
-            streams,
-            next_user_id: doc.next_user_id,
-            users: doc.users,
-            next_token_id: doc.next_token_id,
-            tokens: doc.tokens,
+            meta,
+            runtime,
         };
         catalog.remove_orphans()?;
         Ok((catalog, first_start))
@@ -516,7 +424,7 @@ impl Catalog {
     fn remove_orphans(&self) -> Result<(), StorageError> {
         let streams_dir = self.data_dir.join("streams");
         for stream_entry in read_numeric_dirs(&streams_dir)? {
-            let Some(stream) = self.streams.get(&stream_entry.0) else {
+            let Some(stream) = self.meta.streams.get(&stream_entry.0) else {
                 tracing::warn!(dir = %stream_entry.1.display(), "removing directory of a deleted stream");
                 remove_dir(&stream_entry.1)?;
                 continue;
@@ -538,241 +446,318 @@ impl Catalog {
         Ok(())
     }
 
-    fn doc(&self) -> MetadataDoc {
-        MetadataDoc {
-            format_version: METADATA_FORMAT_VERSION,
-            next_stream_id: self.next_stream_id,
-            streams: self
-                .streams
-                .values()
-                .map(|s| StreamDoc {
-                    id: s.id,
-                    name: s.name.clone(),
-                    created_at_us: s.created_at_us,
-                    next_topic_id: s.next_topic_id,
-                    topics: s.topics.values().map(|t| t.doc.clone()).collect(),
-                })
-                .collect(),
-            next_user_id: self.next_user_id,
-            users: self.users.clone(),
-            next_token_id: self.next_token_id,
-            tokens: self.tokens.clone(),
-        }
+    /// The committed metadata.
+    pub fn meta(&self) -> &Metadata {
+        &self.meta
     }
 
-    /// Persist the metadata document atomically.
-    pub fn save(&self) -> Result<(), CatalogError> {
-        let bytes =
-            serde_json::to_vec_pretty(&self.doc()).map_err(|e| CatalogError::Encode(e.to_string()))?;
-        cairn_storage::atomic_file::write(&metadata_path(&self.data_dir), &bytes)?;
-        Ok(())
-    }
-
-    pub fn stream_by_name(&self, name: &str) -> Option<&Stream> {
-        self.streams.values().find(|s| s.name == name)
-    }
-
-    /// Create a stream; the caller has checked the name is free.
-    pub fn create_stream(&mut self, name: String, now_us: u64) -> Result<u32, CatalogError> {
-        let id = self.next_stream_id;
-        debug_assert!(!self.streams.contains_key(&id));
-        let dir = stream_dir(&self.data_dir, id);
-        if dir.exists() {
-            tracing::warn!(dir = %dir.display(), "removing orphan stream directory left by an interrupted create");
-            remove_dir(&dir)?;
-        }
-        self.next_stream_id += 1;
-        self.streams.insert(
-            id,
-            Stream {
-                id,
-                name,
-                created_at_us: now_us,
-                next_topic_id: 0,
-                topics: BTreeMap::new(),
-            },
-        );
-        self.save()?;
-        Ok(id)
-    }
-
-    /// Delete a stream with all its topics: metadata first, then files.
-    pub fn delete_stream(&mut self, stream_id: u32) -> Result<(), CatalogError> {
-        let Some(stream) = self.streams.remove(&stream_id) else {
-            return Ok(());
+    /// Apply a metadata op: decide it on a copy of the state, create what must exist before
+    /// it is durable (new partitions' files, not serving yet), write the copy durably, and
+    /// only then publish it and finish its effects (new partitions serve, deleted ones' files
+    /// go). `Err(status)`: refused or not durable, and nothing of it is visible.
+    pub fn commit(&mut self, op: &MetadataOp) -> Result<Applied, u32> {
+        let mut next = self.meta.clone();
+        let applied = next.apply(op)?;
+        let staged = match self.stage(&next, &applied.effects) {
+            Ok(staged) => staged,
+            Err(error) => {
+                tracing::error!(%error, op = ?op_name(op), "creating files for a metadata change failed: the change is refused and nothing of it was kept");
+                return Err(codes::ERROR);
+            }
         };
-        self.save()?;
-        for topic in stream.topics.values() {
-            for partition in &topic.partitions {
-                partition.destroy()?;
+        if let Err(error) = write_metadata(&self.data_dir, &next) {
+            tracing::error!(
+                %error,
+                op = ?op_name(op),
+                "writing the metadata failed: the change is refused, the metadata on disk and in memory stay as they were"
+            );
+            self.unstage(&applied.effects, staged);
+            return Err(codes::ERROR);
+        }
+        self.meta = next;
+        self.finish(&applied.effects, staged);
+        Ok(applied)
+    }
+
+    /// The part of an op's effects that comes before it is durable.
+    fn stage(&self, next: &Metadata, effects: &[Effect]) -> Result<Vec<Staged>, StorageError> {
+        let mut staged: Vec<Staged> = Vec::new();
+        for effect in effects {
+            let result = match *effect {
+                Effect::CreateStream { stream_id } => {
+                    clear_orphan(&stream_dir(&self.data_dir, stream_id), "stream").map(|()| None)
+                }
+                Effect::CreateTopic { stream_id, topic_id } => {
+                    clear_orphan(&topic_dir(&self.data_dir, stream_id, topic_id), "topic").map(|()| None)
+                }
+                Effect::CreatePartitions {
+                    stream_id,
+                    topic_id,
+                    first,
+                    count,
+                } => self
+                    .create_partitions(next, stream_id, topic_id, first, count)
+                    .map(Some),
+                _ => Ok(None),
+            };
+            match result {
+                Ok(Some(created)) => staged.push(created),
+                Ok(None) => {}
+                Err(error) => {
+                    for created in staged {
+                        for partition in created.partitions {
+                            let _ = partition.destroy();
+                        }
+                    }
+                    return Err(error);
+                }
             }
         }
-        remove_dir(&stream_dir(&self.data_dir, stream_id))?;
-        Ok(())
+        Ok(staged)
     }
 
-    /// Create a topic with `partitions_count` partitions: files first, then metadata.
-    pub fn create_topic(
-        &mut self,
+    /// Undo [`Catalog::stage`] for an op that did not become durable: its new directories
+    /// go (nothing in them was ever acknowledged). What cannot be removed now is an orphan
+    /// the next start removes.
+    fn unstage(&self, effects: &[Effect], staged: Vec<Staged>) {
+        for created in staged {
+            destroy_all(&created.partitions);
+        }
+        for effect in effects {
+            match *effect {
+                Effect::CreateStream { stream_id } => {
+                    remove_dir_logged(&stream_dir(&self.data_dir, stream_id))
+                }
+                Effect::CreateTopic { stream_id, topic_id } => {
+                    remove_dir_logged(&topic_dir(&self.data_dir, stream_id, topic_id))
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn create_partitions(
+        &self,
+        next: &Metadata,
         stream_id: u32,
-        mut doc: TopicDoc,
-        partitions_count: u32,
-    ) -> Result<u32, CatalogError> {
-        let data_dir = self.data_dir.clone();
-        let log_config = self.log_config;
-        let Some(stream) = self.streams.get_mut(&stream_id) else {
-            return Err(CatalogError::Encode(format!("stream {stream_id} vanished")));
-        };
-        let topic_id = stream.next_topic_id;
-        doc.id = topic_id;
-        let dir = topic_dir(&data_dir, stream_id, topic_id);
-        if dir.exists() {
-            tracing::warn!(dir = %dir.display(), "removing orphan topic directory left by an interrupted create");
-            remove_dir(&dir)?;
-        }
-        let mut partitions = Vec::with_capacity(partitions_count as usize);
-        for partition_id in 0..partitions_count {
-            let p_doc = PartitionDoc {
-                id: partition_id,
-                created_at_us: doc.created_at_us,
-                purge_target: 0,
-            };
-            let p_dir = partition_dir(&data_dir, stream_id, topic_id, partition_id);
-            partitions.push(Arc::new(Partition::create(
-                p_dir,
-                p_doc,
-                log_config,
-                &self.writers,
-            )?));
-            doc.partitions.push(p_doc);
-        }
-        debug_assert_eq!(doc.partitions.len(), partitions.len());
-        stream.next_topic_id += 1;
-        stream.topics.insert(
-            topic_id,
-            Topic {
-                doc,
-                partitions,
-                balanced_cursor: AtomicU32::new(0),
-                members: Mutex::new(BTreeMap::new()),
-            },
-        );
-        self.save()?;
-        Ok(topic_id)
-    }
-
-    pub fn delete_topic(&mut self, stream_id: u32, topic_id: u32) -> Result<(), CatalogError> {
-        let Some(stream) = self.streams.get_mut(&stream_id) else {
-            return Ok(());
-        };
-        let Some(topic) = stream.topics.remove(&topic_id) else {
-            return Ok(());
-        };
-        self.save()?;
-        for partition in &topic.partitions {
-            partition.destroy()?;
-        }
-        remove_dir(&topic_dir(&self.data_dir, stream_id, topic_id))?;
-        Ok(())
-    }
-
-    fn topic_mut(&mut self, stream_id: u32, topic_id: u32) -> Option<&mut Topic> {
-        self.streams
-            .get_mut(&stream_id)
-            .and_then(|s| s.topics.get_mut(&topic_id))
-    }
-
-    /// Create a consumer group; the caller has checked the name is free. Returns its id.
-    pub fn create_group(&mut self, stream_id: u32, topic_id: u32, name: String) -> Result<u32, CatalogError> {
-        let Some(topic) = self.topic_mut(stream_id, topic_id) else {
-            return Err(CatalogError::Encode(format!(
-                "topic {stream_id}/{topic_id} vanished"
+        topic_id: u32,
+        first: u32,
+        count: u32,
+    ) -> Result<Staged, StorageError> {
+        let Some(topic) = next.streams.get(&stream_id).and_then(|s| s.topics.get(&topic_id)) else {
+            return Err(StorageError::Invalid(format!(
+                "new partitions of topic {stream_id}/{topic_id}, which the metadata does not hold"
             )));
         };
-        let id = topic.doc.next_group_id;
-        topic.doc.next_group_id += 1;
-        topic.doc.consumer_groups.push(GroupDoc { id, name });
-        self.save()?;
-        Ok(id)
-    }
-
-    /// Delete a consumer group, its run-time membership and (after the metadata) its stored
-    /// offsets. Group ids are never reused, so an offset left by a crash in between is inert.
-    pub fn delete_group(&mut self, stream_id: u32, topic_id: u32, group_id: u32) -> Result<(), CatalogError> {
-        let Some(topic) = self.topic_mut(stream_id, topic_id) else {
-            return Ok(());
-        };
-        topic.doc.consumer_groups.retain(|g| g.id != group_id);
-        lock(&topic.members).remove(&group_id);
-        let partitions = topic.partitions.clone();
-        self.save()?;
-        let owner = OffsetOwner::Group(group_id);
-        for partition in partitions {
-            if let PartitionState::Serving(data) = &mut *lock(&partition.state) {
-                data.offsets.delete(&owner)?;
+        let config = topic_log_config(self.log_config, topic);
+        let mut partitions = Vec::with_capacity(count as usize);
+        for doc in topic.partitions.iter().skip(first as usize).take(count as usize) {
+            let dir = partition_dir(&self.data_dir, stream_id, topic_id, doc.id);
+            match Partition::create(dir, *doc, config, &self.writers) {
+                Ok(partition) => partitions.push(Arc::new(partition)),
+                Err(error) => {
+                    for partition in partitions {
+                        let _ = partition.destroy();
+                    }
+                    return Err(error);
+                }
             }
         }
-        Ok(())
+        debug_assert_eq!(partitions.len(), count as usize);
+        Ok(Staged {
+            stream_id,
+            topic_id,
+            partitions,
+        })
     }
 
-    /// Add `count` partitions with the next ids.
-    pub fn create_partitions(
-        &mut self,
-        stream_id: u32,
-        topic_id: u32,
-        count: u32,
-        now_us: u64,
-    ) -> Result<(), CatalogError> {
-        let data_dir = self.data_dir.clone();
-        let log_config = self.log_config;
-        let writers = self.writers.clone();
-        let Some(topic) = self
-            .streams
-            .get_mut(&stream_id)
-            .and_then(|s| s.topics.get_mut(&topic_id))
-        else {
-            return Ok(());
-        };
-        let first = topic.partitions_count();
-        for partition_id in first..first + count {
-            let p_doc = PartitionDoc {
-                id: partition_id,
-                created_at_us: now_us,
-                purge_target: 0,
-            };
-            let p_dir = partition_dir(&data_dir, stream_id, topic_id, partition_id);
-            topic
-                .partitions
-                .push(Arc::new(Partition::create(p_dir, p_doc, log_config, &writers)?));
-            topic.doc.partitions.push(p_doc);
+    /// The part of an op's effects after it is durable. A file that cannot be removed is
+    /// an orphan that the next start removes (the metadata no longer names it).
+    fn finish(&mut self, effects: &[Effect], staged: Vec<Staged>) {
+        let mut staged = staged.into_iter();
+        for effect in effects {
+            match *effect {
+                Effect::CreateStream { .. } => {}
+                Effect::CreateTopic { stream_id, topic_id } => {
+                    self.runtime
+                        .insert((stream_id, topic_id), TopicRuntime::default());
+                }
+                Effect::CreatePartitions {
+                    stream_id, topic_id, ..
+                } => {
+                    let Some(created) = staged.next() else {
+                        debug_assert!(false, "every partition creation was staged");
+                        continue;
+                    };
+                    debug_assert_eq!((created.stream_id, created.topic_id), (stream_id, topic_id));
+                    let runtime = self.runtime.entry((stream_id, topic_id)).or_default();
+                    runtime.partitions.extend(created.partitions);
+                    runtime.bump_generations();
+                }
+                Effect::DeletePartitions {
+                    stream_id,
+                    topic_id,
+                    first,
+                } => {
+                    if let Some(runtime) = self.runtime.get_mut(&(stream_id, topic_id)) {
+                        let removed: Vec<_> = runtime.partitions.drain(first as usize..).collect();
+                        runtime.bump_generations();
+                        destroy_all(&removed);
+                    }
+                }
+                Effect::DeleteTopic { stream_id, topic_id } => {
+                    if let Some(runtime) = self.runtime.remove(&(stream_id, topic_id)) {
+                        destroy_all(&runtime.partitions);
+                    }
+                    remove_dir_logged(&topic_dir(&self.data_dir, stream_id, topic_id));
+                }
+                Effect::DeleteStream { stream_id } => {
+                    let keys: Vec<_> = self
+                        .runtime
+                        .range((stream_id, 0)..=(stream_id, u32::MAX))
+                        .map(|(key, _)| *key)
+                        .collect();
+                    for key in keys {
+                        if let Some(runtime) = self.runtime.remove(&key) {
+                            destroy_all(&runtime.partitions);
+                        }
+                    }
+                    remove_dir_logged(&stream_dir(&self.data_dir, stream_id));
+                }
+                Effect::DeleteGroup {
+                    stream_id,
+                    topic_id,
+                    group_id,
+                } => {
+                    let Some(runtime) = self.runtime.get(&(stream_id, topic_id)) else {
+                        continue;
+                    };
+                    lock(&runtime.members).remove(&group_id);
+                    let owner = OffsetOwner::Group(group_id);
+                    for partition in &runtime.partitions {
+                        if let PartitionState::Serving(data) = &mut *lock(&partition.state)
+                            && let Err(error) = data.offsets.delete(&owner)
+                        {
+                            tracing::warn!(%error, partition_dir = %partition.dir.display(), group_id, "cannot delete a deleted group's stored offset; it stays on disk, inert (group ids are never reused)");
+                        }
+                    }
+                }
+            }
         }
-        topic.bump_generations();
-        self.save()
+        debug_assert!(staged.next().is_none(), "every staged partition was published");
     }
 
-    /// Remove the last `count` partitions: metadata first, then files.
-    pub fn delete_partitions(
-        &mut self,
-        stream_id: u32,
-        topic_id: u32,
-        count: u32,
-    ) -> Result<(), CatalogError> {
-        let Some(topic) = self
+    // ---- lookups ----
+
+    /// The topic `(stream_id, topic_id)` with its run-time parts.
+    pub fn topic(&self, stream_id: u32, topic_id: u32) -> Option<Topic<'_>> {
+        let doc = self.meta.streams.get(&stream_id)?.topics.get(&topic_id)?;
+        self.topic_of(stream_id, doc)
+    }
+
+    fn topic_of<'a>(&'a self, stream_id: u32, doc: &'a TopicDoc) -> Option<Topic<'a>> {
+        let runtime = self.runtime.get(&(stream_id, doc.id));
+        debug_assert!(runtime.is_some(), "every committed topic has its run-time parts");
+        let runtime = runtime?;
+        Some(Topic {
+            stream_id,
+            doc,
+            partitions: &runtime.partitions,
+            balanced_cursor: &runtime.balanced_cursor,
+            members: &runtime.members,
+        })
+    }
+
+    /// The stream an identifier names.
+    pub fn find_stream(&self, id: &Identifier) -> Result<&Stream, u32> {
+        self.meta.find_stream(id)
+    }
+
+    /// The topic an identifier names in `stream`.
+    pub fn find_topic<'a>(&'a self, stream: &'a Stream, id: &Identifier) -> Result<Topic<'a>, u32> {
+        let doc = stream.find_topic(id)?;
+        self.topic_of(stream.id, doc).ok_or(codes::TOPIC_ID_NOT_FOUND)
+    }
+
+    /// Every topic of `stream`, in id order.
+    pub fn topics_of<'a>(&'a self, stream: &'a Stream) -> impl Iterator<Item = Topic<'a>> + 'a {
+        stream
+            .topics
+            .values()
+            .filter_map(move |doc| self.topic_of(stream.id, doc))
+    }
+
+    /// Every topic, in (stream, topic) order.
+    pub fn all_topics(&self) -> impl Iterator<Item = Topic<'_>> + '_ {
+        self.meta
             .streams
-            .get_mut(&stream_id)
-            .and_then(|s| s.topics.get_mut(&topic_id))
-        else {
-            return Ok(());
-        };
-        let keep = topic.partitions.len().saturating_sub(count as usize);
-        let removed: Vec<Arc<Partition>> = topic.partitions.drain(keep..).collect();
-        topic.doc.partitions.truncate(keep);
-        topic.bump_generations();
-        self.save()?;
-        for partition in removed {
-            partition.destroy()?;
+            .values()
+            .flat_map(|stream| self.topics_of(stream))
+    }
+}
+
+/// The log configuration of a topic's partitions: the server's, with the topic's own segment
+/// size when it has one.
+fn topic_log_config(server: LogConfig, topic: &TopicDoc) -> LogConfig {
+    match topic.segment_size_bytes {
+        0 => server,
+        segment_size_bytes => LogConfig {
+            segment_size_bytes,
+            ..server
+        },
+    }
+}
+
+fn destroy_all(partitions: &[Arc<Partition>]) {
+    for partition in partitions {
+        if let Err(error) = partition.destroy() {
+            tracing::warn!(%error, partition_dir = %partition.dir.display(), "cannot remove a deleted partition's files; they are removed at the next start");
         }
-        Ok(())
+    }
+}
+
+fn remove_dir_logged(dir: &Path) {
+    if let Err(error) = remove_dir(dir) {
+        tracing::warn!(%error, dir = %dir.display(), "cannot remove a deleted directory; it is removed at the next start");
+    }
+}
+
+/// Remove a directory left by an interrupted create of the same id (never acknowledged).
+fn clear_orphan(dir: &Path, what: &str) -> Result<(), StorageError> {
+    if dir.exists() {
+        tracing::warn!(dir = %dir.display(), "removing orphan {what} directory left by an interrupted create");
+        remove_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// Write the metadata document durably (atomic replace).
+fn write_metadata(data_dir: &Path, meta: &Metadata) -> Result<(), StorageError> {
+    cairn_storage::atomic_file::write(&metadata_path(data_dir), &meta.snapshot())
+}
+
+/// The op's name for logs (not its contents: they may hold password hashes).
+fn op_name(op: &MetadataOp) -> &'static str {
+    match op {
+        MetadataOp::CreateRoot { .. } => "create_root",
+        MetadataOp::CreateStream { .. } => "create_stream",
+        MetadataOp::UpdateStream { .. } => "update_stream",
+        MetadataOp::DeleteStream { .. } => "delete_stream",
+        MetadataOp::CreateTopic { .. } => "create_topic",
+        MetadataOp::UpdateTopic { .. } => "update_topic",
+        MetadataOp::DeleteTopic { .. } => "delete_topic",
+        MetadataOp::CreatePartitions { .. } => "create_partitions",
+        MetadataOp::DeletePartitions { .. } => "delete_partitions",
+        MetadataOp::CreateGroup { .. } => "create_consumer_group",
+        MetadataOp::DeleteGroup { .. } => "delete_consumer_group",
+        MetadataOp::CreateUser { .. } => "create_user",
+        MetadataOp::UpdateUser { .. } => "update_user",
+        MetadataOp::DeleteUser { .. } => "delete_user",
+        MetadataOp::ChangePassword { .. } => "change_password",
+        MetadataOp::UpdatePermissions { .. } => "update_permissions",
+        MetadataOp::CreateToken { .. } => "create_personal_access_token",
+        MetadataOp::DeleteToken { .. } => "delete_personal_access_token",
+        MetadataOp::MarkPurge { .. } => "mark_purge",
     }
 }
 
@@ -802,7 +787,7 @@ fn read_numeric_dirs(dir: &Path) -> Result<Vec<(u32, PathBuf)>, StorageError> {
 }
 
 /// Next round-robin partition for a balanced send resolved by the server.
-pub fn next_balanced(topic: &Topic) -> Option<u32> {
+pub fn next_balanced(topic: &Topic<'_>) -> Option<u32> {
     let count = topic.partitions_count();
     if count == 0 {
         return None;
@@ -813,17 +798,6 @@ pub fn next_balanced(topic: &Topic) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Metadata written before consumer groups existed still loads: the new topic fields
-    /// default to no groups and ids from 0.
-    #[test]
-    fn topic_doc_without_group_fields_loads() {
-        let json = r#"{"id":3,"name":"t","created_at_us":1,"message_expiry_us":0,
-            "compression":1,"max_topic_size_bytes":0,"partitions":[{"id":0,"created_at_us":1}]}"#;
-        let doc: TopicDoc = serde_json::from_str(json).expect("old topic doc decodes");
-        assert!(doc.consumer_groups.is_empty());
-        assert_eq!(doc.next_group_id, 0);
-    }
 
     #[test]
     fn assignment_is_round_robin_in_join_order() {

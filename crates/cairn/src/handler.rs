@@ -9,9 +9,10 @@
 //! handlers parked in the blocking pool waiting for it could exhaust the pool and deadlock.
 
 use crate::auth;
-use crate::catalog::{self, Catalog, PartitionState, Stream, Topic, TopicDoc};
+use crate::catalog::{self, Catalog, PartitionState, Topic};
 use crate::config::Config;
 use crate::writer;
+use cairn_machine::metadata::{self, GroupDoc, MetadataOp, Outcome, PurgeMark, Stream};
 use cairn_storage::log::ReadPart;
 use cairn_storage::offsets::OffsetOwner;
 use cairn_wire::batch::{self, BatchLimits};
@@ -28,7 +29,7 @@ pub use users::{TRANSPORT_HTTP, TRANSPORT_TCP};
 
 /// Status answered for every request to a partition that failed to open (damage or IO
 /// error at boot). 3003 CannotOpenPartitionLogFile: the 0.11 SDK does not retry it.
-pub const PARTITION_REFUSED_STATUS: u32 = 3003;
+pub const PARTITION_REFUSED_STATUS: u32 = codes::CANNOT_OPEN_PARTITION_LOG_FILE;
 
 /// A reply: payload bytes, or an Iggy status code with no body.
 pub type Reply = Result<Vec<u8>, u32>;
@@ -313,7 +314,7 @@ impl Server {
                 let catalog = self.read();
                 let mut out = Vec::new();
                 if let Ok(stream) = find_stream(&catalog, &stream) {
-                    stream_details(&mut out, stream);
+                    stream_details(&mut out, &catalog, stream);
                 }
                 Ok(out)
             }
@@ -321,11 +322,12 @@ impl Server {
                 let catalog = self.read();
                 let mut out = Vec::new();
                 for stream in catalog
+                    .meta()
                     .streams
                     .values()
                     .filter(|s| self.may_read_stream(&catalog, session, s.id))
                 {
-                    reply::stream(&mut out, &stream_record(stream));
+                    reply::stream(&mut out, &stream_record(&catalog, stream));
                 }
                 Ok(out)
             }
@@ -336,39 +338,31 @@ impl Server {
                 options,
             } => {
                 refuse_options(&options)?;
-                check_name(&name, codes::INVALID_STREAM_NAME)?;
+                metadata::check_name(&name, codes::INVALID_STREAM_NAME)?;
                 let mut catalog = self.write();
-                let id = find_stream(&catalog, &stream)?.id;
-                if catalog.streams.values().any(|s| s.name == name && s.id != id) {
-                    return Err(codes::STREAM_NAME_ALREADY_EXISTS);
-                }
-                if let Some(s) = catalog.streams.get_mut(&id) {
-                    s.name = name;
-                }
-                catalog.save().map_err(storage_status)?;
+                let stream_id = find_stream(&catalog, &stream)?.id;
+                catalog.commit(&MetadataOp::UpdateStream { stream_id, name })?;
                 Ok(Vec::new())
             }
             Command::DeleteStream { stream } => {
                 let mut catalog = self.write();
-                let id = find_stream(&catalog, &stream)?.id;
-                catalog.delete_stream(id).map_err(storage_status)?;
+                let stream_id = find_stream(&catalog, &stream)?.id;
+                catalog.commit(&MetadataOp::DeleteStream { stream_id })?;
                 Ok(Vec::new())
             }
             Command::PurgeStream { stream } => self.purge(&stream, None),
             Command::GetTopic { stream, topic } => {
                 let catalog = self.read();
                 let mut out = Vec::new();
-                if let Ok(stream) = find_stream(&catalog, &stream)
-                    && let Ok(topic) = find_topic(stream, &topic)
-                {
-                    topic_details(&mut out, topic);
+                if let Ok(topic) = find_topic(&catalog, &stream, &topic) {
+                    topic_details(&mut out, &topic);
                 }
                 Ok(out)
             }
             Command::GetTopics { stream } => {
                 let catalog = self.read();
                 let stream = find_stream(&catalog, &stream)?;
-                let topics: Vec<_> = stream.topics.values().map(topic_record).collect();
+                let topics: Vec<_> = catalog.topics_of(stream).map(|t| topic_record(&t)).collect();
                 let mut out = Vec::new();
                 reply::topics_list(&mut out, &topics);
                 Ok(out)
@@ -387,11 +381,8 @@ impl Server {
             } => self.update_topic(&stream, &topic, name, &options),
             Command::DeleteTopic { stream, topic } => {
                 let mut catalog = self.write();
-                let stream = find_stream(&catalog, &stream)?;
-                let (stream_id, topic_id) = (stream.id, find_topic(stream, &topic)?.doc.id);
-                catalog
-                    .delete_topic(stream_id, topic_id)
-                    .map_err(storage_status)?;
+                let (stream_id, topic_id) = topic_ids(&catalog, &stream, &topic)?;
+                catalog.commit(&MetadataOp::DeleteTopic { stream_id, topic_id })?;
                 Ok(Vec::new())
             }
             Command::PurgeTopic { stream, topic } => self.purge(&stream, Some(&topic)),
@@ -400,19 +391,15 @@ impl Server {
                 topic,
                 partitions_count,
             } => {
-                let now_us = self.clock.now_us();
+                let created_at_us = self.clock.now_us();
                 let mut catalog = self.write();
-                let stream = find_stream(&catalog, &stream)?;
-                let topic = find_topic(stream, &topic)?;
-                let (stream_id, topic_id) = (stream.id, topic.doc.id);
-                if partitions_count == 0
-                    || topic.partitions_count() + partitions_count > catalog::PARTITIONS_PER_TOPIC_MAX
-                {
-                    return Err(codes::INVALID_PARTITIONS_COUNT);
-                }
-                catalog
-                    .create_partitions(stream_id, topic_id, partitions_count, now_us)
-                    .map_err(storage_status)?;
+                let (stream_id, topic_id) = topic_ids(&catalog, &stream, &topic)?;
+                catalog.commit(&MetadataOp::CreatePartitions {
+                    stream_id,
+                    topic_id,
+                    count: partitions_count,
+                    created_at_us,
+                })?;
                 Ok(Vec::new())
             }
             Command::DeletePartitions {
@@ -421,15 +408,12 @@ impl Server {
                 partitions_count,
             } => {
                 let mut catalog = self.write();
-                let stream = find_stream(&catalog, &stream)?;
-                let topic = find_topic(stream, &topic)?;
-                let (stream_id, topic_id) = (stream.id, topic.doc.id);
-                if partitions_count == 0 || partitions_count > topic.partitions_count() {
-                    return Err(codes::INVALID_PARTITIONS_COUNT);
-                }
-                catalog
-                    .delete_partitions(stream_id, topic_id, partitions_count)
-                    .map_err(storage_status)?;
+                let (stream_id, topic_id) = topic_ids(&catalog, &stream, &topic)?;
+                catalog.commit(&MetadataOp::DeletePartitions {
+                    stream_id,
+                    topic_id,
+                    count: partitions_count,
+                })?;
                 Ok(Vec::new())
             }
             Command::DeleteSegments {
@@ -529,6 +513,7 @@ impl Server {
                 let catalog = self.read();
                 let mut out = Vec::new();
                 for token in catalog
+                    .meta()
                     .tokens
                     .iter()
                     .filter(|t| Some(t.user_id) == session.user_id)
@@ -538,15 +523,8 @@ impl Server {
                 Ok(out)
             }
             Command::DeletePersonalAccessToken { name } => {
-                let mut catalog = self.write();
-                let before = catalog.tokens.len();
-                catalog
-                    .tokens
-                    .retain(|t| !(Some(t.user_id) == session.user_id && t.name == name));
-                if catalog.tokens.len() == before {
-                    return Err(codes::RESOURCE_NOT_FOUND);
-                }
-                catalog.save().map_err(storage_status)?;
+                let user_id = session.user_id.ok_or(codes::UNAUTHENTICATED)?;
+                self.write().commit(&MetadataOp::DeleteToken { user_id, name })?;
                 Ok(Vec::new())
             }
             Command::GetClient { client_id } => self.get_client(client_id),
@@ -575,61 +553,59 @@ impl Server {
             }
             Command::GetConsumerGroup { stream, topic, group } => {
                 let catalog = self.read();
-                let topic = find_topic(find_stream(&catalog, &stream)?, &topic)?;
+                let topic = find_topic(&catalog, &stream, &topic)?;
                 let mut out = Vec::new();
-                if let Ok(group) = find_group(topic, &group) {
-                    reply::group_details(&mut out, &group_record(topic, group));
+                if let Ok(group) = topic.doc.find_group(&group) {
+                    reply::group_details(&mut out, &group_record(&topic, group));
                 }
                 Ok(out)
             }
             Command::GetConsumerGroups { stream, topic } => {
                 let catalog = self.read();
-                let topic = find_topic(find_stream(&catalog, &stream)?, &topic)?;
+                let topic = find_topic(&catalog, &stream, &topic)?;
                 let mut out = Vec::new();
                 for group in &topic.doc.consumer_groups {
-                    reply::group(&mut out, &group_record(topic, group));
+                    reply::group(&mut out, &group_record(&topic, group));
                 }
                 Ok(out)
             }
             Command::CreateConsumerGroup { stream, topic, name } => {
-                check_name(&name, INVALID_CONSUMER_GROUP_NAME)?;
+                metadata::check_name(&name, codes::INVALID_CONSUMER_GROUP_NAME)?;
                 let mut catalog = self.write();
-                let stream = find_stream(&catalog, &stream)?;
-                let topic = find_topic(stream, &topic)?;
-                let (stream_id, topic_id) = (stream.id, topic.doc.id);
-                if topic.doc.consumer_groups.iter().any(|g| g.name == name) {
-                    return Err(codes::CONSUMER_GROUP_NAME_ALREADY_EXISTS);
-                }
-                let group_id = catalog
-                    .create_group(stream_id, topic_id, name)
-                    .map_err(storage_status)?;
+                let (stream_id, topic_id) = topic_ids(&catalog, &stream, &topic)?;
+                let outcome = catalog
+                    .commit(&MetadataOp::CreateGroup {
+                        stream_id,
+                        topic_id,
+                        name,
+                    })?
+                    .outcome;
                 let mut out = Vec::new();
-                if let Some(topic) = catalog
-                    .streams
-                    .get(&stream_id)
-                    .and_then(|s| s.topics.get(&topic_id))
+                if let Outcome::Group { group_id, .. } = outcome
+                    && let Some(topic) = catalog.topic(stream_id, topic_id)
                     && let Some(group) = topic.doc.consumer_groups.iter().find(|g| g.id == group_id)
                 {
-                    reply::group_details(&mut out, &group_record(topic, group));
+                    reply::group_details(&mut out, &group_record(&topic, group));
                 }
                 Ok(out)
             }
             Command::DeleteConsumerGroup { stream, topic, group } => {
                 let mut catalog = self.write();
-                let stream = find_stream(&catalog, &stream)?;
-                let topic = find_topic(stream, &topic)?;
-                let group_id = find_group(topic, &group)?.id;
-                let (stream_id, topic_id) = (stream.id, topic.doc.id);
-                catalog
-                    .delete_group(stream_id, topic_id, group_id)
-                    .map_err(storage_status)?;
+                let topic = find_topic(&catalog, &stream, &topic)?;
+                let (stream_id, topic_id, group_id) =
+                    (topic.stream_id, topic.doc.id, topic.doc.find_group(&group)?.id);
+                catalog.commit(&MetadataOp::DeleteGroup {
+                    stream_id,
+                    topic_id,
+                    group_id,
+                })?;
                 Ok(Vec::new())
             }
             Command::JoinConsumerGroup { stream, topic, group } => {
                 let catalog = self.read();
-                let topic = find_topic(find_stream(&catalog, &stream)?, &topic)?;
-                let group_id = find_group(topic, &group)?.id;
-                catalog::lock(&topic.members)
+                let topic = find_topic(&catalog, &stream, &topic)?;
+                let group_id = topic.doc.find_group(&group)?.id;
+                catalog::lock(topic.members)
                     .entry(group_id)
                     .or_default()
                     .join(session.client_id);
@@ -637,9 +613,9 @@ impl Server {
             }
             Command::LeaveConsumerGroup { stream, topic, group } => {
                 let catalog = self.read();
-                let topic = find_topic(find_stream(&catalog, &stream)?, &topic)?;
-                let group_id = find_group(topic, &group)?.id;
-                let left = catalog::lock(&topic.members)
+                let topic = find_topic(&catalog, &stream, &topic)?;
+                let group_id = topic.doc.find_group(&group)?.id;
+                let left = catalog::lock(topic.members)
                     .get_mut(&group_id)
                     .is_some_and(|m| m.leave(session.client_id));
                 if left {
@@ -650,9 +626,9 @@ impl Server {
             }
             Command::SyncConsumerGroup { stream, topic, group } => {
                 let catalog = self.read();
-                let topic = find_topic(find_stream(&catalog, &stream)?, &topic)?;
-                let group_id = find_group(topic, &group)?.id;
-                let members = catalog::lock(&topic.members);
+                let topic = find_topic(&catalog, &stream, &topic)?;
+                let group_id = topic.doc.find_group(&group)?.id;
+                let members = catalog::lock(topic.members);
                 let mut out = Vec::new();
                 if let Some(membership) = members.get(&group_id)
                     && let Some(index) = membership.position(session.client_id)
@@ -677,7 +653,12 @@ impl Server {
     fn login_password(&self, session: &mut Session, username: &str, password: &str) -> Reply {
         let user = {
             let catalog = self.read();
-            catalog.users.iter().find(|u| u.username == username).cloned()
+            catalog
+                .meta()
+                .users
+                .iter()
+                .find(|u| u.username == username)
+                .cloned()
         };
         // Always run one argon2 verification so a missing user costs the same as a wrong
         // password (no user enumeration by timing).
@@ -701,7 +682,7 @@ impl Server {
         };
         let found = {
             let catalog = self.read();
-            catalog.tokens.iter().find(|t| t.id == token_id).cloned()
+            catalog.meta().tokens.iter().find(|t| t.id == token_id).cloned()
         };
         let Some(found) = found.filter(|t| auth::verify_secret(token, &t.token_hash)) else {
             return Err(codes::INVALID_PAT);
@@ -712,11 +693,7 @@ impl Server {
         // A token logs in as its user, so it is refused like that user's password would be.
         let status = {
             let catalog = self.read();
-            catalog
-                .users
-                .iter()
-                .find(|u| u.id == found.user_id)
-                .map(|u| u.status)
+            catalog.meta().user(found.user_id).map(|u| u.status)
         };
         match status {
             None => return Err(codes::INVALID_PAT),
@@ -741,22 +718,14 @@ impl Server {
             return Err(codes::UNAUTHENTICATED);
         };
         if !auth::TOKEN_NAME_LEN.contains(&name.len()) {
-            return Err(users::INVALID_PAT_NAME);
+            return Err(codes::INVALID_PAT_NAME);
         }
         let now_us = self.clock.now_us();
         let mut catalog = self.write();
-        if catalog
-            .tokens
-            .iter()
-            .any(|t| t.user_id == user_id && t.name == name)
-        {
-            return Err(codes::PAT_ALREADY_EXISTS);
-        }
-        if catalog.tokens.iter().filter(|t| t.user_id == user_id).count() >= auth::TOKENS_PER_USER_MAX {
-            return Err(users::PAT_LIMIT_REACHED);
-        }
-        let id = catalog.next_token_id;
-        let raw = auth::new_token(id);
+        // The id is embedded in the raw token, so it is decided here, under the write lock
+        // that the commit below holds too.
+        let token_id = catalog.meta().next_token_id;
+        let raw = auth::new_token(token_id);
         let token_hash = auth::hash_secret(&raw).map_err(|e| {
             tracing::error!(error = %e, "hashing a token failed");
             codes::ERROR
@@ -765,15 +734,13 @@ impl Server {
             0 | u64::MAX => 0,
             duration_us => now_us.saturating_add(duration_us),
         };
-        catalog.next_token_id += 1;
-        catalog.tokens.push(auth::PersonalAccessToken {
-            id,
+        catalog.commit(&MetadataOp::CreateToken {
             user_id,
+            token_id,
             name,
             token_hash,
             expiry_at_us,
-        });
-        catalog.save().map_err(storage_status)?;
+        })?;
         let mut out = Vec::new();
         reply::pat_token(&mut out, &raw);
         Ok(out)
@@ -823,7 +790,7 @@ impl Server {
             written_bytes: crate::stats::written_bytes(),
             free_disk_space,
             total_disk_space,
-            streams_count: catalog.streams.len() as u32,
+            streams_count: catalog.meta().streams.len() as u32,
             clients_count: self.clients_connected.load(Ordering::Relaxed),
             hostname: read_trimmed("/proc/sys/kernel/hostname"),
             os_name: std::env::consts::OS.to_string(),
@@ -835,12 +802,12 @@ impl Server {
                 .unwrap_or(1),
             ..reply::Stats::default()
         };
-        for stream in catalog.streams.values() {
-            s.topics_count += stream.topics.len() as u32;
-            for topic in stream.topics.values() {
+        for topic in catalog.all_topics() {
+            s.topics_count += 1;
+            {
                 s.partitions_count += topic.partitions_count();
                 s.consumer_groups_count += topic.doc.consumer_groups.len() as u32;
-                for partition in &topic.partitions {
+                for partition in topic.partitions {
                     if let PartitionState::Serving(data) = &*catalog::lock(&partition.state) {
                         let log_stats = data.log.stats();
                         s.segments_count += log_stats.segments_count;
@@ -859,16 +826,17 @@ impl Server {
 
     fn create_stream(&self, name: String, options: &[OptionEntry]) -> Reply {
         refuse_options(options)?;
-        check_name(&name, codes::INVALID_STREAM_NAME)?;
-        let now_us = self.clock.now_us();
+        metadata::check_name(&name, codes::INVALID_STREAM_NAME)?;
+        let created_at_us = self.clock.now_us();
         let mut catalog = self.write();
-        if catalog.stream_by_name(&name).is_some() {
-            return Err(codes::STREAM_NAME_ALREADY_EXISTS);
-        }
-        let id = catalog.create_stream(name, now_us).map_err(storage_status)?;
+        let outcome = catalog
+            .commit(&MetadataOp::CreateStream { name, created_at_us })?
+            .outcome;
         let mut out = Vec::new();
-        if let Some(stream) = catalog.streams.get(&id) {
-            stream_details(&mut out, stream);
+        if let Outcome::Stream(id) = outcome
+            && let Some(stream) = catalog.meta().streams.get(&id)
+        {
+            stream_details(&mut out, &catalog, stream);
         }
         Ok(out)
     }
@@ -880,39 +848,28 @@ impl Server {
         name: String,
         options: &[OptionEntry],
     ) -> Reply {
-        check_name(&name, codes::INVALID_TOPIC_NAME)?;
-        if partitions_count > catalog::PARTITIONS_PER_TOPIC_MAX {
+        metadata::check_name(&name, codes::INVALID_TOPIC_NAME)?;
+        if partitions_count > metadata::PARTITIONS_PER_TOPIC_MAX {
             return Err(codes::INVALID_PARTITIONS_COUNT);
         }
-        let settings = TopicSettings::from_options(options, true)?;
-        let now_us = self.clock.now_us();
+        let settings = topic_settings(options, true)?;
+        let created_at_us = self.clock.now_us();
         let mut catalog = self.write();
-        let stream = find_stream(&catalog, stream)?;
-        if stream.topics.values().any(|t| t.doc.name == name) {
-            return Err(codes::TOPIC_NAME_ALREADY_EXISTS);
-        }
-        let stream_id = stream.id;
-        let doc = TopicDoc {
-            id: 0,
-            name,
-            created_at_us: now_us,
-            message_expiry_us: settings.message_expiry_us.unwrap_or(0),
-            compression: settings.compression.unwrap_or(1),
-            max_topic_size_bytes: settings.max_topic_size_bytes.unwrap_or(0),
-            partitions: Vec::new(),
-            consumer_groups: Vec::new(),
-            next_group_id: 0,
-        };
-        let topic_id = catalog
-            .create_topic(stream_id, doc, partitions_count)
-            .map_err(storage_status)?;
+        let stream_id = find_stream(&catalog, stream)?.id;
+        let outcome = catalog
+            .commit(&MetadataOp::CreateTopic {
+                stream_id,
+                name,
+                created_at_us,
+                partitions_count,
+                settings,
+            })?
+            .outcome;
         let mut out = Vec::new();
-        if let Some(topic) = catalog
-            .streams
-            .get(&stream_id)
-            .and_then(|s| s.topics.get(&topic_id))
+        if let Outcome::Topic { stream_id, topic_id } = outcome
+            && let Some(topic) = catalog.topic(stream_id, topic_id)
         {
-            topic_details(&mut out, topic);
+            topic_details(&mut out, &topic);
         }
         Ok(out)
     }
@@ -924,36 +881,16 @@ impl Server {
         name: String,
         options: &[OptionEntry],
     ) -> Reply {
-        check_name(&name, codes::INVALID_TOPIC_NAME)?;
-        let settings = TopicSettings::from_options(options, false)?;
+        metadata::check_name(&name, codes::INVALID_TOPIC_NAME)?;
+        let settings = topic_settings(options, false)?;
         let mut catalog = self.write();
-        let stream = find_stream(&catalog, stream)?;
-        let topic = find_topic(stream, topic)?;
-        let (stream_id, topic_id) = (stream.id, topic.doc.id);
-        if stream
-            .topics
-            .values()
-            .any(|t| t.doc.name == name && t.doc.id != topic_id)
-        {
-            return Err(codes::TOPIC_NAME_ALREADY_EXISTS);
-        }
-        if let Some(topic) = catalog
-            .streams
-            .get_mut(&stream_id)
-            .and_then(|s| s.topics.get_mut(&topic_id))
-        {
-            topic.doc.name = name;
-            if let Some(expiry) = settings.message_expiry_us {
-                topic.doc.message_expiry_us = expiry;
-            }
-            if let Some(compression) = settings.compression {
-                topic.doc.compression = compression;
-            }
-            if let Some(size) = settings.max_topic_size_bytes {
-                topic.doc.max_topic_size_bytes = size;
-            }
-        }
-        catalog.save().map_err(storage_status)?;
+        let (stream_id, topic_id) = topic_ids(&catalog, stream, topic)?;
+        catalog.commit(&MetadataOp::UpdateTopic {
+            stream_id,
+            topic_id,
+            name,
+            settings,
+        })?;
         Ok(Vec::new())
     }
 
@@ -973,14 +910,14 @@ impl Server {
             Consumer::Consumer(id) => (OffsetOwner::Consumer(consumer_key(id)), partition_id.unwrap_or(0)),
             Consumer::Group(group) => {
                 let catalog = self.read();
-                let topic = find_topic(find_stream(&catalog, stream)?, topic)?;
-                let group_id = find_group(topic, group)?.id;
+                let topic = find_topic(&catalog, stream, topic)?;
+                let group_id = topic.doc.find_group(group)?.id;
                 let partition_id = match partition_id {
                     Some(p) => p,
                     // "Resolved server-side for consumer groups": the partition last served
                     // to this member, else its first assigned one.
                     None => {
-                        let members = catalog::lock(&topic.members);
+                        let members = catalog::lock(topic.members);
                         members
                             .get(&group_id)
                             .and_then(|m| {
@@ -1014,10 +951,10 @@ impl Server {
         partition_id: Option<u32>,
     ) -> Result<Option<(OffsetOwner, u32)>, u32> {
         let catalog = self.read();
-        let topic = find_topic(find_stream(&catalog, stream)?, topic)?;
-        let group_id = find_group(topic, group)?.id;
+        let topic = find_topic(&catalog, stream, topic)?;
+        let group_id = topic.doc.find_group(group)?.id;
         let partitions_count = topic.partitions_count();
-        let mut members = catalog::lock(&topic.members);
+        let mut members = catalog::lock(topic.members);
         let Some(membership) = members.get_mut(&group_id) else {
             return Err(codes::CONSUMER_GROUP_MEMBER_NOT_FOUND);
         };
@@ -1026,7 +963,7 @@ impl Server {
         };
         let partition_id = match partition_id {
             Some(p) if membership.assigned(index, partitions_count).contains(&p) => p,
-            Some(_) => return Err(CONSUMER_GROUP_PARTITION_NOT_OWNED),
+            Some(_) => return Err(codes::CONSUMER_GROUP_PARTITION_NOT_OWNED),
             None => match membership.next_partition(index, partitions_count) {
                 Some(p) => p,
                 None => return Ok(None),
@@ -1041,11 +978,9 @@ impl Server {
     /// Remove `client_id` from every consumer group (Logout, connection close).
     pub fn drop_memberships(&self, client_id: u32) {
         let catalog = self.read();
-        for stream in catalog.streams.values() {
-            for topic in stream.topics.values() {
-                for membership in catalog::lock(&topic.members).values_mut() {
-                    membership.leave(client_id);
-                }
+        for topic in catalog.all_topics() {
+            for membership in catalog::lock(topic.members).values_mut() {
+                membership.leave(client_id);
             }
         }
     }
@@ -1054,12 +989,10 @@ impl Server {
     fn client_record(&self, session: &Session) -> reply::ClientRecord {
         let mut consumer_groups = Vec::new();
         let catalog = self.read();
-        for stream in catalog.streams.values() {
-            for topic in stream.topics.values() {
-                for (group_id, membership) in catalog::lock(&topic.members).iter() {
-                    if membership.position(session.client_id).is_some() {
-                        consumer_groups.push((stream.id, topic.doc.id, *group_id));
-                    }
+        for topic in catalog.all_topics() {
+            for (group_id, membership) in catalog::lock(topic.members).iter() {
+                if membership.position(session.client_id).is_some() {
+                    consumer_groups.push((topic.stream_id, topic.doc.id, *group_id));
                 }
             }
         }
@@ -1080,8 +1013,7 @@ impl Server {
         partition_id: u32,
     ) -> Result<Arc<catalog::Partition>, u32> {
         let catalog = self.read();
-        let stream = find_stream(&catalog, stream)?;
-        let topic = find_topic(stream, topic)?;
+        let topic = find_topic(&catalog, stream, topic)?;
         topic
             .partitions
             .get(partition_id as usize)
@@ -1104,15 +1036,14 @@ impl Server {
         batch::validate(&batch, messages_count, &self.limits).map_err(|e| e.status())?;
         let (stream_id, topic_id, partition) = {
             let catalog = self.read();
-            let stream = find_stream(&catalog, stream)?;
-            let topic = find_topic(stream, topic)?;
-            let partition_id = resolve_partition(topic, partitioning)?;
+            let topic = find_topic(&catalog, stream, topic)?;
+            let partition_id = resolve_partition(&topic, partitioning)?;
             let partition = topic
                 .partitions
                 .get(partition_id as usize)
                 .cloned()
                 .ok_or(codes::PARTITION_NOT_FOUND)?;
-            (stream.id, topic.doc.id, partition)
+            (topic.stream_id, topic.doc.id, partition)
         };
         Ok(PreparedSend {
             stream_id,
@@ -1291,55 +1222,33 @@ impl Server {
         let mut catalog = self.write();
         let stream = find_stream(&catalog, stream)?;
         let stream_id = stream.id;
-        let topic_ids: Vec<u32> = match topic {
-            Some(topic) => vec![find_topic(stream, topic)?.doc.id],
-            None => stream.topics.keys().copied().collect(),
+        let topics: Vec<Topic<'_>> = match topic {
+            Some(topic) => vec![catalog.find_topic(stream, topic)?],
+            None => catalog.topics_of(stream).collect(),
         };
         // (topic id, partition) in catalog order; locked in that order (only a purge holds
         // more than one partition lock, and only under the catalog write lock).
-        let partitions: Vec<(u32, Arc<catalog::Partition>)> = topic_ids
+        let partitions: Vec<(u32, Arc<catalog::Partition>)> = topics
             .iter()
-            .filter_map(|id| stream.topics.get(id))
             .flat_map(|t| t.partitions.iter().map(|p| (t.doc.id, p.clone())))
             .collect();
         let mut guards: Vec<_> = partitions.iter().map(|(_, p)| catalog::lock(&p.state)).collect();
-        let mut targets = Vec::with_capacity(guards.len());
-        for guard in guards.iter_mut() {
-            targets.push(serving(guard)?.log.next_offset());
+        let mut marks = Vec::with_capacity(guards.len());
+        for ((topic_id, partition), guard) in partitions.iter().zip(guards.iter_mut()) {
+            marks.push(PurgeMark {
+                topic_id: *topic_id,
+                partition_id: partition.id,
+                target: serving(guard)?.log.next_offset(),
+            });
         }
-        let Some(stream) = catalog.streams.get_mut(&stream_id) else {
-            return Err(codes::STREAM_ID_NOT_FOUND);
-        };
-        let mut previous = Vec::with_capacity(targets.len());
-        for ((topic_id, partition), &target) in partitions.iter().zip(&targets) {
-            let Some(doc) = stream
-                .topics
-                .get_mut(topic_id)
-                .and_then(|t| t.doc.partitions.get_mut(partition.id as usize))
-            else {
-                return Err(codes::PARTITION_NOT_FOUND);
-            };
-            debug_assert!(target >= doc.purge_target, "append counters never go back");
-            previous.push(doc.purge_target);
-            doc.purge_target = target;
-        }
-        if let Err(error) = catalog.save() {
-            // Nothing was purged; the marker in memory goes back to what the disk holds.
-            if let Some(stream) = catalog.streams.get_mut(&stream_id) {
-                for ((topic_id, partition), old) in partitions.iter().zip(previous) {
-                    if let Some(doc) = stream
-                        .topics
-                        .get_mut(topic_id)
-                        .and_then(|t| t.doc.partitions.get_mut(partition.id as usize))
-                    {
-                        doc.purge_target = old;
-                    }
-                }
-            }
-            return Err(storage_status(error));
-        }
+        // Nothing is purged unless the marks are durable; a refused commit changed nothing.
+        catalog.commit(&MetadataOp::MarkPurge {
+            stream_id,
+            marks: marks.clone(),
+        })?;
         crash_point("purge-after-marker");
-        for (((_, partition), guard), target) in partitions.iter().zip(guards.iter_mut()).zip(targets) {
+        for (((_, partition), guard), mark) in partitions.iter().zip(guards.iter_mut()).zip(marks) {
+            let target = mark.target;
             let data = serving(guard)?;
             // Offsets first: a crash after them is finished at boot (the log still starts
             // below the target); no stored offset outlives its purge.
@@ -1353,14 +1262,6 @@ impl Server {
     }
 }
 
-fn check_name(name: &str, status: u32) -> Result<(), u32> {
-    if name.is_empty() || name.len() > 255 {
-        Err(status)
-    } else {
-        Ok(())
-    }
-}
-
 /// Streams have no option keys in this dialect.
 fn refuse_options(options: &[OptionEntry]) -> Result<(), u32> {
     match options.first() {
@@ -1369,28 +1270,9 @@ fn refuse_options(options: &[OptionEntry]) -> Result<(), u32> {
     }
 }
 
-/// 5009 ConsumerGroupPartitionNotOwned: the 0.11 client re-syncs (606) and retries.
-const CONSUMER_GROUP_PARTITION_NOT_OWNED: u32 = 5009;
-/// 5005 InvalidConsumerGroupName.
-const INVALID_CONSUMER_GROUP_NAME: u32 = 5005;
-
-fn find_group<'a>(topic: &'a Topic, id: &Identifier) -> Result<&'a catalog::GroupDoc, u32> {
-    let groups = &topic.doc.consumer_groups;
-    match id {
-        Identifier::Numeric(n) => groups
-            .iter()
-            .find(|g| g.id == *n)
-            .ok_or(codes::CONSUMER_GROUP_ID_NOT_FOUND),
-        Identifier::Name(name) => groups
-            .iter()
-            .find(|g| &g.name == name)
-            .ok_or(codes::CONSUMER_GROUP_NAME_NOT_FOUND),
-    }
-}
-
-fn group_record(topic: &Topic, group: &catalog::GroupDoc) -> reply::GroupRecord {
+fn group_record(topic: &Topic<'_>, group: &GroupDoc) -> reply::GroupRecord {
     let partitions_count = topic.partitions_count();
-    let members = catalog::lock(&topic.members);
+    let members = catalog::lock(topic.members);
     let members = members
         .get(&group.id)
         .map(|m| {
@@ -1417,24 +1299,20 @@ fn consumer_key(id: &Identifier) -> cairn_storage::offsets::ConsumerKey {
 }
 
 fn find_stream<'a>(catalog: &'a Catalog, id: &Identifier) -> Result<&'a Stream, u32> {
-    match id {
-        Identifier::Numeric(n) => catalog.streams.get(n).ok_or(codes::STREAM_ID_NOT_FOUND),
-        Identifier::Name(name) => catalog.stream_by_name(name).ok_or(codes::STREAM_NAME_NOT_FOUND),
-    }
+    catalog.find_stream(id)
 }
 
-fn find_topic<'a>(stream: &'a Stream, id: &Identifier) -> Result<&'a Topic, u32> {
-    match id {
-        Identifier::Numeric(n) => stream.topics.get(n).ok_or(codes::TOPIC_ID_NOT_FOUND),
-        Identifier::Name(name) => stream
-            .topics
-            .values()
-            .find(|t| &t.doc.name == name)
-            .ok_or(codes::TOPIC_NAME_NOT_FOUND),
-    }
+fn find_topic<'a>(catalog: &'a Catalog, stream: &Identifier, topic: &Identifier) -> Result<Topic<'a>, u32> {
+    catalog.find_topic(catalog.find_stream(stream)?, topic)
 }
 
-fn resolve_partition(topic: &Topic, partitioning: &Partitioning) -> Result<u32, u32> {
+/// The (stream id, topic id) two identifiers name.
+fn topic_ids(catalog: &Catalog, stream: &Identifier, topic: &Identifier) -> Result<(u32, u32), u32> {
+    let (stream, topic) = catalog.meta().find_topic(stream, topic)?;
+    Ok((stream.id, topic.id))
+}
+
+fn resolve_partition(topic: &Topic<'_>, partitioning: &Partitioning) -> Result<u32, u32> {
     let count = topic.partitions_count();
     if count == 0 {
         return Err(codes::NO_PARTITIONS);
@@ -1447,7 +1325,7 @@ fn resolve_partition(topic: &Topic, partitioning: &Partitioning) -> Result<u32, 
     }
 }
 
-fn stream_record(stream: &Stream) -> reply::StreamRecord {
+fn stream_record(catalog: &Catalog, stream: &Stream) -> reply::StreamRecord {
     let mut record = reply::StreamRecord {
         id: stream.id,
         created_at: stream.created_at_us,
@@ -1456,17 +1334,17 @@ fn stream_record(stream: &Stream) -> reply::StreamRecord {
         messages_count: 0,
         name: stream.name.clone(),
     };
-    for topic in stream.topics.values() {
-        let t = topic_record(topic);
+    for topic in catalog.topics_of(stream) {
+        let t = topic_record(&topic);
         record.size_bytes += t.size_bytes;
         record.messages_count += t.messages_count;
     }
     record
 }
 
-fn stream_details(out: &mut Vec<u8>, stream: &Stream) {
-    let topics: Vec<_> = stream.topics.values().map(topic_record).collect();
-    reply::stream_details(out, &stream_record(stream), &topics);
+fn stream_details(out: &mut Vec<u8>, catalog: &Catalog, stream: &Stream) {
+    let topics: Vec<_> = catalog.topics_of(stream).map(|t| topic_record(&t)).collect();
+    reply::stream_details(out, &stream_record(catalog, stream), &topics);
 }
 
 fn partition_record(partition: &catalog::Partition) -> reply::PartitionRecord {
@@ -1488,7 +1366,7 @@ fn partition_record(partition: &catalog::Partition) -> reply::PartitionRecord {
     record
 }
 
-fn topic_record(topic: &Topic) -> reply::TopicRecord {
+fn topic_record(topic: &Topic<'_>) -> reply::TopicRecord {
     let mut record = reply::TopicRecord {
         id: topic.doc.id,
         created_at: topic.doc.created_at_us,
@@ -1500,7 +1378,7 @@ fn topic_record(topic: &Topic) -> reply::TopicRecord {
         messages_count: 0,
         name: topic.doc.name.clone(),
     };
-    for partition in &topic.partitions {
+    for partition in topic.partitions {
         let p = partition_record(partition);
         record.size_bytes += p.size_bytes;
         record.messages_count += p.messages_count;
@@ -1508,23 +1386,15 @@ fn topic_record(topic: &Topic) -> reply::TopicRecord {
     record
 }
 
-fn topic_details(out: &mut Vec<u8>, topic: &Topic) {
+fn topic_details(out: &mut Vec<u8>, topic: &Topic<'_>) {
     let partitions: Vec<_> = topic.partitions.iter().map(|p| partition_record(p)).collect();
     reply::topic_details(out, &topic_record(topic), &partitions);
 }
 
-/// Topic settings carried in an option block.
-#[derive(Debug, Default)]
-struct TopicSettings {
-    message_expiry_us: Option<u64>,
-    compression: Option<u8>,
-    max_topic_size_bytes: Option<u64>,
-}
-
-impl TopicSettings {
-    /// Parse and check an option block. `create` allows the create-only keys.
-    fn from_options(options: &[OptionEntry], create: bool) -> Result<TopicSettings, u32> {
-        let mut settings = TopicSettings::default();
+/// Parse and check a topic's option block. `create` allows the create-only keys.
+fn topic_settings(options: &[OptionEntry], create: bool) -> Result<metadata::TopicSettings, u32> {
+    {
+        let mut settings = metadata::TopicSettings::default();
         for entry in options {
             let text = std::str::from_utf8(&entry.value).ok();
             let uint = || -> Option<u64> {
@@ -1566,10 +1436,15 @@ impl TopicSettings {
                     }
                 }
                 "segment_size" if create => {
-                    let v = uint().ok_or(invalid)?;
-                    if v < 1024 * 1024 || v % 512 != 0 {
-                        return Err(invalid);
-                    }
+                    // The SDK sends 0 for "the server's default". Index positions are u32,
+                    // so a segment stays below 4 GiB.
+                    settings.segment_size_bytes = match uint().ok_or(invalid)? {
+                        0 => None,
+                        v if v < 1024 * 1024 || v % 512 != 0 || v > u64::from(u32::MAX) => {
+                            return Err(invalid);
+                        }
+                        v => Some(v),
+                    };
                 }
                 "messages_required_to_save" if create => {
                     let v = uint().ok_or(invalid)?;

@@ -17,7 +17,7 @@ mod catalog;
 mod config;
 mod handler;
 mod http;
-mod permissions;
+use cairn_machine::permissions;
 mod retention;
 mod stats;
 mod tcp;
@@ -332,7 +332,7 @@ fn ensure_root_user(
     now_us: u64,
     first_start: bool,
 ) -> Result<Option<String>, String> {
-    if catalog.users.iter().any(|u| u.id == auth::ROOT_USER_ID) {
+    if catalog.meta().user(auth::ROOT_USER_ID).is_some() {
         if config.root_password.is_some() {
             tracing::info!(
                 "root user already exists: the configured root password is ignored (the stored one stays)"
@@ -349,16 +349,12 @@ fn ensure_root_user(
     };
     let password_hash =
         auth::hash_secret(&password).map_err(|e| format!("cannot hash the root password: {e}"))?;
-    catalog.users.push(auth::User {
-        id: auth::ROOT_USER_ID,
-        username: auth::ROOT_USERNAME.to_string(),
-        password_hash,
-        status: auth::USER_STATUS_ACTIVE,
-        created_at_us: now_us,
-        permissions: None,
-    });
-    catalog.next_user_id = catalog.next_user_id.max(auth::ROOT_USER_ID + 1);
-    catalog.save().map_err(|e| format!("cannot save metadata: {e}"))?;
+    catalog
+        .commit(&cairn_machine::metadata::MetadataOp::CreateRoot {
+            password_hash,
+            created_at_us: now_us,
+        })
+        .map_err(|status| format!("cannot create the root user (status {status}); see the log above"))?;
     Ok(generated.then_some(password))
 }
 
@@ -386,9 +382,7 @@ async fn stop_partitions(server: &handler::Server) {
             Err(poisoned) => poisoned.into_inner(),
         };
         catalog
-            .streams
-            .values()
-            .flat_map(|stream| stream.topics.values())
+            .all_topics()
             .flat_map(|topic| topic.partitions.iter().cloned())
             .collect()
     };

@@ -86,9 +86,7 @@ pub fn enforce(server: &Server, now_us: u64) {
             Err(poisoned) => panic!("catalog lock poisoned by an earlier panic: {poisoned}"),
         };
         catalog
-            .streams
-            .values()
-            .flat_map(|stream| stream.topics.values())
+            .all_topics()
             .filter(|topic| {
                 !unlimited(topic.doc.message_expiry_us) || !unlimited(topic.doc.max_topic_size_bytes)
             })
@@ -96,7 +94,7 @@ pub fn enforce(server: &Server, now_us: u64) {
                 (
                     topic.doc.message_expiry_us,
                     topic.doc.max_topic_size_bytes,
-                    topic.partitions.clone(),
+                    topic.partitions.to_vec(),
                 )
             })
             .collect()

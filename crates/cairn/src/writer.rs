@@ -63,7 +63,7 @@ const _: () = assert!(GROUP_BOUNDS.bytes_max >= 1);
 /// Answered to every written send of a group whose barrier failed (or that the log stopped
 /// under): 10009 `CannotSyncFile`. The send was NOT acknowledged; its bytes may or may not be
 /// present after a restart. The 0.11 SDK does not retry it.
-pub const BARRIER_FAILED_STATUS: u32 = 10009;
+pub const BARRIER_FAILED_STATUS: u32 = cairn_wire::codes::CANNOT_SYNC_FILE;
 
 /// Answered to sends to a partition whose log stopped after a failed barrier, until the
 /// server restarts: 3003 `CannotOpenPartitionLogFile`, the same "partition unavailable"
@@ -73,7 +73,7 @@ pub const PARTITION_STOPPED_STATUS: u32 = crate::handler::PARTITION_REFUSED_STAT
 /// Answered to a send whose write failed and was cut back cleanly (disk full, transient IO
 /// error): 4006 `CannotSaveMessagesToSegment`. Nothing of the send was stored; the partition
 /// keeps serving, so the same send may be tried again later.
-pub const WRITE_FAILED_STATUS: u32 = 4006;
+pub const WRITE_FAILED_STATUS: u32 = cairn_wire::codes::CANNOT_SAVE_MESSAGES_TO_SEGMENT;
 
 /// What a submitted send ends with: its base offset, or an Iggy status.
 pub type SendOutcome = Result<u64, u32>;

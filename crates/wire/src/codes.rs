@@ -55,3 +55,21 @@ pub const TOO_MANY_MESSAGES: u32 = 4023;
 pub const INVALID_MESSAGES_SIZE: u32 = 4036;
 pub const UNSUPPORTED_HEADER_KIND: u32 = 4040;
 pub const OPTIONS_BLOCK_TOO_LARGE: u32 = 4043;
+pub const INVALID_USER_STATUS: u32 = 45;
+/// The root user cannot be deleted.
+pub const CANNOT_DELETE_USER: u32 = 48;
+/// Root's permissions and status cannot be changed.
+pub const CANNOT_CHANGE_PERMISSIONS: u32 = 49;
+pub const INVALID_PAT_NAME: u32 = 50;
+pub const PAT_LIMIT_REACHED: u32 = 52;
+pub const USERS_LIMIT_REACHED: u32 = 55;
+/// `CannotOpenPartitionLogFile`: Cairn answers it for a partition refused at boot (damage)
+/// or stopped after a failed barrier. The 0.11 SDK does not retry it.
+pub const CANNOT_OPEN_PARTITION_LOG_FILE: u32 = 3003;
+/// `CannotSaveMessagesToSegment`: a send's write failed and was cut back cleanly.
+pub const CANNOT_SAVE_MESSAGES_TO_SEGMENT: u32 = 4006;
+pub const INVALID_CONSUMER_GROUP_NAME: u32 = 5005;
+/// The 0.11 client re-syncs (606) and retries.
+pub const CONSUMER_GROUP_PARTITION_NOT_OWNED: u32 = 5009;
+/// `CannotSyncFile`: a barrier failed; the send was not acknowledged.
+pub const CANNOT_SYNC_FILE: u32 = 10009;

@@ -1,19 +1,20 @@
 //! Users, the permission check every command passes, and the registry of live clients
 //! (GetMe, GetClient, GetClients).
 //!
-//! Users live in the metadata document (argon2 password hashes, permissions); every change is
-//! saved atomically before it is answered, and rolled back in memory if the save fails. The
-//! rules themselves are the pure `crate::permissions`; this module resolves what a command
-//! names under the catalog lock and applies them.
+//! Users live in the metadata (argon2 password hashes, permissions); every change is a
+//! `MetadataOp` committed through `Catalog::commit`, visible only once it is durable. The
+//! permission rules themselves are the pure `cairn_machine::permissions`; this module
+//! resolves what a command names under the catalog lock and applies them.
 //!
 //! A session belongs to a user id. Permission changes, deactivation and deletion take effect
 //! on that session's next command: a deleted user's session is logged out (status 40), a
 //! deactivated user's session is refused with 47 (only Logout still works).
 
-use super::{Reply, Server, Session, find_stream, find_topic, storage_status};
+use super::{Reply, Server, Session};
 use crate::auth::{self, User};
 use crate::catalog::{self, Catalog};
-use crate::permissions::{self, PermissionsDoc, Resolved, UserPermissionsView};
+use cairn_machine::metadata::{self, MetadataOp, Outcome};
+use cairn_machine::permissions::{self, PermissionsDoc, Resolved, UserPermissionsView};
 use cairn_wire::codes;
 use cairn_wire::command::Command;
 use cairn_wire::reply;
@@ -24,18 +25,6 @@ use std::collections::BTreeMap;
 pub const TRANSPORT_TCP: u8 = 1;
 pub const TRANSPORT_HTTP: u8 = 3;
 
-/// 45 InvalidUserStatus: a status other than 1 (active) or 2 (inactive).
-const INVALID_USER_STATUS: u32 = 45;
-/// 48 CannotDeleteUser: the root user.
-const CANNOT_DELETE_USER: u32 = 48;
-/// 49 CannotChangePermissions: root's permissions or status.
-const CANNOT_CHANGE_PERMISSIONS: u32 = 49;
-/// 50 InvalidPersonalAccessTokenName.
-pub(super) const INVALID_PAT_NAME: u32 = 50;
-/// 52 PersonalAccessTokensLimitReached.
-pub(super) const PAT_LIMIT_REACHED: u32 = 52;
-/// 55 UsersLimitReached.
-const USERS_LIMIT_REACHED: u32 = 55;
 /// Most stream plus topic entries one user's permissions may list (they are stored in the
 /// metadata document and copied on every change): more is refused with 4 InvalidFormat.
 const PERMISSION_ENTRIES_MAX: usize = 10_000;
@@ -46,35 +35,6 @@ pub struct ClientEntry {
     pub user_id: Option<u32>,
     pub transport: u8,
     pub address: String,
-}
-
-/// What a user change needs to undo if the metadata save fails.
-struct UsersBefore {
-    users: Vec<User>,
-    tokens: Vec<auth::PersonalAccessToken>,
-    next_user_id: u32,
-}
-
-impl UsersBefore {
-    fn of(catalog: &Catalog) -> UsersBefore {
-        UsersBefore {
-            users: catalog.users.clone(),
-            tokens: catalog.tokens.clone(),
-            next_user_id: catalog.next_user_id,
-        }
-    }
-
-    /// Save the metadata; on failure restore the users and tokens as they were, so memory
-    /// never claims what the disk does not hold.
-    fn save_or_restore(self, catalog: &mut Catalog) -> Result<(), u32> {
-        if let Err(error) = catalog.save() {
-            catalog.users = self.users;
-            catalog.tokens = self.tokens;
-            catalog.next_user_id = self.next_user_id;
-            return Err(storage_status(error));
-        }
-        Ok(())
-    }
 }
 
 impl Server {
@@ -119,16 +79,14 @@ impl Server {
     /// Consumer-group memberships of every client: client id → (stream, topic, group).
     fn memberships(catalog: &Catalog) -> BTreeMap<u32, Vec<(u32, u32, u32)>> {
         let mut by_client: BTreeMap<u32, Vec<(u32, u32, u32)>> = BTreeMap::new();
-        for stream in catalog.streams.values() {
-            for topic in stream.topics.values() {
-                for (group_id, membership) in catalog::lock(&topic.members).iter() {
-                    for member in &membership.members {
-                        by_client.entry(member.client_id).or_default().push((
-                            stream.id,
-                            topic.doc.id,
-                            *group_id,
-                        ));
-                    }
+        for topic in catalog.all_topics() {
+            for (group_id, membership) in catalog::lock(topic.members).iter() {
+                for member in &membership.members {
+                    by_client.entry(member.client_id).or_default().push((
+                        topic.stream_id,
+                        topic.doc.id,
+                        *group_id,
+                    ));
                 }
             }
         }
@@ -190,7 +148,7 @@ impl Server {
         }
         let decision = {
             let catalog = self.read();
-            match catalog.users.iter().find(|u| u.id == user_id) {
+            match catalog.meta().user(user_id) {
                 None => None,
                 Some(user) if user.status != auth::USER_STATUS_ACTIVE => Some(Err(codes::USER_INACTIVE)),
                 Some(user) => {
@@ -233,17 +191,13 @@ impl Server {
         if user_id == auth::ROOT_USER_ID {
             return true;
         }
-        catalog
-            .users
-            .iter()
-            .find(|u| u.id == user_id)
-            .is_some_and(|user| {
-                UserPermissionsView {
-                    user_id,
-                    permissions: user.permissions.as_ref(),
-                }
-                .see_stream(Some(stream_id))
-            })
+        catalog.meta().user(user_id).is_some_and(|user| {
+            UserPermissionsView {
+                user_id,
+                permissions: user.permissions.as_ref(),
+            }
+            .see_stream(Some(stream_id))
+        })
     }
 
     // ---- users ----
@@ -251,7 +205,7 @@ impl Server {
     pub(super) fn get_user(&self, user: &Identifier) -> Reply {
         let catalog = self.read();
         let mut out = Vec::new();
-        if let Some(user) = find_user(&catalog.users, user) {
+        if let Some(user) = catalog.meta().find_user(user) {
             user_details(&mut out, user);
         }
         Ok(out)
@@ -260,7 +214,7 @@ impl Server {
     pub(super) fn get_users(&self) -> Reply {
         let catalog = self.read();
         let mut out = Vec::new();
-        for user in &catalog.users {
+        for user in &catalog.meta().users {
             reply::user(&mut out, &user_record(user));
         }
         Ok(out)
@@ -273,36 +227,30 @@ impl Server {
         status: u8,
         permissions: Option<&Permissions>,
     ) -> Reply {
-        check_username(&username)?;
+        metadata::check_username(&username)?;
         check_password(password)?;
-        check_status(status)?;
+        metadata::check_user_status(status)?;
         check_permissions(permissions)?;
         // argon2 before the lock: it takes tens of milliseconds.
         let password_hash = hash(password)?;
-        let now_us = self.clock.now_us();
+        let created_at_us = self.clock.now_us();
         let mut catalog = self.write();
-        if catalog.users.iter().any(|u| u.username == username) {
-            return Err(codes::USER_ALREADY_EXISTS);
-        }
-        if catalog.users.len() >= auth::USERS_MAX {
-            return Err(USERS_LIMIT_REACHED);
-        }
-        let before = UsersBefore::of(&catalog);
-        let id = catalog.next_user_id;
-        catalog.next_user_id = id.checked_add(1).ok_or(USERS_LIMIT_REACHED)?;
-        let user = User {
-            id,
-            username,
-            password_hash,
-            status,
-            created_at_us: now_us,
-            permissions: permissions.map(PermissionsDoc::from_wire),
-        };
+        let outcome = catalog
+            .commit(&MetadataOp::CreateUser {
+                username,
+                password_hash,
+                status,
+                permissions: permissions.map(PermissionsDoc::from_wire),
+                created_at_us,
+            })?
+            .outcome;
         let mut out = Vec::new();
-        user_details(&mut out, &user);
-        catalog.users.push(user);
-        before.save_or_restore(&mut catalog)?;
-        tracing::info!(user_id = id, "user created");
+        if let Outcome::User(id) = outcome
+            && let Some(user) = catalog.meta().user(id)
+        {
+            user_details(&mut out, user);
+            tracing::info!(user_id = id, "user created");
+        }
         Ok(out)
     }
 
@@ -313,33 +261,22 @@ impl Server {
         status: Option<u8>,
     ) -> Reply {
         if let Some(name) = &username {
-            check_username(name)?;
+            metadata::check_username(name)?;
         }
         if let Some(status) = status {
-            check_status(status)?;
+            metadata::check_user_status(status)?;
         }
         let mut catalog = self.write();
-        let id = find_user(&catalog.users, user)
+        let user_id = catalog
+            .meta()
+            .find_user(user)
             .ok_or(codes::RESOURCE_NOT_FOUND)?
             .id;
-        if id == auth::ROOT_USER_ID && status.is_some_and(|s| s != auth::USER_STATUS_ACTIVE) {
-            return Err(CANNOT_CHANGE_PERMISSIONS);
-        }
-        if let Some(name) = &username
-            && catalog.users.iter().any(|u| &u.username == name && u.id != id)
-        {
-            return Err(codes::USER_ALREADY_EXISTS);
-        }
-        let before = UsersBefore::of(&catalog);
-        if let Some(u) = catalog.users.iter_mut().find(|u| u.id == id) {
-            if let Some(name) = username {
-                u.username = name;
-            }
-            if let Some(status) = status {
-                u.status = status;
-            }
-        }
-        before.save_or_restore(&mut catalog)?;
+        catalog.commit(&MetadataOp::UpdateUser {
+            user_id,
+            username,
+            status,
+        })?;
         Ok(Vec::new())
     }
 
@@ -348,17 +285,13 @@ impl Server {
     /// next command (see [`Server::authorize`]).
     pub(super) fn delete_user(&self, user: &Identifier) -> Reply {
         let mut catalog = self.write();
-        let id = find_user(&catalog.users, user)
+        let user_id = catalog
+            .meta()
+            .find_user(user)
             .ok_or(codes::RESOURCE_NOT_FOUND)?
             .id;
-        if id == auth::ROOT_USER_ID {
-            return Err(CANNOT_DELETE_USER);
-        }
-        let before = UsersBefore::of(&catalog);
-        catalog.users.retain(|u| u.id != id);
-        catalog.tokens.retain(|t| t.user_id != id);
-        before.save_or_restore(&mut catalog)?;
-        tracing::info!(user_id = id, "user deleted with its personal access tokens");
+        catalog.commit(&MetadataOp::DeleteUser { user_id })?;
+        tracing::info!(user_id, "user deleted with its personal access tokens");
         Ok(Vec::new())
     }
 
@@ -372,44 +305,38 @@ impl Server {
         new_password: &str,
     ) -> Reply {
         check_password(new_password)?;
-        let (id, old_hash) = {
+        let (user_id, old_hash) = {
             let catalog = self.read();
-            let target = find_user(&catalog.users, user).ok_or(codes::RESOURCE_NOT_FOUND)?;
+            let target = catalog.meta().find_user(user).ok_or(codes::RESOURCE_NOT_FOUND)?;
             (target.id, target.password_hash.clone())
         };
-        if Some(id) == session.user_id && !auth::verify_secret(current_password, &old_hash) {
+        if Some(user_id) == session.user_id && !auth::verify_secret(current_password, &old_hash) {
             return Err(codes::INVALID_CREDENTIALS);
         }
         let new_hash = hash(new_password)?;
-        let mut catalog = self.write();
-        let before = UsersBefore::of(&catalog);
-        let Some(target) = catalog.users.iter_mut().find(|u| u.id == id) else {
-            return Err(codes::RESOURCE_NOT_FOUND);
-        };
-        // A concurrent change won: the current password checked above is no longer current.
-        if target.password_hash != old_hash {
-            return Err(codes::INVALID_CREDENTIALS);
-        }
-        target.password_hash = new_hash;
-        before.save_or_restore(&mut catalog)?;
-        tracing::info!(user_id = id, "password changed");
+        // Refused with 42 if a concurrent change won: the password checked above is no
+        // longer the current one.
+        self.write().commit(&MetadataOp::ChangePassword {
+            user_id,
+            expected_hash: old_hash,
+            new_hash,
+        })?;
+        tracing::info!(user_id, "password changed");
         Ok(Vec::new())
     }
 
     pub(super) fn update_permissions(&self, user: &Identifier, permissions: Option<&Permissions>) -> Reply {
         check_permissions(permissions)?;
         let mut catalog = self.write();
-        let id = find_user(&catalog.users, user)
+        let user_id = catalog
+            .meta()
+            .find_user(user)
             .ok_or(codes::RESOURCE_NOT_FOUND)?
             .id;
-        if id == auth::ROOT_USER_ID {
-            return Err(CANNOT_CHANGE_PERMISSIONS);
-        }
-        let before = UsersBefore::of(&catalog);
-        if let Some(u) = catalog.users.iter_mut().find(|u| u.id == id) {
-            u.permissions = permissions.map(PermissionsDoc::from_wire);
-        }
-        before.save_or_restore(&mut catalog)?;
+        catalog.commit(&MetadataOp::UpdatePermissions {
+            user_id,
+            permissions: permissions.map(PermissionsDoc::from_wire),
+        })?;
         Ok(Vec::new())
     }
 }
@@ -417,24 +344,18 @@ impl Server {
 /// The ids `command` names, resolved against the catalog (`None` where nothing resolves).
 fn resolve(catalog: &Catalog, command: &Command) -> Resolved {
     let (stream, topic) = permissions::target_of(command);
-    let stream = stream.and_then(|id| find_stream(catalog, id).ok());
+    let meta = catalog.meta();
+    let stream = stream.and_then(|id| meta.find_stream(id).ok());
     let topic = match (stream, topic) {
-        (Some(s), Some(t)) => find_topic(s, t).ok().map(|t| t.doc.id),
+        (Some(s), Some(t)) => s.find_topic(t).ok().map(|t| t.id),
         _ => None,
     };
     Resolved {
         stream: stream.map(|s| s.id),
         topic,
         user: permissions::user_of(command)
-            .and_then(|id| find_user(&catalog.users, id))
+            .and_then(|id| meta.find_user(id))
             .map(|u| u.id),
-    }
-}
-
-fn find_user<'a>(users: &'a [User], id: &Identifier) -> Option<&'a User> {
-    match id {
-        Identifier::Numeric(n) => users.iter().find(|u| u.id == *n),
-        Identifier::Name(name) => users.iter().find(|u| &u.username == name),
     }
 }
 
@@ -457,26 +378,11 @@ fn user_details(out: &mut Vec<u8>, user: &User) {
     reply::user_details(out, &user_record(user), permissions.as_ref());
 }
 
-fn check_username(name: &str) -> Result<(), u32> {
-    if auth::USERNAME_LEN.contains(&name.len()) {
-        Ok(())
-    } else {
-        Err(codes::INVALID_USERNAME)
-    }
-}
-
 fn check_password(password: &str) -> Result<(), u32> {
     if auth::PASSWORD_LEN.contains(&password.len()) {
         Ok(())
     } else {
         Err(codes::INVALID_PASSWORD)
-    }
-}
-
-fn check_status(status: u8) -> Result<(), u32> {
-    match status {
-        auth::USER_STATUS_ACTIVE | auth::USER_STATUS_INACTIVE => Ok(()),
-        _ => Err(INVALID_USER_STATUS),
     }
 }
 

@@ -36,7 +36,7 @@
 //! answer; anyone else gets 41, exactly as for an existing stream they may not see, so a
 //! refusal never reveals whether a stream or topic exists.
 
-use crate::auth::ROOT_USER_ID;
+use crate::users::ROOT_USER_ID;
 use cairn_wire::codes;
 use cairn_wire::command::Command;
 use cairn_wire::types::{self, Identifier, Permissions};

@@ -1,0 +1,19 @@
+//! Cairn's deterministic state machines.
+//!
+//! [`metadata`] holds the server's catalog: streams, topics, partition counts, consumer-group
+//! definitions, users, permissions and personal access tokens, changed only by
+//! [`metadata::MetadataOp`]s applied in order. The partition machine (sends, consumer
+//! offsets, purges, retention as ops on a partition's log) joins it as the replicated write
+//! path grows (`docs/replication.md`).
+//!
+//! Architecture invariant: nothing here does IO, reads a clock or draws randomness. The crate
+//! depends on no runtime, no file system and no clock; whatever is not a pure function of
+//! the state is decided by whoever prepares an op and travels inside it. That is what lets
+//! every replica apply the same committed ops to the same bytes.
+
+pub mod metadata;
+pub mod permissions;
+pub mod users;
+
+#[cfg(test)]
+mod tests;
