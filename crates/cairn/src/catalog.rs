@@ -16,6 +16,7 @@
 //! - delete: metadata first, directories second. A crash in between leaves an orphan directory,
 //!   removed at boot, so deleted data never comes back.
 
+use crate::partition::{PartitionData, PartitionState, finish_purge, lock, offsets_dir, remove_dir};
 use crate::writer::{CommitCounters, WriterContext, WriterHandle};
 use cairn_machine::metadata::{Applied, Effect, Metadata, MetadataOp, PartitionDoc, Stream, TopicDoc};
 use cairn_storage::StorageError;
@@ -42,24 +43,6 @@ pub struct Partition {
     writer: Mutex<Option<WriterHandle>>,
     /// Group-commit counters of this partition.
     pub counters: Arc<CommitCounters>,
-}
-
-pub enum PartitionState {
-    Serving(Box<PartitionData>),
-    /// Open failed (damage or IO): every request to it gets the refusal status; files are
-    /// left as they were.
-    Refused {
-        reason: String,
-    },
-    /// Deleted or its topic/stream deleted: late holders of the `Arc` must not write.
-    Deleted,
-    /// The log was closed at a clean stop; nothing may use it any more.
-    Closed,
-}
-
-pub struct PartitionData {
-    pub log: PartitionLog,
-    pub offsets: ConsumerOffsets,
 }
 
 /// The run-time parts of one topic (its metadata is a `TopicDoc` in the committed state).
@@ -188,10 +171,6 @@ pub fn partition_dir(data_dir: &Path, stream_id: u32, topic_id: u32, partition_i
         .join(partition_id.to_string())
 }
 
-fn offsets_dir(partition_dir: &Path) -> PathBuf {
-    partition_dir.join("offsets")
-}
-
 /// Errors from catalog changes, mapped to statuses by the handler.
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
@@ -282,63 +261,6 @@ impl Partition {
         *state = PartitionState::Deleted;
         drop(state);
         remove_dir(&self.dir)
-    }
-}
-
-/// At boot: if the metadata's purge marker says offsets below `purge_target` are purged but
-/// the log still starts below it (a purge interrupted before it reached this partition),
-/// purge now, before the partition serves: consumer offsets first, then the log.
-pub fn finish_purge(
-    dir: &Path,
-    purge_target: u64,
-    log: &mut PartitionLog,
-    offsets: &mut ConsumerOffsets,
-) -> Result<(), StorageError> {
-    if log.start_offset() >= purge_target {
-        return Ok(());
-    }
-    if log.next_offset() < purge_target {
-        // The target was this log's append counter, and the counter never goes back (the
-        // offset reservation is durable): a log ending below it lost data.
-        return Err(StorageError::Damaged {
-            path: dir.to_path_buf(),
-            position: 0,
-            reason: format!(
-                "the log ends at offset {}, below the purge target {purge_target} recorded in the metadata (lost data)",
-                log.next_offset()
-            ),
-        });
-    }
-    tracing::info!(
-        partition_dir = %dir.display(),
-        retained_start_offset = log.start_offset(),
-        purge_target,
-        next_offset = log.next_offset(),
-        "finishing an interrupted purge recorded in the metadata: purging the partition and its consumer offsets"
-    );
-    offsets.clear()?;
-    log.purge()?;
-    debug_assert!(log.start_offset() >= purge_target);
-    Ok(())
-}
-
-/// Lock a std mutex; a poisoned lock means a writer panicked mid-update, which is a bug:
-/// carrying on could publish half-applied state, so the poison propagates as a panic.
-pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match mutex.lock() {
-        Ok(guard) => guard,
-        Err(poisoned) => panic!("partition lock poisoned by an earlier panic: {poisoned}"),
-    }
-}
-
-fn remove_dir(dir: &Path) -> Result<(), StorageError> {
-    match std::fs::remove_dir_all(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(StorageError::Io {
-            path: dir.to_path_buf(),
-            source,
-        }),
     }
 }
 

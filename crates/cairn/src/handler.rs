@@ -9,8 +9,9 @@
 //! handlers parked in the blocking pool waiting for it could exhaust the pool and deadlock.
 
 use crate::auth;
-use crate::catalog::{self, Catalog, PartitionState, Topic};
+use crate::catalog::{self, Catalog, Topic};
 use crate::config::Config;
+use crate::partition::{PartitionData, PartitionState, lock, serving};
 use crate::writer;
 use cairn_machine::metadata::{self, GroupDoc, MetadataOp, Outcome, PurgeMark, Stream};
 use cairn_storage::log::ReadPart;
@@ -26,10 +27,6 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 mod users;
 pub use users::{TRANSPORT_HTTP, TRANSPORT_TCP};
-
-/// Status answered for every request to a partition that failed to open (damage or IO
-/// error at boot). 3003 CannotOpenPartitionLogFile: the 0.11 SDK does not retry it.
-pub const PARTITION_REFUSED_STATUS: u32 = codes::CANNOT_OPEN_PARTITION_LOG_FILE;
 
 /// A reply: payload bytes, or an Iggy status code with no body.
 pub type Reply = Result<Vec<u8>, u32>;
@@ -435,7 +432,7 @@ impl Server {
                 fsync,
             } => {
                 let partition = self.partition(&stream, &topic, partition_id)?;
-                let mut state = catalog::lock(&partition.state);
+                let mut state = lock(&partition.state);
                 let data = serving(&mut state)?;
                 if data.log.stopped_reason().is_some() {
                     return Err(writer::PARTITION_STOPPED_STATUS);
@@ -605,7 +602,7 @@ impl Server {
                 let catalog = self.read();
                 let topic = find_topic(&catalog, &stream, &topic)?;
                 let group_id = topic.doc.find_group(&group)?.id;
-                catalog::lock(topic.members)
+                lock(topic.members)
                     .entry(group_id)
                     .or_default()
                     .join(session.client_id);
@@ -615,7 +612,7 @@ impl Server {
                 let catalog = self.read();
                 let topic = find_topic(&catalog, &stream, &topic)?;
                 let group_id = topic.doc.find_group(&group)?.id;
-                let left = catalog::lock(topic.members)
+                let left = lock(topic.members)
                     .get_mut(&group_id)
                     .is_some_and(|m| m.leave(session.client_id));
                 if left {
@@ -628,7 +625,7 @@ impl Server {
                 let catalog = self.read();
                 let topic = find_topic(&catalog, &stream, &topic)?;
                 let group_id = topic.doc.find_group(&group)?.id;
-                let members = catalog::lock(topic.members);
+                let members = lock(topic.members);
                 let mut out = Vec::new();
                 if let Some(membership) = members.get(&group_id)
                     && let Some(index) = membership.position(session.client_id)
@@ -808,7 +805,7 @@ impl Server {
                 s.partitions_count += topic.partitions_count();
                 s.consumer_groups_count += topic.doc.consumer_groups.len() as u32;
                 for partition in topic.partitions {
-                    if let PartitionState::Serving(data) = &*catalog::lock(&partition.state) {
+                    if let PartitionState::Serving(data) = &*lock(&partition.state) {
                         let log_stats = data.log.stats();
                         s.segments_count += log_stats.segments_count;
                         s.messages_count += log_stats.messages_count;
@@ -904,7 +901,7 @@ impl Server {
         stream: &Identifier,
         topic: &Identifier,
         partition_id: Option<u32>,
-        apply: impl FnOnce(&OffsetOwner, u32, &mut catalog::PartitionData) -> Reply,
+        apply: impl FnOnce(&OffsetOwner, u32, &mut PartitionData) -> Reply,
     ) -> Reply {
         let (owner, partition_id) = match consumer {
             Consumer::Consumer(id) => (OffsetOwner::Consumer(consumer_key(id)), partition_id.unwrap_or(0)),
@@ -917,7 +914,7 @@ impl Server {
                     // "Resolved server-side for consumer groups": the partition last served
                     // to this member, else its first assigned one.
                     None => {
-                        let members = catalog::lock(topic.members);
+                        let members = lock(topic.members);
                         members
                             .get(&group_id)
                             .and_then(|m| {
@@ -934,7 +931,7 @@ impl Server {
             }
         };
         let partition = self.partition(stream, topic, partition_id)?;
-        let mut state = catalog::lock(&partition.state);
+        let mut state = lock(&partition.state);
         let data = serving(&mut state)?;
         apply(&owner, partition.id, data)
     }
@@ -954,7 +951,7 @@ impl Server {
         let topic = find_topic(&catalog, stream, topic)?;
         let group_id = topic.doc.find_group(group)?.id;
         let partitions_count = topic.partitions_count();
-        let mut members = catalog::lock(topic.members);
+        let mut members = lock(topic.members);
         let Some(membership) = members.get_mut(&group_id) else {
             return Err(codes::CONSUMER_GROUP_MEMBER_NOT_FOUND);
         };
@@ -979,7 +976,7 @@ impl Server {
     pub fn drop_memberships(&self, client_id: u32) {
         let catalog = self.read();
         for topic in catalog.all_topics() {
-            for membership in catalog::lock(topic.members).values_mut() {
+            for membership in lock(topic.members).values_mut() {
                 membership.leave(client_id);
             }
         }
@@ -990,7 +987,7 @@ impl Server {
         let mut consumer_groups = Vec::new();
         let catalog = self.read();
         for topic in catalog.all_topics() {
-            for (group_id, membership) in catalog::lock(topic.members).iter() {
+            for (group_id, membership) in lock(topic.members).iter() {
                 if membership.position(session.client_id).is_some() {
                     consumer_groups.push((topic.stream_id, topic.doc.id, *group_id));
                 }
@@ -1084,7 +1081,7 @@ impl Server {
             }
         };
         let partition = self.partition(stream, topic, partition_id)?;
-        let mut state = catalog::lock(&partition.state);
+        let mut state = lock(&partition.state);
         let data = serving(&mut state)?;
         // Polls see only what the log makes visible: in durable mode the committed frontier,
         // so a poll never returns a message a crash could take back.
@@ -1180,20 +1177,6 @@ fn current_offset(log: &cairn_storage::log::PartitionLog) -> u64 {
     log.last_offset().unwrap_or(0)
 }
 
-/// The data of a serving partition, or the status for one that is not.
-pub(crate) fn serving(state: &mut PartitionState) -> Result<&mut catalog::PartitionData, u32> {
-    match state {
-        PartitionState::Serving(data) => Ok(data),
-        PartitionState::Refused { reason } => {
-            tracing::debug!(%reason, "request to a refused partition");
-            Err(PARTITION_REFUSED_STATUS)
-        }
-        PartitionState::Deleted => Err(codes::PARTITION_NOT_FOUND),
-        // Only after the shell stopped taking requests; a straggler gets a plain error.
-        PartitionState::Closed => Err(codes::ERROR),
-    }
-}
-
 fn storage_status(error: impl std::fmt::Display) -> u32 {
     tracing::error!(%error, "storage operation failed");
     codes::ERROR
@@ -1232,7 +1215,7 @@ impl Server {
             .iter()
             .flat_map(|t| t.partitions.iter().map(|p| (t.doc.id, p.clone())))
             .collect();
-        let mut guards: Vec<_> = partitions.iter().map(|(_, p)| catalog::lock(&p.state)).collect();
+        let mut guards: Vec<_> = partitions.iter().map(|(_, p)| lock(&p.state)).collect();
         let mut marks = Vec::with_capacity(guards.len());
         for ((topic_id, partition), guard) in partitions.iter().zip(guards.iter_mut()) {
             marks.push(PurgeMark {
@@ -1272,7 +1255,7 @@ fn refuse_options(options: &[OptionEntry]) -> Result<(), u32> {
 
 fn group_record(topic: &Topic<'_>, group: &GroupDoc) -> reply::GroupRecord {
     let partitions_count = topic.partitions_count();
-    let members = catalog::lock(topic.members);
+    let members = lock(topic.members);
     let members = members
         .get(&group.id)
         .map(|m| {
@@ -1356,7 +1339,7 @@ fn partition_record(partition: &catalog::Partition) -> reply::PartitionRecord {
         size_bytes: 0,
         messages_count: 0,
     };
-    if let PartitionState::Serving(data) = &*catalog::lock(&partition.state) {
+    if let PartitionState::Serving(data) = &*lock(&partition.state) {
         let stats = data.log.stats();
         record.segments_count = stats.segments_count;
         record.current_offset = current_offset(&data.log);

@@ -234,7 +234,7 @@ fn code_name(code: u32) -> &'static str {
         codes::INVALID_OPTION_VALUE => "invalid_option_value",
         codes::INVALID_RESERVED_FIELD => "invalid_reserved_field",
         codes::CONSUMER_GROUP_MEMBER_NOT_FOUND => "consumer_group_member_not_found",
-        handler::PARTITION_REFUSED_STATUS => "cannot_open_partition_log_file",
+        crate::partition::PARTITION_REFUSED_STATUS => "cannot_open_partition_log_file",
         _ => "error",
     }
 }

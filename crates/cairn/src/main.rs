@@ -17,7 +17,7 @@ mod catalog;
 mod config;
 mod handler;
 mod http;
-use cairn_machine::permissions;
+mod partition;
 mod retention;
 mod stats;
 mod tcp;
@@ -268,7 +268,7 @@ async fn serve(config: config::Config) -> Result<(), String> {
     let reporting = tokio::spawn(report_counters(global_counters.clone(), shutdown_rx.clone()));
     let http_serving = http_listener
         .map(|listener| tokio::spawn(http::serve(server.clone(), listener, shutdown_rx.clone())));
-    let retaining = tokio::spawn(retention::run(
+    let retaining = tokio::spawn(run_retention(
         server.clone(),
         std::time::Duration::from_millis(server.config.retention_interval_ms),
         shutdown_rx.clone(),
@@ -322,6 +322,31 @@ async fn report_counters(
             );
         }
         previous = current;
+    }
+}
+
+/// The retention timer: a pass (`retention::enforce`, on a blocking thread, with the server's
+/// clock) every `interval` until shutdown.
+async fn run_retention(
+    server: Arc<handler::Server>,
+    interval: Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let pass_server = server.clone();
+        let pass = tokio::task::spawn_blocking(move || {
+            let now_us = pass_server.clock.now_us();
+            retention::enforce(&pass_server.catalog, now_us);
+        });
+        if let Err(error) = pass.await {
+            tracing::error!(%error, "retention pass panicked");
+        }
     }
 }
 
@@ -395,10 +420,10 @@ async fn stop_partitions(server: &handler::Server) {
         // Closing commits, then collapses the offset reservation so the next start continues
         // without a gap. The partition stays `Closed`: nothing may write after this.
         let state = std::mem::replace(
-            &mut *catalog::lock(&partition.state),
-            catalog::PartitionState::Closed,
+            &mut *partition::lock(&partition.state),
+            partition::PartitionState::Closed,
         );
-        if let catalog::PartitionState::Serving(data) = state {
+        if let partition::PartitionState::Serving(data) = state {
             let stopped = data.log.stopped_reason().map(str::to_string);
             match (data.log.close(), stopped) {
                 (Ok(()), _) => {}

@@ -16,11 +16,10 @@
 //!   oldest newest-message among the topic's partitions is deleted. The active segments are
 //!   never deleted, so a topic can stay above its limit by up to their size.
 
-use crate::catalog::{self, Partition};
-use crate::handler::{self, Server};
+use crate::catalog::{Catalog, Partition};
+use crate::partition::{lock, serving};
 use cairn_storage::log::SegmentInfo;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, RwLock};
 
 /// Why segments were deleted (for the log line).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,8 +43,8 @@ impl Reason {
 /// Delete the oldest `count` sealed segments of `partition` (fewer if fewer are sealed), one
 /// lock hold for all of them, and log each. Errors are Iggy statuses.
 pub fn delete_segments(partition: &Partition, count: usize, reason: Reason) -> Result<Vec<SegmentInfo>, u32> {
-    let mut state = catalog::lock(&partition.state);
-    let data = handler::serving(&mut state)?;
+    let mut state = lock(&partition.state);
+    let data = serving(&mut state)?;
     let deleted = data.log.delete_oldest_segments(count).map_err(|error| {
         tracing::error!(
             partition_dir = %partition.dir.display(),
@@ -79,9 +78,9 @@ fn unlimited(value: u64) -> bool {
 }
 
 /// One retention pass over every topic, at `now_us`.
-pub fn enforce(server: &Server, now_us: u64) {
+pub fn enforce(catalog: &RwLock<Catalog>, now_us: u64) {
     let topics: Vec<(u64, u64, Vec<Arc<Partition>>)> = {
-        let catalog = match server.catalog.read() {
+        let catalog = match catalog.read() {
             Ok(guard) => guard,
             Err(poisoned) => panic!("catalog lock poisoned by an earlier panic: {poisoned}"),
         };
@@ -117,8 +116,8 @@ pub fn enforce(server: &Server, now_us: u64) {
 fn expire(partition: &Partition, cutoff_us: u64) {
     loop {
         let expired = {
-            let mut state = catalog::lock(&partition.state);
-            let Ok(data) = handler::serving(&mut state) else {
+            let mut state = lock(&partition.state);
+            let Ok(data) = serving(&mut state) else {
                 return;
             };
             data.log
@@ -141,8 +140,8 @@ fn shrink(partitions: &[Arc<Partition>], max_size_bytes: u64) {
         let mut size_bytes = 0u64;
         let mut oldest: Option<(usize, u64)> = None;
         for (position, partition) in partitions.iter().enumerate() {
-            let mut state = catalog::lock(&partition.state);
-            let Ok(data) = handler::serving(&mut state) else {
+            let mut state = lock(&partition.state);
+            let Ok(data) = serving(&mut state) else {
                 continue;
             };
             size_bytes = size_bytes.saturating_add(data.log.stats().size_bytes);
@@ -162,26 +161,6 @@ fn shrink(partitions: &[Arc<Partition>], max_size_bytes: u64) {
         if !matches!(delete_segments(&partitions[position], 1, Reason::MaxTopicSize), Ok(d) if !d.is_empty())
         {
             return;
-        }
-    }
-}
-
-/// The background task: a pass every `interval` until shutdown.
-pub async fn run(server: Arc<Server>, interval: Duration, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    let mut ticks = tokio::time::interval(interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
-            _ = shutdown.changed() => return,
-        }
-        let pass_server = server.clone();
-        let pass = tokio::task::spawn_blocking(move || {
-            let now_us = pass_server.clock.now_us();
-            enforce(&pass_server, now_us);
-        });
-        if let Err(error) = pass.await {
-            tracing::error!(%error, "retention pass panicked");
         }
     }
 }

@@ -33,8 +33,8 @@
 //!   Later sends get [`PARTITION_STOPPED_STATUS`]. The stop is logged once, with the partition
 //!   directory and the offsets affected.
 
-use crate::catalog::{self, PartitionState};
 use crate::config::Durability;
+use crate::partition::{PARTITION_REFUSED_STATUS, PartitionState, lock, serving};
 use cairn_storage::StorageError;
 use cairn_storage::log::{CommitInfo, PartitionLog};
 use cairn_wire::codes;
@@ -68,7 +68,7 @@ pub const BARRIER_FAILED_STATUS: u32 = cairn_wire::codes::CANNOT_SYNC_FILE;
 /// Answered to sends to a partition whose log stopped after a failed barrier, until the
 /// server restarts: 3003 `CannotOpenPartitionLogFile`, the same "partition unavailable"
 /// status as a partition refused at boot. Not retried by the 0.11 SDK.
-pub const PARTITION_STOPPED_STATUS: u32 = crate::handler::PARTITION_REFUSED_STATUS;
+pub const PARTITION_STOPPED_STATUS: u32 = PARTITION_REFUSED_STATUS;
 
 /// Answered to a send whose write failed and was cut back cleanly (disk full, transient IO
 /// error): 4006 `CannotSaveMessagesToSegment`. Nothing of the send was stored; the partition
@@ -564,8 +564,8 @@ fn commit_group(shared: &WriterShared, sends: Vec<PendingSend>, barrier_required
     let mut replies: Vec<(oneshot::Sender<SendOutcome>, SendOutcome)> = Vec::with_capacity(sends_count);
     let mut done = GroupDone::default();
     {
-        let mut state = catalog::lock(&shared.state);
-        let data = match crate::handler::serving(&mut state) {
+        let mut state = lock(&shared.state);
+        let data = match serving(&mut state) {
             Ok(data) => data,
             Err(status) => {
                 drop(state);
@@ -673,8 +673,8 @@ fn commit_group(shared: &WriterShared, sends: Vec<PendingSend>, barrier_required
 async fn stabilize(shared: &Arc<WriterShared>) -> bool {
     let work = shared.clone();
     let joined = tokio::task::spawn_blocking(move || {
-        let mut state = catalog::lock(&work.state);
-        let Ok(data) = crate::handler::serving(&mut state) else {
+        let mut state = lock(&work.state);
+        let Ok(data) = serving(&mut state) else {
             // Deleted (or refused): nothing to make stable.
             return true;
         };
@@ -718,7 +718,7 @@ fn append_status(error: &StorageError) -> u32 {
         // Validation ran before the send was queued; a precondition the log still refuses
         // (e.g. offsets exhausted) is a server-side error.
         StorageError::Invalid(_) => codes::ERROR,
-        StorageError::Damaged { .. } => crate::handler::PARTITION_REFUSED_STATUS,
+        StorageError::Damaged { .. } => PARTITION_REFUSED_STATUS,
     }
 }
 
@@ -890,7 +890,7 @@ mod tests {
 
     // ---- commit_group and the writer against a disk with injected faults ----
 
-    use crate::catalog::PartitionData;
+    use crate::partition::PartitionData;
     use cairn_storage::io::{Disk, ReadFile, RealDisk, WriteFile};
     use cairn_storage::log::{LogConfig, SyncMode};
     use cairn_storage::offsets::ConsumerOffsets;
@@ -1087,14 +1087,14 @@ mod tests {
     }
 
     fn next_offset(shared: &WriterShared) -> u64 {
-        match &*catalog::lock(&shared.state) {
+        match &*lock(&shared.state) {
             PartitionState::Serving(data) => data.log.next_offset(),
             _ => panic!("partition not serving"),
         }
     }
 
     fn stopped(shared: &WriterShared) -> bool {
-        match &*catalog::lock(&shared.state) {
+        match &*lock(&shared.state) {
             PartitionState::Serving(data) => data.log.stopped_reason().is_some(),
             _ => panic!("partition not serving"),
         }
@@ -1162,7 +1162,7 @@ mod tests {
 
         // The acknowledged message is still readable.
         let mut out = Vec::new();
-        match &*catalog::lock(&fixture.shared.state) {
+        match &*lock(&fixture.shared.state) {
             PartitionState::Serving(data) => assert!(data.log.read(0, 1, &mut out).expect("read") == 1),
             _ => panic!("partition not serving"),
         }

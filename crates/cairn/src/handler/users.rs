@@ -12,7 +12,8 @@
 
 use super::{Reply, Server, Session};
 use crate::auth::{self, User};
-use crate::catalog::{self, Catalog};
+use crate::catalog::Catalog;
+use crate::partition::lock;
 use cairn_machine::metadata::{self, MetadataOp, Outcome};
 use cairn_machine::permissions::{self, PermissionsDoc, Resolved, UserPermissionsView};
 use cairn_wire::codes;
@@ -41,7 +42,7 @@ impl Server {
     // ---- client registry ----
 
     fn clients(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, ClientEntry>> {
-        catalog::lock(&self.clients)
+        lock(&self.clients)
     }
 
     /// List `session` as a live client (a TCP connection; an HTTP login).
@@ -80,7 +81,7 @@ impl Server {
     fn memberships(catalog: &Catalog) -> BTreeMap<u32, Vec<(u32, u32, u32)>> {
         let mut by_client: BTreeMap<u32, Vec<(u32, u32, u32)>> = BTreeMap::new();
         for topic in catalog.all_topics() {
-            for (group_id, membership) in catalog::lock(topic.members).iter() {
+            for (group_id, membership) in lock(topic.members).iter() {
                 for member in &membership.members {
                     by_client.entry(member.client_id).or_default().push((
                         topic.stream_id,

@@ -5,13 +5,13 @@
 use super::{
     ApiError, ApiResult, Cursor, Peer, Shared, identifier, json, malformed_reply, parse_json, start_session,
 };
-use crate::permissions::{GlobalDoc, PermissionsDoc, StreamDoc};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post, put};
+use cairn_machine::permissions::{GlobalDoc, PermissionsDoc, StreamDoc};
 use cairn_wire::codes;
 use cairn_wire::command::{ClientVersionInfo, Command};
 use cairn_wire::types::Permissions;
