@@ -1,6 +1,7 @@
 //! `vsr-sim`: run simulator seeds. `vsr-sim --seed N` replays one seed exactly (same trace
 //! hash every time); `vsr-sim --seeds COUNT [--from N]` runs a range and stops at the first
-//! violation (`--keep-going`: runs them all and counts the failures).
+//! violation (`--keep-going`: runs them all and counts the failures). `--one-replica` runs
+//! the seeds as clusters of one (`SimOptions::one_replica`).
 
 use cairn_vsr::sim::cluster::{SimOptions, Simulation};
 use std::process::ExitCode;
@@ -17,13 +18,22 @@ fn main() -> ExitCode {
         (Some(Ok(seed)), None, None) => (seed, 1),
         (None, Some(Ok(count)), from) => (from.and_then(Result::ok).unwrap_or(0), count),
         _ => {
-            eprintln!("usage: vsr-sim --seed N | vsr-sim [--keep-going] --seeds COUNT [--from N]");
+            eprintln!(
+                "usage: vsr-sim [--one-replica] --seed N | vsr-sim [--one-replica] [--keep-going] --seeds COUNT [--from N]"
+            );
             return ExitCode::from(2);
         }
     };
     let keep_going = args.iter().any(|arg| arg == "--keep-going");
     let mut failures = 0u64;
-    let options = SimOptions::from_seed;
+    let one_replica = args.iter().any(|arg| arg == "--one-replica");
+    let options = |seed| {
+        if one_replica {
+            SimOptions::one_replica(seed)
+        } else {
+            SimOptions::from_seed(seed)
+        }
+    };
     for seed in from..from.saturating_add(count) {
         match Simulation::new(seed, options(seed)).run() {
             Ok(outcome) => {
@@ -50,7 +60,8 @@ fn main() -> ExitCode {
             }
             Err(violation) => {
                 println!("seed {seed}: VIOLATION {violation}");
-                println!("replay: cargo run -p cairn-vsr --release --bin vsr-sim -- --seed {seed}");
+                let flag = if one_replica { "--one-replica " } else { "" };
+                println!("replay: cargo run -p cairn-vsr --release --bin vsr-sim -- {flag}--seed {seed}");
                 failures += 1;
                 if !keep_going {
                     return ExitCode::FAILURE;

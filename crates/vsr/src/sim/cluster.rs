@@ -142,6 +142,24 @@ impl SimOptions {
     }
 }
 
+impl SimOptions {
+    /// A cluster of one (what a server without cluster configuration runs), from a seed's
+    /// options. With f = 0 its only crash is a whole-cluster power loss, and nothing could
+    /// repair a flipped bit or a wiped disk, so those are off; partitions need two replicas.
+    /// Every other fault stays, with power losses at least 1 in 2 000 ticks.
+    pub fn one_replica(seed: u64) -> SimOptions {
+        let mut options = SimOptions::from_seed(seed);
+        options.replica_count = 1;
+        options.network.endpoint_count = 1 + options.client_count;
+        options.wipe_ppm = 0;
+        options.journal_flip_ppm = 0;
+        options.superblock_flip_ppm = 0;
+        options.partition_ppm = 0;
+        options.power_loss_ppm = options.power_loss_ppm.max(PPM / 2_000);
+        options
+    }
+}
+
 /// A broken rule, with the tick it was found at.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("tick {tick}: {what}")]
