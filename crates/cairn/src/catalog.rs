@@ -16,9 +16,13 @@
 //! - delete: metadata first, directories second. A crash in between leaves an orphan directory,
 //!   removed at boot, so deleted data never comes back.
 
+use crate::node::{GroupError, LocalGroup};
 use crate::partition::{PartitionData, PartitionState, finish_purge, lock, offsets_dir, remove_dir};
 use crate::writer::{CommitCounters, WriterContext, WriterHandle};
-use cairn_machine::metadata::{Applied, Effect, Metadata, MetadataOp, PartitionDoc, Stream, TopicDoc};
+use cairn_machine::metadata::{
+    Applied, Effect, Metadata, MetadataMachine, MetadataOp, OPERATION_METADATA, PartitionDoc, Stream,
+    TopicDoc,
+};
 use cairn_storage::StorageError;
 use cairn_storage::log::{LogConfig, PartitionLog};
 use cairn_storage::offsets::{ConsumerOffsets, OffsetOwner};
@@ -145,8 +149,9 @@ pub struct Catalog {
     pub log_config: LogConfig,
     /// Starts each partition's writer when the partition is opened or created.
     pub writers: WriterContext,
-    /// The committed metadata: replaced only by [`Catalog::commit`], after it is durable.
-    meta: Metadata,
+    /// The replicated metadata log; its state machine holds the committed metadata, changed
+    /// only by [`Catalog::commit`].
+    group: LocalGroup<MetadataMachine>,
     /// Run-time parts by (stream id, topic id): exactly the topics `meta` holds.
     runtime: BTreeMap<(u32, u32), TopicRuntime>,
 }
@@ -176,6 +181,8 @@ pub fn partition_dir(data_dir: &Path, stream_id: u32, topic_id: u32, partition_i
 pub enum CatalogError {
     #[error(transparent)]
     Storage(#[from] StorageError),
+    #[error("the replicated metadata log: {0}")]
+    Group(GroupError),
 }
 
 impl Partition {
@@ -298,17 +305,18 @@ impl Catalog {
             path: data_dir.to_path_buf(),
             source,
         })?;
-        let (meta, first_start) = match cairn_storage::atomic_file::read(&metadata_path(data_dir))? {
-            Some(bytes) => {
-                let meta = Metadata::restore(&bytes).map_err(|e| StorageError::Damaged {
-                    path: metadata_path(data_dir),
-                    position: 0,
-                    reason: e.to_string(),
-                })?;
-                (meta, false)
-            }
-            None => (Metadata::default(), true),
-        };
+        let group_dir = metadata_group_dir(data_dir);
+        let mut group = LocalGroup::open(&group_dir, METADATA_GROUP, MetadataMachine::default, false)
+            .map_err(CatalogError::Group)?
+            .ok_or_else(|| {
+                CatalogError::Group(GroupError::Refused {
+                    dir: group_dir.clone(),
+                    reason: "the replicated metadata log did not open".to_string(),
+                })
+            })?;
+        let legacy = migrate_document(data_dir, &mut group)?;
+        let first_start = !legacy && group.commit_op() == 0;
+        let meta = &group.state_machine().state;
         let mut runtime = BTreeMap::new();
         for stream in meta.streams.values() {
             for topic in stream.topics.values() {
@@ -334,7 +342,7 @@ impl Catalog {
             data_dir: data_dir.to_path_buf(),
             log_config,
             writers,
-            meta,
+            group,
             runtime,
         };
         catalog.remove_orphans()?;
@@ -346,7 +354,7 @@ impl Catalog {
     fn remove_orphans(&self) -> Result<(), StorageError> {
         let streams_dir = self.data_dir.join("streams");
         for stream_entry in read_numeric_dirs(&streams_dir)? {
-            let Some(stream) = self.meta.streams.get(&stream_entry.0) else {
+            let Some(stream) = self.meta().streams.get(&stream_entry.0) else {
                 tracing::warn!(dir = %stream_entry.1.display(), "removing directory of a deleted stream");
                 remove_dir(&stream_entry.1)?;
                 continue;
@@ -370,15 +378,17 @@ impl Catalog {
 
     /// The committed metadata.
     pub fn meta(&self) -> &Metadata {
-        &self.meta
+        &self.group.state_machine().state
     }
 
-    /// Apply a metadata op: decide it on a copy of the state, create what must exist before
-    /// it is durable (new partitions' files, not serving yet), write the copy durably, and
-    /// only then publish it and finish its effects (new partitions serve, deleted ones' files
-    /// go). `Err(status)`: refused or not durable, and nothing of it is visible.
+    /// Apply a metadata op through the replicated metadata log: decide it on a copy of the
+    /// state (a refusal goes no further), create what must exist before it is durable (new
+    /// partitions' files, not serving yet), replicate it (durable in the log, then applied by
+    /// the group's state machine), and only then finish its effects (new partitions serve,
+    /// deleted ones' files go). `Err(status)`: refused or not durable, and nothing of it is
+    /// visible.
     pub fn commit(&mut self, op: &MetadataOp) -> Result<Applied, u32> {
-        let mut next = self.meta.clone();
+        let mut next = self.meta().clone();
         let applied = next.apply(op)?;
         let staged = match self.stage(&next, &applied.effects) {
             Ok(staged) => staged,
@@ -387,18 +397,46 @@ impl Catalog {
                 return Err(codes::ERROR);
             }
         };
-        if let Err(error) = write_metadata(&self.data_dir, &next) {
-            tracing::error!(
-                %error,
-                op = ?op_name(op),
-                "writing the metadata failed: the change is refused, the metadata on disk and in memory stay as they were"
-            );
-            self.unstage(&applied.effects, staged);
-            return Err(codes::ERROR);
+        let replicated = match self.group.submit(OPERATION_METADATA, &op.encode()) {
+            Ok(bytes) => MetadataMachine::decode_reply(&bytes),
+            Err(error @ GroupError::TooLarge { .. }) => {
+                tracing::warn!(%error, op = ?op_name(op), "metadata change refused: too large for one entry of the metadata log; nothing of it was kept");
+                self.unstage(&applied.effects, staged);
+                return Err(codes::INVALID_FORMAT);
+            }
+            Err(error) => {
+                // New partitions' files stay: if the entry did reach the disk, the next start
+                // applies it and they are its partitions; if not, they are orphans it removes.
+                tracing::error!(
+                    %error,
+                    op = ?op_name(op),
+                    "writing the metadata log failed: the change is not applied, and metadata changes are refused until \
+                     the server restarts; after the restart the change is there only if its entry reached the disk"
+                );
+                return Err(codes::ERROR);
+            }
+        };
+        match replicated {
+            Ok(Ok(replicated)) => {
+                debug_assert_eq!(replicated, applied, "the group applied the op as the copy did");
+                debug_assert!(*self.meta() == next, "the group's state is the copy's");
+                self.finish(&replicated.effects, staged);
+                Ok(replicated)
+            }
+            Ok(Err(status)) => {
+                // The same state refused what the copy accepted: apply is not deterministic.
+                tracing::error!(status, op = ?op_name(op), "the metadata log refused a change its copy accepted (a bug); nothing of it was applied");
+                debug_assert!(false, "the metadata group refused an op the copy applied");
+                self.unstage(&applied.effects, staged);
+                Err(status)
+            }
+            Err(error) => {
+                tracing::error!(%error, op = ?op_name(op), "the metadata log's reply does not decode (a bug); the change is applied");
+                debug_assert!(false, "undecodable metadata reply");
+                self.finish(&applied.effects, staged);
+                Ok(applied)
+            }
         }
-        self.meta = next;
-        self.finish(&applied.effects, staged);
-        Ok(applied)
     }
 
     /// The part of an op's effects that comes before it is durable.
@@ -573,7 +611,7 @@ impl Catalog {
 
     /// The topic `(stream_id, topic_id)` with its run-time parts.
     pub fn topic(&self, stream_id: u32, topic_id: u32) -> Option<Topic<'_>> {
-        let doc = self.meta.streams.get(&stream_id)?.topics.get(&topic_id)?;
+        let doc = self.meta().streams.get(&stream_id)?.topics.get(&topic_id)?;
         self.topic_of(stream_id, doc)
     }
 
@@ -592,7 +630,7 @@ impl Catalog {
 
     /// The stream an identifier names.
     pub fn find_stream(&self, id: &Identifier) -> Result<&Stream, u32> {
-        self.meta.find_stream(id)
+        self.meta().find_stream(id)
     }
 
     /// The topic an identifier names in `stream`.
@@ -611,7 +649,7 @@ impl Catalog {
 
     /// Every topic, in (stream, topic) order.
     pub fn all_topics(&self) -> impl Iterator<Item = Topic<'_>> + '_ {
-        self.meta
+        self.meta()
             .streams
             .values()
             .flat_map(|stream| self.topics_of(stream))
@@ -653,9 +691,80 @@ fn clear_orphan(dir: &Path, what: &str) -> Result<(), StorageError> {
     Ok(())
 }
 
-/// Write the metadata document durably (atomic replace).
-fn write_metadata(data_dir: &Path, meta: &Metadata) -> Result<(), StorageError> {
-    cairn_storage::atomic_file::write(&metadata_path(data_dir), &meta.snapshot())
+/// The replication group id of the metadata.
+pub const METADATA_GROUP: u64 = 0;
+
+/// Where the metadata's replicated log lives.
+pub fn metadata_group_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("vsr").join("metadata")
+}
+
+/// Where a migrated metadata document is kept (never deleted).
+pub fn migrated_document_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("metadata.migrated")
+}
+
+/// A data directory written before metadata was replicated holds the catalog in the document
+/// `<data_dir>/metadata`. Its whole contents become the first op of the new log (`Migrate`);
+/// once that is durable the document is renamed to `metadata.migrated` and never read again.
+/// A crash before the rename repeats nothing: the log already holds ops, and only the rename
+/// is left. Returns whether a document was found.
+fn migrate_document(data_dir: &Path, group: &mut LocalGroup<MetadataMachine>) -> Result<bool, CatalogError> {
+    let path = metadata_path(data_dir);
+    let Some(bytes) = cairn_storage::atomic_file::read(&path)? else {
+        return Ok(false);
+    };
+    let damaged = |reason: String| StorageError::Damaged {
+        path: path.clone(),
+        position: 0,
+        reason,
+    };
+    let doc = Metadata::restore(&bytes)
+        .map_err(|e| damaged(e.to_string()))?
+        .to_doc();
+    if group.commit_op() == 0 {
+        let op = MetadataOp::Migrate { doc };
+        let reply = group.submit(OPERATION_METADATA, &op.encode()).map_err(|error| match error {
+            GroupError::TooLarge { len, max } => damaged(format!(
+                "the metadata document is {len} bytes as one entry of the replicated metadata log, above its {max}-byte \
+                 limit: it cannot be migrated by this release; it was left as it is"
+            )),
+            error => damaged(format!("migrating it into the replicated metadata log failed: {error}; it was left as it is")),
+        })?;
+        match MetadataMachine::decode_reply(&reply) {
+            Ok(Ok(_)) => {}
+            Ok(Err(status)) => {
+                return Err(damaged(format!(
+                    "the metadata log refused it (status {status}); it was left as it is"
+                ))
+                .into());
+            }
+            Err(error) => return Err(damaged(format!("{error}; it was left as it is")).into()),
+        }
+        tracing::info!(
+            document = %path.display(),
+            log = %metadata_group_dir(data_dir).display(),
+            "migrated the metadata document into the replicated metadata log; the document is kept as metadata.migrated"
+        );
+    } else {
+        tracing::warn!(
+            document = %path.display(),
+            "a metadata document next to a replicated metadata log that already holds ops: left by a migration \
+             interrupted before its rename; the log is what counts, the document is kept as metadata.migrated"
+        );
+    }
+    let migrated = migrated_document_path(data_dir);
+    std::fs::rename(&path, &migrated).map_err(|source| StorageError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    std::fs::File::open(data_dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|source| StorageError::Io {
+            path: data_dir.to_path_buf(),
+            source,
+        })?;
+    Ok(true)
 }
 
 /// The op's name for logs (not its contents: they may hold password hashes).
@@ -680,6 +789,7 @@ fn op_name(op: &MetadataOp) -> &'static str {
         MetadataOp::CreateToken { .. } => "create_personal_access_token",
         MetadataOp::DeleteToken { .. } => "delete_personal_access_token",
         MetadataOp::MarkPurge { .. } => "mark_purge",
+        MetadataOp::Migrate { .. } => "migrate",
     }
 }
 

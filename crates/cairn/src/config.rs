@@ -121,6 +121,11 @@ pub const FLUSH_INTERVAL_MS_MAX: u64 = 3_600_000;
 /// configuration key; never set in production.
 pub const TEST_CRASH_AT_ENV: &str = "CAIRN_TEST_CRASH_AT";
 
+/// Test-only fault hook: `CAIRN_TEST_FAIL_AT=<point>` makes the write at a named point fail
+/// with an IO error, as a failing disk would (`group-write-prepares`, ...: see `node.rs`).
+/// Not a configuration key; never set in production.
+pub const TEST_FAIL_AT_ENV: &str = "CAIRN_TEST_FAIL_AT";
+
 /// Upper bound of `storage.retention_interval_ms` (one day).
 pub const RETENTION_INTERVAL_MS_MAX: u64 = 86_400_000;
 
@@ -260,7 +265,7 @@ impl Sources {
             if !name.starts_with("CAIRN_") {
                 continue;
             }
-            if name == TEST_CRASH_AT_ENV {
+            if name == TEST_CRASH_AT_ENV || name == TEST_FAIL_AT_ENV {
                 // A test-only fault hook read where it fires (see the handler), not a key.
                 continue;
             }

@@ -1182,15 +1182,6 @@ fn storage_status(error: impl std::fmt::Display) -> u32 {
     codes::ERROR
 }
 
-/// Test-only fault hook (`CAIRN_TEST_CRASH_AT=<point>`): abort the process at `point`, as a
-/// crash there would. Unset in production; read on every call (purges are rare).
-fn crash_point(point: &str) {
-    if std::env::var(crate::config::TEST_CRASH_AT_ENV).is_ok_and(|value| value == point) {
-        eprintln!("{}={point}: aborting", crate::config::TEST_CRASH_AT_ENV);
-        std::process::abort();
-    }
-}
-
 impl Server {
     /// Purge a topic (or every topic of a stream): delete every message and stored consumer
     /// offset; offsets keep counting (an offset is never handed out twice).
@@ -1229,7 +1220,7 @@ impl Server {
             stream_id,
             marks: marks.clone(),
         })?;
-        crash_point("purge-after-marker");
+        crate::faults::crash_point("purge-after-marker");
         for (((_, partition), guard), mark) in partitions.iter().zip(guards.iter_mut()).zip(marks) {
             let target = mark.target;
             let data = serving(guard)?;
@@ -1239,7 +1230,7 @@ impl Server {
             data.log.purge().map_err(storage_status)?;
             debug_assert_eq!(data.log.start_offset(), target);
             tracing::info!(partition_dir = %partition.dir.display(), purged_below = target, "purged partition");
-            crash_point("purge-after-first-partition");
+            crate::faults::crash_point("purge-after-first-partition");
         }
         Ok(Vec::new())
     }

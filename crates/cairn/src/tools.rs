@@ -23,7 +23,7 @@ const EXIT_USAGE_OR_IO: u8 = 2;
 
 /// `cairn check <data-dir>`.
 pub fn run_check(data_dir: &Path) -> ExitCode {
-    match check::check_data_dir(data_dir) {
+    match check::check_data_dir_with(data_dir, metadata_report(data_dir)) {
         Ok(report) => {
             print!("{report}");
             if report.verdict() == Verdict::Healthy {
@@ -40,6 +40,57 @@ pub fn run_check(data_dir: &Path) -> ExitCode {
             ExitCode::from(EXIT_USAGE_OR_IO)
         }
     }
+}
+
+/// The metadata's verdict from the replicated metadata log, recovered in memory exactly as
+/// boot would recover it, writing nothing. `None` when the data directory has no log yet (a
+/// first start, or a metadata document not migrated yet: the checker reads the document).
+fn metadata_report(data_dir: &Path) -> Option<check::MetadataReport> {
+    let dir = crate::catalog::metadata_group_dir(data_dir);
+    let opened = crate::node::LocalGroup::open(
+        &dir,
+        crate::catalog::METADATA_GROUP,
+        cairn_machine::metadata::MetadataMachine::default,
+        true,
+    );
+    let group = match opened {
+        Ok(Some(group)) => group,
+        Ok(None) => return None,
+        Err(error) => {
+            return Some(check::MetadataReport {
+                verdict: Verdict::Damaged,
+                detail: format!("the replicated metadata log cannot be recovered: {error}"),
+                named: None,
+                purge_targets: Default::default(),
+            });
+        }
+    };
+    let meta = &group.state_machine().state;
+    let mut named = std::collections::BTreeSet::new();
+    let mut purge_targets = std::collections::BTreeMap::new();
+    for stream in meta.streams.values() {
+        for topic in stream.topics.values() {
+            for partition in &topic.partitions {
+                let key = (stream.id, topic.id, partition.id);
+                named.insert(key);
+                if partition.purge_target > 0 {
+                    purge_targets.insert(key, partition.purge_target);
+                }
+            }
+        }
+    }
+    let streams_with_partitions: std::collections::BTreeSet<u32> = named.iter().map(|&(s, _, _)| s).collect();
+    Some(check::MetadataReport {
+        verdict: Verdict::Healthy,
+        detail: format!(
+            "{} partition(s) named in {} stream(s) with partitions (replicated metadata log at op {})",
+            named.len(),
+            streams_with_partitions.len(),
+            group.commit_op()
+        ),
+        named: Some(named),
+        purge_targets,
+    })
 }
 
 /// `cairn repair --accept-loss <stream>/<topic>/<partition> <data-dir>`.

@@ -152,7 +152,7 @@ pub struct PurgeMark {
 
 /// A change of the metadata, with everything decided that is not a function of the state.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum MetadataOp {
     /// First start: the root user with the configured or generated password's hash.
     CreateRoot {
@@ -255,10 +255,16 @@ pub enum MetadataOp {
         stream_id: u32,
         marks: Vec<PurgeMark>,
     },
+    /// The first op of a log formatted over a data directory whose metadata was a document
+    /// (written before metadata was replicated): the whole document becomes the state. Only
+    /// an empty state takes it.
+    Migrate {
+        doc: MetadataDoc,
+    },
 }
 
 /// What an applied op created, for the reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
     Done,
     Stream(u32),
@@ -276,7 +282,7 @@ pub enum Outcome {
 }
 
 /// Work outside the state machine that an applied op calls for.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Effect {
     /// A new stream: no directory of that id may be left from an interrupted create.
     CreateStream {
@@ -317,7 +323,7 @@ pub enum Effect {
 }
 
 /// An applied op: what it created and what the shell has to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Applied {
     pub outcome: Outcome,
     pub effects: Vec<Effect>,
@@ -808,6 +814,13 @@ impl Metadata {
                 self.tokens.remove(index);
                 Ok(Applied::done())
             }
+            MetadataOp::Migrate { doc } => {
+                if *self != Metadata::default() {
+                    return Err(codes::INVALID_COMMAND);
+                }
+                *self = Metadata::from_doc(doc.clone()).map_err(|_| codes::INVALID_FORMAT)?;
+                Ok(Applied::done())
+            }
             MetadataOp::MarkPurge { stream_id, marks } => {
                 let stream = self.streams.get(stream_id).ok_or(codes::STREAM_ID_NOT_FOUND)?;
                 for mark in marks {
@@ -1051,5 +1064,53 @@ impl TopicDoc {
                 .find(|g| &g.name == name)
                 .ok_or(codes::CONSUMER_GROUP_NAME_NOT_FOUND),
         }
+    }
+}
+
+/// The VSR `operation` of a metadata op.
+pub const OPERATION_METADATA: u8 = 1;
+
+/// What the metadata group answers an op with: what it applied, or the status it refused it
+/// with (a refused op changed nothing).
+pub type MetadataReply = Result<Applied, u32>;
+
+/// The metadata state machine as a replication group runs it: ops arrive encoded, replies
+/// leave encoded, and the snapshot is the metadata document.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MetadataMachine {
+    pub state: Metadata,
+}
+
+impl MetadataMachine {
+    pub fn encode_reply(reply: &MetadataReply) -> Vec<u8> {
+        // Plain enums and integers always serialize.
+        serde_json::to_vec(reply).unwrap_or_default()
+    }
+
+    pub fn decode_reply(bytes: &[u8]) -> Result<MetadataReply, DecodeError> {
+        serde_json::from_slice(bytes).map_err(|e| DecodeError(format!("metadata reply does not decode: {e}")))
+    }
+}
+
+impl cairn_vsr::replica::StateMachine for MetadataMachine {
+    fn apply(&mut self, _op: u64, _timestamp: u64, operation: u8, input: &[u8]) -> Vec<u8> {
+        let reply = if operation != OPERATION_METADATA {
+            Err(codes::INVALID_COMMAND)
+        } else {
+            match MetadataOp::decode(input) {
+                Ok(op) => self.state.apply(&op),
+                Err(_) => Err(codes::INVALID_FORMAT),
+            }
+        };
+        MetadataMachine::encode_reply(&reply)
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        self.state.snapshot()
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        self.state = Metadata::restore(snapshot).map_err(|e| e.0)?;
+        Ok(())
     }
 }

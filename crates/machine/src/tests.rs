@@ -372,3 +372,53 @@ proptest! {
         prop_assert_eq!(Metadata::from_doc(doc).expect("document loads"), a);
     }
 }
+
+/// Ops with nested maps keyed by ids (permissions per stream and topic) survive their
+/// encoding: the replicated log carries exactly what the preparer decided.
+#[test]
+fn ops_with_permissions_survive_encoding() {
+    use crate::permissions::{GlobalDoc, PermissionsDoc, StreamDoc, TopicDoc};
+    let mut streams = std::collections::BTreeMap::new();
+    let mut topics = std::collections::BTreeMap::new();
+    topics.insert(
+        7,
+        TopicDoc {
+            poll_messages: true,
+            ..TopicDoc::default()
+        },
+    );
+    streams.insert(
+        3,
+        StreamDoc {
+            read_stream: true,
+            topics,
+            ..StreamDoc::default()
+        },
+    );
+    streams.insert(4, StreamDoc::default());
+    let permissions = Some(PermissionsDoc {
+        global: GlobalDoc {
+            read_users: true,
+            ..GlobalDoc::default()
+        },
+        streams,
+    });
+    for op in [
+        MetadataOp::CreateUser {
+            username: "reader".to_string(),
+            password_hash: "hash".to_string(),
+            status: USER_STATUS_ACTIVE,
+            permissions: permissions.clone(),
+            created_at_us: 1,
+        },
+        MetadataOp::UpdatePermissions {
+            user_id: 3,
+            permissions,
+        },
+        MetadataOp::Migrate {
+            doc: Metadata::default().to_doc(),
+        },
+    ] {
+        assert_eq!(MetadataOp::decode(&op.encode()), Ok(op));
+    }
+}

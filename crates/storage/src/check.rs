@@ -1470,6 +1470,16 @@ impl fmt::Display for DataDirReport {
 /// Verify a whole data directory without changing anything: the metadata document and every
 /// partition directory, named or not. `Err` if the data directory cannot be read at all.
 pub fn check_data_dir(data_dir: &Path) -> Result<DataDirReport, StorageError> {
+    check_data_dir_with(data_dir, None)
+}
+
+/// [`check_data_dir`] with the metadata's verdict given by the caller (the server reads its
+/// replicated metadata log, which this crate does not know); `None` reads the metadata
+/// document `<data_dir>/metadata`.
+pub fn check_data_dir_with(
+    data_dir: &Path,
+    metadata: Option<MetadataReport>,
+) -> Result<DataDirReport, StorageError> {
     let disk = RealDisk;
     // Listing fails with an IO error (path included) for a missing or unreadable directory.
     disk.list_dir(data_dir)?;
@@ -1483,7 +1493,10 @@ pub fn check_data_dir(data_dir: &Path) -> Result<DataDirReport, StorageError> {
             }
         }
     }
-    let metadata = check_metadata(&disk, data_dir, on_disk.len())?;
+    let metadata = match metadata {
+        Some(metadata) => metadata,
+        None => check_metadata(&disk, data_dir, on_disk.len())?,
+    };
     let mut ids: BTreeSet<(u32, u32, u32)> = on_disk.keys().copied().collect();
     if let Some(named) = &metadata.named {
         ids.extend(named.iter().copied());

@@ -86,8 +86,10 @@ const _: () = assert!(VIEW_CHANGE_HEADERS_MAX < JOURNAL_SLOTS);
 /// reused.
 pub const CHECKPOINT_INTERVAL_OPS: u64 = 16;
 
-/// Largest state-machine snapshot a checkpoint carries.
-pub const STATE_MACHINE_SNAPSHOT_MAX: usize = MESSAGE_SIZE_MAX;
+/// Largest state-machine snapshot a checkpoint carries. A snapshot is not a message: the
+/// metadata group's is the whole catalog (every stream, topic, partition, user and token),
+/// as large as the metadata document may be.
+pub const STATE_MACHINE_SNAPSHOT_MAX: usize = 64 * 1024 * 1024;
 
 /// Largest encoded checkpoint: a prepare header, the snapshot, and the client table (one
 /// stored reply per client, each at most a message).

@@ -1,0 +1,216 @@
+//! The replicated metadata log as operators and clients see it:
+//! - memory is never ahead of durable metadata: a change whose log write fails is not applied,
+//!   nothing of it is visible (no topic that acknowledges sends and vanishes at the next boot,
+//!   no deleted token that comes back), everything acknowledged before survives, and the
+//!   operator is told what happened;
+//! - a data directory whose metadata is still a document (written before the log existed) is
+//!   migrated at boot, with a log line, and the document is kept.
+
+mod common;
+
+use common::*;
+use iggy::prelude::*;
+
+const PAYLOAD_BYTES: usize = 100;
+/// The fault hook that makes every write of a metadata log entry fail (see `faults.rs`).
+const FAIL_METADATA_WRITES: (&str, &str) = ("CAIRN_TEST_FAIL_AT", "group-write-prepares");
+
+#[tokio::test]
+async fn a_failed_metadata_log_write_applies_nothing_and_loses_nothing() {
+    let dir = temp_dir();
+    let server = TestServer::start(dir.path());
+    let client = root_client(server.addr()).await;
+    let stream = client.create_stream("s").await.expect("create stream");
+    let kept = client
+        .create_topic(&id_num(stream.id), "kept", &topic_opts(2))
+        .await
+        .expect("create topic");
+    let messages: Vec<(u128, Vec<u8>)> = (1..=20u128)
+        .map(|id| (id, payload_for(id, PAYLOAD_BYTES)))
+        .collect();
+    send_batch(&client, stream.id, kept.id, 1, &messages)
+        .await
+        .expect("acknowledged send");
+    let pat = client
+        .create_personal_access_token("kept-token", PersonalAccessTokenExpiry::NeverExpire)
+        .await
+        .expect("create token");
+    server.stop();
+
+    // The same data directory on a disk where every write of a metadata log entry fails.
+    let server = TestServer::start_with(dir.path(), &[], &[FAIL_METADATA_WRITES]);
+    let client = root_client(server.addr()).await;
+
+    // Creations are refused, and nothing of them shows: no topic to send to.
+    let refused_topic = client
+        .create_topic(&id_num(stream.id), "refused", &topic_opts(3))
+        .await;
+    assert!(
+        refused_topic.is_err(),
+        "create_topic succeeded without a durable log entry"
+    );
+    assert!(
+        client
+            .get_topic(&id_num(stream.id), &id_name("refused"))
+            .await
+            .expect("get_topic")
+            .is_none(),
+        "a refused topic is visible"
+    );
+    let send_to_refused = client
+        .send_messages(
+            &id_num(stream.id),
+            &id_name("refused"),
+            &Partitioning::partition_id(0),
+            &mut [sdk_message(99, payload_for(99, PAYLOAD_BYTES))],
+        )
+        .await;
+    assert_code(send_to_refused, 2011);
+    assert!(client.create_stream("refused").await.is_err());
+    assert_eq!(client.get_streams().await.expect("get_streams").len(), 1);
+    assert!(
+        client
+            .create_user("refused-user", "secret", UserStatus::Active, None)
+            .await
+            .is_err()
+    );
+    assert!(
+        client
+            .get_user(&id_name("refused-user"))
+            .await
+            .expect("get_user")
+            .is_none()
+    );
+
+    // Deletions are refused, and what they would have removed keeps working.
+    assert!(
+        client
+            .delete_topic(&id_num(stream.id), &id_num(kept.id))
+            .await
+            .is_err()
+    );
+    assert!(client.delete_personal_access_token("kept-token").await.is_err());
+    let by_token = sdk_client(server.addr()).await;
+    by_token
+        .login_with_personal_access_token(&pat.token)
+        .await
+        .expect("the token whose deletion was refused still logs in");
+    let polled = poll_all(&client, stream.id, kept.id, 1, 100, 1_000).await;
+    assert_eq!(polled.len(), messages.len());
+    send_batch(&client, stream.id, kept.id, 0, &messages[..1])
+        .await
+        .expect("the topic whose deletion was refused still takes sends");
+
+    let logs = server.logs();
+    assert!(
+        logs.contains("writing the metadata log failed: the change is not applied"),
+        "the operator is not told: {logs}"
+    );
+
+    // After the disk recovers and the server restarts, the disk says what the clients saw.
+    // (The refused topic's partition files stay until then: had its entry reached the disk,
+    // they would be its partitions; `cairn check` reports them as orphans boot removes.)
+    let mut server = server;
+    assert!(
+        server.terminate().success(),
+        "no clean stop after failed metadata writes"
+    );
+    let server = TestServer::start(dir.path());
+    let client = root_client(server.addr()).await;
+    let topics = client.get_topics(&id_num(stream.id)).await.expect("get_topics");
+    assert_eq!(
+        topics.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+        ["kept"]
+    );
+    assert!(
+        !dir.path().join("streams/0/topics/1").exists(),
+        "the refused topic's files outlived a restart"
+    );
+    let polled = poll_all(&client, stream.id, kept.id, 1, 100, 1_000).await;
+    let payloads: Vec<Vec<u8>> = polled.iter().map(|m| m.payload.to_vec()).collect();
+    let expected: Vec<Vec<u8>> = messages.iter().map(|(_, p)| p.clone()).collect();
+    assert_eq!(
+        payloads, expected,
+        "acknowledged messages changed across the restarts"
+    );
+    sdk_client(server.addr())
+        .await
+        .login_with_personal_access_token(&pat.token)
+        .await
+        .expect("the token is still there");
+    // The refused create consumed no id.
+    let next = client
+        .create_topic(&id_num(stream.id), "after", &topic_opts(1))
+        .await
+        .expect("create after recovery");
+    assert_eq!(next.id, 1);
+    server.stop();
+}
+
+/// The bytes of `contents` framed as Cairn's atomic files are (magic, version, length,
+/// XXH3-64 over the first 16 bytes and the contents), written independently of the server.
+fn atomic_file_bytes(contents: &[u8]) -> Vec<u8> {
+    let mut head = Vec::new();
+    head.extend_from_slice(b"CRNA");
+    head.extend_from_slice(&1u32.to_le_bytes());
+    head.extend_from_slice(&(contents.len() as u64).to_le_bytes());
+    let mut summed = head.clone();
+    summed.extend_from_slice(contents);
+    let mut bytes = head;
+    bytes.extend_from_slice(&xxh3(&summed).to_le_bytes());
+    bytes.extend_from_slice(contents);
+    bytes
+}
+
+#[tokio::test]
+async fn a_metadata_document_is_migrated_into_the_log_at_boot() {
+    let dir = temp_dir();
+    // What a data directory of the release before the log held: the catalog as a document
+    // (here without a root user: boot creates it, as it did then).
+    let document = r#"{"format_version":1,"next_stream_id":8,"streams":[{"id":7,"name":"legacy",
+        "created_at_us":1,"next_topic_id":3,"topics":[{"id":2,"name":"no-partitions","created_at_us":1,
+        "message_expiry_us":0,"compression":1,"max_topic_size_bytes":0,"partitions":[],
+        "consumer_groups":[{"id":0,"name":"readers"}],"next_group_id":1}]}],
+        "next_user_id":1,"users":[],"next_token_id":0,"tokens":[]}"#;
+    std::fs::write(
+        dir.path().join("metadata"),
+        atomic_file_bytes(document.as_bytes()),
+    )
+    .expect("write document");
+
+    let server = TestServer::start(dir.path());
+    let client = root_client(server.addr()).await;
+    let assert_migrated = |streams: Vec<Stream>| {
+        assert_eq!(streams.len(), 1);
+        assert_eq!((streams[0].id, streams[0].name.as_str()), (7, "legacy"));
+    };
+    assert_migrated(client.get_streams().await.expect("get_streams"));
+    let group = client
+        .get_consumer_group(&id_num(7), &id_num(2), &id_name("readers"))
+        .await
+        .expect("get group");
+    assert!(group.is_some(), "the topic's consumer group was not migrated");
+    // New ids continue after the document's.
+    assert_eq!(client.create_stream("new").await.expect("create").id, 8);
+    let logs = server.logs();
+    assert!(
+        logs.contains("migrated the metadata document into the replicated metadata log"),
+        "no log line says so: {logs}"
+    );
+    assert!(!dir.path().join("metadata").exists());
+    assert!(
+        dir.path().join("metadata.migrated").exists(),
+        "the document was not kept"
+    );
+    server.stop();
+
+    let server = TestServer::start(dir.path());
+    let client = root_client(server.addr()).await;
+    let streams = client.get_streams().await.expect("get_streams");
+    assert_eq!(streams.len(), 2);
+    assert!(
+        !server.logs().contains("migrated the metadata document"),
+        "migrated twice"
+    );
+    server.stop();
+}
