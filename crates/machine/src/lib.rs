@@ -13,6 +13,7 @@
 
 pub mod metadata;
 pub mod permissions;
+pub mod simulated;
 pub mod users;
 
 #[cfg(test)]

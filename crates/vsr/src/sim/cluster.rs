@@ -207,6 +207,36 @@ pub struct ChainMachine {
     pub applied: u64,
 }
 
+/// A state machine the simulator can run: what its clients send, and a digest of its state
+/// that the checkers compare across replicas after every applied op.
+pub trait SimMachine: StateMachine + Default {
+    /// Equal for equal states; differs (with overwhelming likelihood) otherwise.
+    fn digest(&self) -> u64;
+
+    /// A client's next request: its operation (not `OPERATION_REGISTER`) and body, at most
+    /// `body_max` bytes, drawn from `prng` only (so a seed replays). `request` is the client's
+    /// request number.
+    fn request(prng: &mut Prng, request: u64, body_max: usize) -> (u8, Vec<u8>);
+}
+
+impl SimMachine for ChainMachine {
+    fn digest(&self) -> u64 {
+        self.state
+    }
+
+    fn request(prng: &mut Prng, request: u64, body_max: usize) -> (u8, Vec<u8>) {
+        // Mostly small; a quarter large enough that the prepare spans two sectors, so a
+        // crash can tear it (a one-sector write is atomic).
+        let body_len = if prng.chance_ppm(PPM / 4) {
+            prng.range_inclusive(300, body_max as u64) as usize
+        } else {
+            prng.below(64) as usize
+        };
+        let body = (0..body_len).map(|i| (i as u8) ^ (request as u8)).collect();
+        (1, body)
+    }
+}
+
 impl StateMachine for ChainMachine {
     fn apply(&mut self, op: u64, _timestamp: u64, operation: u8, input: &[u8]) -> Vec<u8> {
         let mut bytes = Vec::with_capacity(input.len() + 25);
@@ -301,9 +331,13 @@ enum WriteKind {
     StateTransfer { above_op: u64, commit_max: u64 },
 }
 
-pub struct Simulation {
+/// The simulator with the hash-chain machine (what the protocol tests run).
+pub type Simulation = Sim<ChainMachine>;
+
+/// A whole simulated cluster running state machine `M`.
+pub struct Sim<M: SimMachine> {
     options: SimOptions,
-    replicas: Vec<Replica<ChainMachine>>,
+    replicas: Vec<Replica<M>>,
     hosts: Vec<Host>,
     crashes: Prng,
     nonces: Prng,
@@ -348,8 +382,8 @@ pub struct Simulation {
     state_transfer_count: u64,
 }
 
-impl Simulation {
-    pub fn new(seed: u64, options: SimOptions) -> Simulation {
+impl<M: SimMachine> Sim<M> {
+    pub fn new(seed: u64, options: SimOptions) -> Sim<M> {
         let streams = Streams::new(seed);
         let replica_count = options.replica_count;
         assert!(options.network.endpoint_count >= u16::from(replica_count) + options.client_count);
@@ -362,7 +396,7 @@ impl Simulation {
                     replica_count,
                     bugs: options.bugs,
                 };
-                Replica::new(config, ChainMachine::default())
+                Replica::new(config, M::default())
             })
             .collect();
         let clients = (0..options.client_count)
@@ -401,7 +435,7 @@ impl Simulation {
                 }
             })
             .collect();
-        Simulation {
+        Sim {
             hosts,
             crashes: streams.stream("crash_faults"),
             nonces: streams.stream("nonces"),
@@ -745,7 +779,7 @@ impl Simulation {
             journal,
             nonce,
         };
-        let restarted = match Replica::recover(config, ChainMachine::default(), recovered) {
+        let restarted = match Replica::recover(config, M::default(), recovered) {
             Ok(restarted) => restarted,
             Err(error) => {
                 return Err(self.violation(format!("replica {replica} could not recover: {error}")));
@@ -808,22 +842,16 @@ impl Simulation {
             header.group = SIM_GROUP;
             header.client = client.id;
             header.request = client.request;
+            // Drawn for a register too (its body is ignored), so the draws do not depend on
+            // whether a client has a session.
+            let (operation, body) = M::request(&mut self.clients_prng, client.request, PREPARE_BODY_MAX);
+            debug_assert!(body.len() <= PREPARE_BODY_MAX);
             header.operation = if client.session.is_some() {
-                1
+                operation
             } else {
                 OPERATION_REGISTER
             };
             header.context = u128::from(client.session.unwrap_or(0));
-            // Mostly small; a quarter large enough that the prepare spans two sectors, so a
-            // crash can tear it (a one-sector write is atomic).
-            let body_len = if self.clients_prng.chance_ppm(PPM / 4) {
-                self.clients_prng.range_inclusive(300, PREPARE_BODY_MAX as u64) as usize
-            } else {
-                self.clients_prng.below(64) as usize
-            };
-            let body: Vec<u8> = (0..body_len)
-                .map(|i| (i as u8) ^ (client.request as u8))
-                .collect();
             let message = Message::new(header, Arc::from(body));
             // Clients do not know the primary: they send to every replica.
             let from = self.client_endpoint(index);
@@ -1154,7 +1182,7 @@ impl Simulation {
         if commit_min == 0 {
             return Ok(());
         }
-        let state = self.replicas[replica].state_machine().state;
+        let state = self.replicas[replica].state_machine().digest();
         match self.canonical_state.get(&commit_min) {
             Some(&canonical) if canonical != state => Err(self.violation(format!(
                 "replica {replica}'s state after op {commit_min} differs from the canonical state"
@@ -1284,9 +1312,9 @@ pub struct Sent {
 
 /// Scripted scenarios: a quiet cluster (reliable network, no random faults) that a test
 /// drives tick by tick and breaks on purpose, with every checker running.
-impl Simulation {
+impl<M: SimMachine> Sim<M> {
     /// A cluster of `replica_count` replicas and 3 clients with no random faults.
-    pub fn scripted(seed: u64, replica_count: u8) -> Simulation {
+    pub fn scripted(seed: u64, replica_count: u8) -> Sim<M> {
         let mut options = SimOptions::from_seed(seed);
         options.replica_count = replica_count;
         options.network = NetworkOptions::reliable(u16::from(replica_count) + 3, 1);
@@ -1299,7 +1327,7 @@ impl Simulation {
         options.journal_flip_ppm = 0;
         options.superblock_flip_ppm = 0;
         options.write_ticks_mean = 1;
-        Simulation::new(seed, options)
+        Sim::new(seed, options)
     }
 
     /// One tick, with the checkers (no random faults are injected).
@@ -1311,7 +1339,7 @@ impl Simulation {
     pub fn run_until(
         &mut self,
         ticks_max: u64,
-        condition: impl Fn(&Simulation) -> bool,
+        condition: impl Fn(&Sim<M>) -> bool,
     ) -> Result<bool, Violation> {
         for _ in 0..ticks_max {
             if condition(self) {
@@ -1364,7 +1392,7 @@ impl Simulation {
         self.flip_count += 1;
     }
 
-    pub fn replica(&self, replica: usize) -> &Replica<ChainMachine> {
+    pub fn replica(&self, replica: usize) -> &Replica<M> {
         &self.replicas[replica]
     }
 

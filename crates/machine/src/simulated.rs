@@ -1,0 +1,110 @@
+//! The metadata machine as the VSR simulator runs it (`cairn_vsr::sim::cluster::Sim`): the
+//! ops its clients send, drawn from the run's seed, and the digest the checkers compare.
+//!
+//! The ops come from a small alphabet of names and ids, so that many collide and are refused
+//! (a refusal must be refused identically everywhere) and the state stays small enough for
+//! the simulator's checkpoint slots. A quarter carry a long name, so their prepares span two
+//! sectors and a crash can tear them.
+
+use crate::metadata::{MetadataMachine, MetadataOp, OPERATION_METADATA, PurgeMark, TopicSettings};
+use cairn_vsr::sim::cluster::SimMachine;
+use cairn_vsr::sim::prng::{PPM, Prng};
+
+const NAMES: [&str; 4] = ["a", "b", "c", "d"];
+
+fn name(prng: &mut Prng) -> String {
+    let short = NAMES[prng.below(NAMES.len() as u64) as usize];
+    if prng.chance_ppm(PPM / 4) {
+        // Long enough that the prepare spans two 512-byte sectors.
+        format!("{short}-{}", "x".repeat(300))
+    } else {
+        short.to_string()
+    }
+}
+
+fn id(prng: &mut Prng) -> u32 {
+    prng.below(4) as u32
+}
+
+fn draw(prng: &mut Prng) -> MetadataOp {
+    match prng.below(14) {
+        0 | 1 => MetadataOp::CreateStream {
+            name: name(prng),
+            created_at_us: prng.below(1_000_000),
+        },
+        2 => MetadataOp::UpdateStream {
+            stream_id: id(prng),
+            name: name(prng),
+        },
+        3 => MetadataOp::DeleteStream { stream_id: id(prng) },
+        4 | 5 => MetadataOp::CreateTopic {
+            stream_id: id(prng),
+            name: name(prng),
+            created_at_us: prng.below(1_000_000),
+            partitions_count: prng.below(3) as u32,
+            settings: TopicSettings {
+                message_expiry_us: prng.chance_ppm(PPM / 2).then(|| prng.below(10_000_000)),
+                ..TopicSettings::default()
+            },
+        },
+        6 => MetadataOp::DeleteTopic {
+            stream_id: id(prng),
+            topic_id: id(prng),
+        },
+        7 => MetadataOp::CreatePartitions {
+            stream_id: id(prng),
+            topic_id: id(prng),
+            count: 1 + prng.below(2) as u32,
+            created_at_us: prng.below(1_000_000),
+        },
+        8 => MetadataOp::DeletePartitions {
+            stream_id: id(prng),
+            topic_id: id(prng),
+            count: 1 + prng.below(2) as u32,
+        },
+        9 => MetadataOp::CreateGroup {
+            stream_id: id(prng),
+            topic_id: id(prng),
+            name: name(prng),
+        },
+        10 => MetadataOp::CreateUser {
+            username: format!("user-{}", NAMES[prng.below(NAMES.len() as u64) as usize]),
+            password_hash: format!("hash-{}", prng.below(1_000)),
+            status: 1 + prng.below(2) as u8,
+            permissions: None,
+            created_at_us: prng.below(1_000_000),
+        },
+        11 => MetadataOp::DeleteUser {
+            user_id: 1 + id(prng),
+        },
+        12 => MetadataOp::CreateToken {
+            user_id: 1 + id(prng),
+            token_id: prng.below(64),
+            name: format!("token-{}", NAMES[prng.below(NAMES.len() as u64) as usize]),
+            token_hash: format!("hash-{}", prng.below(1_000)),
+            expiry_at_us: 0,
+        },
+        _ => MetadataOp::MarkPurge {
+            stream_id: id(prng),
+            marks: vec![PurgeMark {
+                topic_id: id(prng),
+                partition_id: prng.below(3) as u32,
+                target: prng.below(1_000),
+            }],
+        },
+    }
+}
+
+impl SimMachine for MetadataMachine {
+    fn digest(&self) -> u64 {
+        xxhash_rust::xxh3::xxh3_64(&self.state.snapshot())
+    }
+
+    fn request(prng: &mut Prng, _request: u64, body_max: usize) -> (u8, Vec<u8>) {
+        let mut body = draw(prng).encode();
+        if body.len() > body_max {
+            body = MetadataOp::DeleteStream { stream_id: 0 }.encode();
+        }
+        (OPERATION_METADATA, body)
+    }
+}
