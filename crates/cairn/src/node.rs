@@ -30,7 +30,7 @@ use cairn_vsr::constants::{
 };
 use cairn_vsr::durable::{self, COPY_SIZE, Chosen, DurableState};
 use cairn_vsr::header::{Command, Header, Message};
-use cairn_vsr::journal::{classify_slot, slot_of};
+use cairn_vsr::journal::{SlotState, classify_slot, slot_of};
 use cairn_vsr::replica::{Bugs, Config, Destination, Output, Recovered, Replica, StateMachine, Status};
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -276,6 +276,16 @@ impl<S: StateMachine> LocalGroup<S> {
             }
             journal.push(classify_slot(slot, &prepare, &header, cluster, group));
         }
+        // Said up front: with no peer to repair them from, such slots keep the group down.
+        let damaged: Vec<String> = journal
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, state)| match state {
+                SlotState::Faulty { header: Some(header) } => Some(format!("slot {slot} (op {})", header.op)),
+                SlotState::Faulty { header: None } => Some(format!("slot {slot} (op unknown)")),
+                _ => None,
+            })
+            .collect();
         let recovered = Recovered {
             durable: Some(state),
             checkpoint,
@@ -285,7 +295,7 @@ impl<S: StateMachine> LocalGroup<S> {
         let replica = Replica::recover(config(cluster, group), fresh(), recovered)
             .map_err(|error| refused(dir, format!("the replica cannot start from its files: {error}")))?;
         let mut opened = LocalGroup::assemble(replica, files, cluster, (state, sequence), read_only);
-        opened.come_up()?;
+        opened.come_up(&damaged)?;
         Ok(Some(opened))
     }
 
@@ -359,7 +369,7 @@ impl<S: StateMachine> LocalGroup<S> {
 
     /// Tick a recovering replica until it serves: a view installed and every op of its log
     /// applied.
-    fn come_up(&mut self) -> Result<(), GroupError> {
+    fn come_up(&mut self, damaged: &[String]) -> Result<(), GroupError> {
         for _ in 0..RECOVERY_TICKS_MAX {
             self.pump()?;
             if self.replica.status() == Status::Normal
@@ -377,13 +387,21 @@ impl<S: StateMachine> LocalGroup<S> {
             }
             self.replica.on_tick();
         }
-        Err(refused(
-            &self.files.dir,
+        let reason = if damaged.is_empty() {
             format!(
-                "the replica did not come up from its files within {RECOVERY_TICKS_MAX} ticks: {}",
+                "the log did not come up from its files within {RECOVERY_TICKS_MAX} ticks (a bug: please report it \
+                 with this line); the files are left as they are: {}",
                 self.replica.describe()
-            ),
-        ))
+            )
+        } else {
+            format!(
+                "damaged journal entries that may hold acknowledged changes: {} in {}; a group of one has no peer \
+                 to repair them from, so it does not start; the files are left as they are",
+                damaged.join(", "),
+                self.files.dir.join(PREPARES_FILE).display()
+            )
+        };
+        Err(refused(&self.files.dir, reason))
     }
 
     /// The replicated state machine (every committed op applied).
@@ -675,7 +693,8 @@ mod tests {
         let dir = temp.path().join("group");
         let mut group = open(&dir);
         create_streams(&mut group, 0..5);
-        let damaged_slot = slot_of(group.commit_op());
+        let damaged_op = group.commit_op();
+        let damaged_slot = slot_of(damaged_op);
         drop(group);
         let prepares = OpenOptions::new()
             .read(true)
@@ -688,7 +707,12 @@ mod tests {
         prepares.write_all_at(&[byte[0] ^ 0x10], at).expect("flip");
         let files = file_bytes(&dir);
         match LocalGroup::open(&dir, GROUP, MetadataMachine::default, false) {
-            Err(GroupError::Refused { .. }) => {}
+            Err(GroupError::Refused { reason, .. }) => {
+                assert!(
+                    reason.contains(&format!("slot {damaged_slot} (op {damaged_op})")),
+                    "the refusal does not name the damaged entry: {reason}"
+                );
+            }
             Err(other) => panic!("refused for another reason: {other}"),
             Ok(_) => panic!("a damaged acknowledged entry was accepted"),
         }

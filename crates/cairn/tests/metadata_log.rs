@@ -305,3 +305,79 @@ async fn metadata_changes_survive_sigkill() {
     }
     server.stop();
 }
+
+/// A bit flip in the newest acknowledged entry of the metadata log: with no peer to repair it
+/// from, the server refuses to start and says which entry, `cairn check` reports the damage,
+/// and the files stay byte-identical (an operator decides; nothing is cut away).
+#[tokio::test]
+async fn a_damaged_metadata_log_entry_is_refused_loudly() {
+    const MESSAGE_SLOT_BYTES: u64 = 1024 * 1024;
+    let dir = temp_dir();
+    let server = TestServer::start(dir.path());
+    let client = root_client(server.addr()).await;
+    for n in 0..5 {
+        client
+            .create_stream(&format!("s{n}"))
+            .await
+            .expect("create stream");
+    }
+    server.stop();
+
+    // The newest entry: the redundant header slot with the highest op (header bytes 72..80).
+    let log = dir.path().join("vsr").join("metadata");
+    let headers = std::fs::read(log.join("headers")).expect("headers");
+    let (slot, op) = headers
+        .chunks(256)
+        .enumerate()
+        .map(|(slot, header)| {
+            (
+                slot,
+                u64::from_le_bytes(header[72..80].try_into().expect("8 bytes")),
+            )
+        })
+        .max_by_key(|&(_, op)| op)
+        .expect("a header slot");
+    assert!(op > 0, "no entry found");
+    let prepares_path = log.join("prepares");
+    let mut prepares = std::fs::read(&prepares_path).expect("prepares");
+    let at = (slot as u64 * MESSAGE_SLOT_BYTES + 256 + 3) as usize;
+    prepares[at] ^= 0x04;
+    std::fs::write(&prepares_path, &prepares).expect("flip a bit");
+    let before: Vec<Vec<u8>> = ["superblock", "headers", "prepares", "checkpoints"]
+        .iter()
+        .map(|name| std::fs::read(log.join(name)).expect("read"))
+        .collect();
+
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["serve", "--data-dir", dir.path().to_str().expect("utf-8")])
+        .args(["--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0"])
+        .env("CAIRN_ROOT_PASSWORD", ROOT_PASSWORD)
+        .output()
+        .expect("run cairn");
+    assert!(
+        !output.status.success(),
+        "cairn started on a damaged metadata log"
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "damaged journal entries that may hold acknowledged changes: slot {slot} (op {op})"
+        )),
+        "the refusal does not say what is damaged: {stderr}"
+    );
+    let check = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("check")
+        .arg(dir.path())
+        .output()
+        .expect("run cairn check");
+    assert_eq!(check.status.code(), Some(1), "check did not report the damage");
+    assert!(String::from_utf8_lossy(&check.stdout).contains("metadata: DAMAGED"));
+    let after: Vec<Vec<u8>> = ["superblock", "headers", "prepares", "checkpoints"]
+        .iter()
+        .map(|name| std::fs::read(log.join(name)).expect("read"))
+        .collect();
+    assert!(
+        before == after,
+        "the refused start or the check changed the log's files"
+    );
+}
