@@ -497,13 +497,17 @@ async fn per_topic_segment_size_expiry_and_size_cap_apply() {
 
     // 8 MiB into each: 32 batches of 16 messages of 16 KiB.
     let payload = 16 * 1024;
-    for batch in 0..32u128 {
-        let messages: Vec<(u128, Vec<u8>)> = (0..16u128)
+    // Batch `batch`: 16 messages of 16 KiB with ids that continue from the batch before.
+    let sixteen = |batch: u128| -> Vec<(u128, Vec<u8>)> {
+        (0..16u128)
             .map(|i| {
                 let id = batch * 16 + i + 1;
                 (id, payload_for(id, payload))
             })
-            .collect();
+            .collect()
+    };
+    for batch in 0..32u128 {
+        let messages = sixteen(batch);
         for t in [expiring.id, capped.id, plain] {
             send_batch(&client, s, t, 0, &messages).await.expect("send");
         }
@@ -552,13 +556,7 @@ async fn per_topic_segment_size_expiry_and_size_cap_apply() {
     // The segment size survived the restart: 4 MiB more still rotate at 1 MiB, so the cap
     // can bring the topic back under 4 MiB (one 1 GiB segment would hold all of it).
     for batch in 32..48u128 {
-        let messages: Vec<(u128, Vec<u8>)> = (0..16u128)
-            .map(|i| {
-                let id = batch * 16 + i + 1;
-                (id, payload_for(id, payload))
-            })
-            .collect();
-        send_batch(&client, s, capped.id, 0, &messages)
+        send_batch(&client, s, capped.id, 0, &sixteen(batch))
             .await
             .expect("send");
     }
