@@ -94,9 +94,13 @@ async fn message_expiry_deletes_old_segments_while_traffic_runs() {
         .id;
 
     let producing = Arc::new(AtomicBool::new(true));
+    // Set by the producer once its last send is acknowledged: the flag above only asks it to
+    // stop, and a send may still be in flight when it is cleared.
+    let produced_all = Arc::new(AtomicBool::new(false));
     let producer = {
         let client = client.clone();
         let producing = producing.clone();
+        let produced_all = produced_all.clone();
         tokio::spawn(async move {
             let mut id = 1u128;
             // Bounded: at most 4000 batches (~30 s at the pace below).
@@ -108,12 +112,13 @@ async fn message_expiry_deletes_old_segments_while_traffic_runs() {
                 id += 4;
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
+            produced_all.store(true, Ordering::Release);
             id - 1
         })
     };
     let consumer = {
         let addr = server.addr();
-        let producing = producing.clone();
+        let produced_all = produced_all.clone();
         tokio::spawn(async move {
             let client = root_client(addr).await;
             let consumer = Consumer::new(id_num(42));
@@ -121,6 +126,9 @@ async fn message_expiry_deletes_old_segments_while_traffic_runs() {
             // Bounded by time: polls may be much faster than sends.
             let deadline = Instant::now() + Duration::from_secs(60);
             while Instant::now() < deadline {
+                // Read before the poll: a poll that starts after the last send was
+                // acknowledged sees it (polls serve everything acknowledged).
+                let producer_finished = produced_all.load(Ordering::Acquire);
                 let polled = client
                     .poll_messages(
                         &id_num(s),
@@ -135,7 +143,8 @@ async fn message_expiry_deletes_old_segments_while_traffic_runs() {
                     .expect("consumer poll");
                 seen.extend(polled.messages.iter().map(|m| m.header.offset));
                 if polled.messages.is_empty() {
-                    if !producing.load(Ordering::Relaxed) {
+                    // Nothing new after the last acknowledged send: the consumer is at the end.
+                    if producer_finished {
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(10)).await;
