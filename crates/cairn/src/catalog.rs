@@ -1,18 +1,17 @@
 //! The catalog: the committed metadata and the run-time parts of every topic (partition
 //! logs, writers, balanced-send cursors, consumer-group membership).
 //!
-//! The metadata is the state of `cairn_machine::metadata`: it changes only through
-//! [`Catalog::commit`], which decides an op on a copy of the state, makes the copy durable
-//! (`<data_dir>/metadata`, one checksummed document replaced atomically), and only then
-//! publishes it. Memory is never ahead of the disk: an op whose write fails is refused and
-//! nothing of it is visible. Message data lives in the partitions' own directories:
-//! `<data_dir>/streams/<stream id>/topics/<topic id>/partitions/<partition id>/`.
+//! The metadata is the state machine of the metadata's replication group (`node.rs`,
+//! `<data_dir>/vsr/metadata/`): it changes only through [`Catalog::commit`], which decides an
+//! op on a copy of the state, submits it, and finishes its effects once the log entry is
+//! durable and applied. Memory is never ahead of the disk: an op whose log write fails is not
+//! applied, and nothing of it is visible. Message data lives in the partitions' own
+//! directories: `<data_dir>/streams/<stream id>/topics/<topic id>/partitions/<partition id>/`.
 //!
 //! Ordering rules that keep the two consistent across a crash:
-//! - create: partition directories first (not serving yet), metadata second, then they serve.
-//!   A crash or a failed metadata write in between leaves a directory that no metadata names;
-//!   it is removed (at once after a failed write, at the next create of that id or at boot
-//!   after a crash). Nothing in it was ever acknowledged.
+//! - create: partition directories first (not serving yet), the log entry second, then they
+//!   serve. A crash or a failed log write in between leaves directories that the metadata may
+//!   not name; boot removes those it does not (nothing in them was ever acknowledged).
 //! - delete: metadata first, directories second. A crash in between leaves an orphan directory,
 //!   removed at boot, so deleted data never comes back.
 
@@ -286,7 +285,7 @@ impl TopicRuntime {
     }
 }
 
-/// A partition whose files were created for an op that is not durable yet.
+/// The partitions whose files were created for an op that is not durable yet.
 struct Staged {
     stream_id: u32,
     topic_id: u32,
@@ -306,14 +305,8 @@ impl Catalog {
             source,
         })?;
         let group_dir = metadata_group_dir(data_dir);
-        let mut group = LocalGroup::open(&group_dir, METADATA_GROUP, MetadataMachine::default, false)
-            .map_err(CatalogError::Group)?
-            .ok_or_else(|| {
-                CatalogError::Group(GroupError::Refused {
-                    dir: group_dir.clone(),
-                    reason: "the replicated metadata log did not open".to_string(),
-                })
-            })?;
+        let mut group = LocalGroup::open(&group_dir, METADATA_GROUP, MetadataMachine::default)
+            .map_err(CatalogError::Group)?;
         let legacy = migrate_document(data_dir, &mut group)?;
         let first_start = !legacy && group.commit_op() == 0;
         let meta = &group.state_machine().state;
@@ -465,9 +458,7 @@ impl Catalog {
                 Ok(None) => {}
                 Err(error) => {
                     for created in staged {
-                        for partition in created.partitions {
-                            let _ = partition.destroy();
-                        }
+                        destroy_all(&created.partitions);
                     }
                     return Err(error);
                 }
@@ -516,9 +507,7 @@ impl Catalog {
             match Partition::create(dir, *doc, config, &self.writers) {
                 Ok(partition) => partitions.push(Arc::new(partition)),
                 Err(error) => {
-                    for partition in partitions {
-                        let _ = partition.destroy();
-                    }
+                    destroy_all(&partitions);
                     return Err(error);
                 }
             }
@@ -626,11 +615,6 @@ impl Catalog {
             balanced_cursor: &runtime.balanced_cursor,
             members: &runtime.members,
         })
-    }
-
-    /// The stream an identifier names.
-    pub fn find_stream(&self, id: &Identifier) -> Result<&Stream, u32> {
-        self.meta().find_stream(id)
     }
 
     /// The topic an identifier names in `stream`.

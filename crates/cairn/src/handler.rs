@@ -801,16 +801,14 @@ impl Server {
         };
         for topic in catalog.all_topics() {
             s.topics_count += 1;
-            {
-                s.partitions_count += topic.partitions_count();
-                s.consumer_groups_count += topic.doc.consumer_groups.len() as u32;
-                for partition in topic.partitions {
-                    if let PartitionState::Serving(data) = &*lock(&partition.state) {
-                        let log_stats = data.log.stats();
-                        s.segments_count += log_stats.segments_count;
-                        s.messages_count += log_stats.messages_count;
-                        s.messages_size_bytes += log_stats.size_bytes;
-                    }
+            s.partitions_count += topic.partitions_count();
+            s.consumer_groups_count += topic.doc.consumer_groups.len() as u32;
+            for partition in topic.partitions {
+                if let PartitionState::Serving(data) = &*lock(&partition.state) {
+                    let log_stats = data.log.stats();
+                    s.segments_count += log_stats.segments_count;
+                    s.messages_count += log_stats.messages_count;
+                    s.messages_size_bytes += log_stats.size_bytes;
                 }
             }
         }
@@ -1273,11 +1271,11 @@ fn consumer_key(id: &Identifier) -> cairn_storage::offsets::ConsumerKey {
 }
 
 fn find_stream<'a>(catalog: &'a Catalog, id: &Identifier) -> Result<&'a Stream, u32> {
-    catalog.find_stream(id)
+    catalog.meta().find_stream(id)
 }
 
 fn find_topic<'a>(catalog: &'a Catalog, stream: &Identifier, topic: &Identifier) -> Result<Topic<'a>, u32> {
-    catalog.find_topic(catalog.find_stream(stream)?, topic)
+    catalog.find_topic(find_stream(catalog, stream)?, topic)
 }
 
 /// The (stream id, topic id) two identifiers name.
@@ -1367,78 +1365,76 @@ fn topic_details(out: &mut Vec<u8>, topic: &Topic<'_>) {
 
 /// Parse and check a topic's option block. `create` allows the create-only keys.
 fn topic_settings(options: &[OptionEntry], create: bool) -> Result<metadata::TopicSettings, u32> {
-    {
-        let mut settings = metadata::TopicSettings::default();
-        for entry in options {
-            let text = std::str::from_utf8(&entry.value).ok();
-            let uint = || -> Option<u64> {
-                match (entry.value_kind, entry.value.len()) {
-                    // Uint64 / Int64 little-endian, or a decimal string.
-                    (12 | 7, 8) => entry.value.as_slice().try_into().ok().map(u64::from_le_bytes),
-                    (11 | 6, 4) => entry
-                        .value
-                        .as_slice()
-                        .try_into()
-                        .ok()
-                        .map(|b| u32::from_le_bytes(b) as u64),
-                    (2, _) => text.and_then(|t| t.trim().parse().ok()),
-                    _ => None,
-                }
-            };
-            let invalid = codes::INVALID_OPTION_VALUE;
-            match entry.key.as_str() {
-                "compression_algorithm" => {
-                    settings.compression = Some(match text {
-                        Some("none") => 1,
-                        Some("gzip") => 2,
-                        _ => return Err(invalid),
-                    });
-                }
-                "message_expiry" => {
-                    settings.message_expiry_us = Some(match uint().ok_or(invalid)? {
-                        u64::MAX => 0,
-                        v => v,
-                    })
-                }
-                "max_topic_size" => settings.max_topic_size_bytes = Some(uint().ok_or(invalid)?),
-                "durability" | "consumer_offset_durability" if create => {
-                    // `replicated` is what the SDK sends by default: on a single node it means
-                    // the server's own default, never weaker. Both are accepted and the
-                    // server's durability mode applies.
-                    if !matches!(text, Some("replicated") | Some("persisted")) {
-                        return Err(invalid);
-                    }
-                }
-                "segment_size" if create => {
-                    // The SDK sends 0 for "the server's default". Index positions are u32,
-                    // so a segment stays below 4 GiB.
-                    settings.segment_size_bytes = match uint().ok_or(invalid)? {
-                        0 => None,
-                        v if v < 1024 * 1024 || v % 512 != 0 || v > u64::from(u32::MAX) => {
-                            return Err(invalid);
-                        }
-                        v => Some(v),
-                    };
-                }
-                "messages_required_to_save" if create => {
-                    let v = uint().ok_or(invalid)?;
-                    if !(1..=16 * 1024 * 1024).contains(&v) {
-                        return Err(invalid);
-                    }
-                }
-                "size_of_messages_required_to_save" if create => {
-                    if uint().ok_or(invalid)? > 1024 * 1024 * 1024 {
-                        return Err(invalid);
-                    }
-                }
-                "preallocate_segments" if create => {
-                    if !(entry.value_kind == 3 && entry.value.len() == 1) {
-                        return Err(invalid);
-                    }
-                }
-                _ => return Err(codes::UNSUPPORTED_OPTION_KEY),
+    let mut settings = metadata::TopicSettings::default();
+    for entry in options {
+        let text = std::str::from_utf8(&entry.value).ok();
+        let uint = || -> Option<u64> {
+            match (entry.value_kind, entry.value.len()) {
+                // Uint64 / Int64 little-endian, or a decimal string.
+                (12 | 7, 8) => entry.value.as_slice().try_into().ok().map(u64::from_le_bytes),
+                (11 | 6, 4) => entry
+                    .value
+                    .as_slice()
+                    .try_into()
+                    .ok()
+                    .map(|b| u32::from_le_bytes(b) as u64),
+                (2, _) => text.and_then(|t| t.trim().parse().ok()),
+                _ => None,
             }
+        };
+        let invalid = codes::INVALID_OPTION_VALUE;
+        match entry.key.as_str() {
+            "compression_algorithm" => {
+                settings.compression = Some(match text {
+                    Some("none") => 1,
+                    Some("gzip") => 2,
+                    _ => return Err(invalid),
+                });
+            }
+            "message_expiry" => {
+                settings.message_expiry_us = Some(match uint().ok_or(invalid)? {
+                    u64::MAX => 0,
+                    v => v,
+                })
+            }
+            "max_topic_size" => settings.max_topic_size_bytes = Some(uint().ok_or(invalid)?),
+            "durability" | "consumer_offset_durability" if create => {
+                // `replicated` is what the SDK sends by default: on a single node it means
+                // the server's own default, never weaker. Both are accepted and the
+                // server's durability mode applies.
+                if !matches!(text, Some("replicated") | Some("persisted")) {
+                    return Err(invalid);
+                }
+            }
+            "segment_size" if create => {
+                // The SDK sends 0 for "the server's default". Index positions are u32,
+                // so a segment stays below 4 GiB.
+                settings.segment_size_bytes = match uint().ok_or(invalid)? {
+                    0 => None,
+                    v if v < 1024 * 1024 || v % 512 != 0 || v > u64::from(u32::MAX) => {
+                        return Err(invalid);
+                    }
+                    v => Some(v),
+                };
+            }
+            "messages_required_to_save" if create => {
+                let v = uint().ok_or(invalid)?;
+                if !(1..=16 * 1024 * 1024).contains(&v) {
+                    return Err(invalid);
+                }
+            }
+            "size_of_messages_required_to_save" if create => {
+                if uint().ok_or(invalid)? > 1024 * 1024 * 1024 {
+                    return Err(invalid);
+                }
+            }
+            "preallocate_segments" if create => {
+                if !(entry.value_kind == 3 && entry.value.len() == 1) {
+                    return Err(invalid);
+                }
+            }
+            _ => return Err(codes::UNSUPPORTED_OPTION_KEY),
         }
-        Ok(settings)
     }
+    Ok(settings)
 }

@@ -72,20 +72,56 @@ pub enum GroupError {
 /// Most bytes one request body may have.
 pub const REQUEST_BODY_MAX: usize = MESSAGE_SIZE_MAX - HEADER_SIZE;
 
+/// The group's files, each a zone of fixed-size slots.
+#[derive(Clone, Copy, Debug)]
+enum Zone {
+    /// `SUPERBLOCK_COPIES` copies of `COPY_SIZE` bytes.
+    Superblock,
+    /// `JOURNAL_SLOTS` redundant prepare headers of `HEADER_SIZE` bytes.
+    Headers,
+    /// `JOURNAL_SLOTS` prepares of up to `MESSAGE_SIZE_MAX` bytes.
+    Prepares,
+    /// Two checkpoints of up to `CHECKPOINT_SIZE_MAX` bytes.
+    Checkpoints,
+}
+
+impl Zone {
+    #[cfg(test)]
+    const ALL: [Zone; 4] = [Zone::Superblock, Zone::Headers, Zone::Prepares, Zone::Checkpoints];
+
+    fn file_name(self) -> &'static str {
+        match self {
+            Zone::Superblock => SUPERBLOCK_FILE,
+            Zone::Headers => HEADERS_FILE,
+            Zone::Prepares => PREPARES_FILE,
+            Zone::Checkpoints => CHECKPOINTS_FILE,
+        }
+    }
+
+    fn slot_size(self) -> u64 {
+        match self {
+            Zone::Superblock => COPY_SIZE as u64,
+            Zone::Headers => HEADER_SIZE as u64,
+            Zone::Prepares => MESSAGE_SIZE_MAX as u64,
+            Zone::Checkpoints => CHECKPOINT_SIZE_MAX as u64,
+        }
+    }
+}
+
 struct Files {
     dir: PathBuf,
-    superblock: File,
-    headers: File,
-    prepares: File,
-    checkpoints: File,
+    /// By zone, in `Zone::ALL` order.
+    files: [File; 4],
+    /// Opened for reading only: writes are skipped (the offline checker recovers in memory).
+    read_only: bool,
 }
 
 impl Files {
     /// The files of a formatted group (never created here: a missing one is an error), for
     /// writing unless `read_only`.
     fn open(dir: &Path, read_only: bool) -> Result<Files, GroupError> {
-        let open = |name: &str| {
-            let path = dir.join(name);
+        let open = |zone: Zone| {
+            let path = dir.join(zone.file_name());
             OpenOptions::new()
                 .read(true)
                 .write(!read_only)
@@ -94,23 +130,29 @@ impl Files {
         };
         Ok(Files {
             dir: dir.to_path_buf(),
-            superblock: open(SUPERBLOCK_FILE)?,
-            headers: open(HEADERS_FILE)?,
-            prepares: open(PREPARES_FILE)?,
-            checkpoints: open(CHECKPOINTS_FILE)?,
+            files: [
+                open(Zone::Superblock)?,
+                open(Zone::Headers)?,
+                open(Zone::Prepares)?,
+                open(Zone::Checkpoints)?,
+            ],
+            read_only,
         })
     }
 
-    fn io_error(&self, name: &str, source: std::io::Error) -> GroupError {
+    fn io_error(&self, zone: Zone, source: std::io::Error) -> GroupError {
         GroupError::Io {
-            path: self.dir.join(name),
+            path: self.dir.join(zone.file_name()),
             source,
         }
     }
 
-    /// Bytes at `offset`, as many as the file holds up to `len` (a sparse or short file reads
-    /// as zeros past its end, like a never-written slot).
-    fn read(&self, name: &str, file: &File, offset: u64, len: usize) -> Result<Vec<u8>, GroupError> {
+    /// The first `len` bytes of slot `slot` of `zone` (a sparse or short file reads as zeros
+    /// past its end, like a never-written slot).
+    fn read(&self, zone: Zone, slot: usize, len: usize) -> Result<Vec<u8>, GroupError> {
+        debug_assert!(len as u64 <= zone.slot_size());
+        let file = &self.files[zone as usize];
+        let offset = slot as u64 * zone.slot_size();
         let mut bytes = vec![0u8; len];
         let mut filled = 0;
         while filled < len {
@@ -118,17 +160,32 @@ impl Files {
                 Ok(0) => break,
                 Ok(n) => filled += n,
                 Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(error) => return Err(self.io_error(name, error)),
+                Err(error) => return Err(self.io_error(zone, error)),
             }
         }
         Ok(bytes)
     }
 
-    fn write_synced(&self, name: &str, file: &File, offset: u64, bytes: &[u8]) -> Result<(), GroupError> {
-        crate::faults::fail_point(&format!("group-write-{name}")).map_err(|e| self.io_error(name, e))?;
-        file.write_all_at(bytes, offset)
-            .map_err(|e| self.io_error(name, e))?;
-        file.sync_data().map_err(|e| self.io_error(name, e))
+    /// Write `bytes` at the start of slot `slot` of `zone` and sync; nothing when read-only.
+    fn write_synced(&self, zone: Zone, slot: usize, bytes: &[u8]) -> Result<(), GroupError> {
+        debug_assert!(bytes.len() as u64 <= zone.slot_size());
+        if self.read_only {
+            return Ok(());
+        }
+        let file = &self.files[zone as usize];
+        crate::faults::fail_point(&format!("group-write-{}", zone.file_name()))
+            .map_err(|e| self.io_error(zone, e))?;
+        file.write_all_at(bytes, slot as u64 * zone.slot_size())
+            .map_err(|e| self.io_error(zone, e))?;
+        file.sync_data().map_err(|e| self.io_error(zone, e))
+    }
+
+    /// Every superblock copy, in order, each synced before the next.
+    fn write_superblock(&self, bytes: &[u8; COPY_SIZE]) -> Result<(), GroupError> {
+        for copy in 0..SUPERBLOCK_COPIES {
+            self.write_synced(Zone::Superblock, copy, bytes)?;
+        }
+        Ok(())
     }
 }
 
@@ -150,26 +207,37 @@ pub struct LocalGroup<S: StateMachine> {
     reply: Option<Message>,
     /// Set by the first failed write.
     stopped: Option<String>,
-    /// Recover and apply, but write nothing (the offline checker).
-    read_only: bool,
 }
 
 impl<S: StateMachine> LocalGroup<S> {
     /// Open the group in `dir`: recover it from its files, or format it when `dir` holds no
-    /// formatted group (then `fresh()` is the state it starts from). `Ok(None)` in read-only
-    /// mode when there is no group yet.
-    pub fn open(
+    /// formatted group (then `fresh()` is the state it starts from).
+    pub fn open(dir: &Path, group: u64, fresh: impl FnOnce() -> S) -> Result<LocalGroup<S>, GroupError> {
+        if !dir.join(SUPERBLOCK_FILE).exists() {
+            return LocalGroup::format(dir, group, fresh());
+        }
+        LocalGroup::recover(dir, group, fresh, false)
+    }
+
+    /// Recover the group in `dir` in memory as [`LocalGroup::open`] would, writing nothing
+    /// (the offline checker). `Ok(None)` when there is no group yet.
+    pub fn open_read_only(
+        dir: &Path,
+        group: u64,
+        fresh: impl FnOnce() -> S,
+    ) -> Result<Option<LocalGroup<S>>, GroupError> {
+        if !dir.join(SUPERBLOCK_FILE).exists() {
+            return Ok(None);
+        }
+        LocalGroup::recover(dir, group, fresh, true).map(Some)
+    }
+
+    fn recover(
         dir: &Path,
         group: u64,
         fresh: impl FnOnce() -> S,
         read_only: bool,
-    ) -> Result<Option<LocalGroup<S>>, GroupError> {
-        if !dir.join(SUPERBLOCK_FILE).exists() {
-            if read_only {
-                return Ok(None);
-            }
-            return LocalGroup::format(dir, group, fresh()).map(Some);
-        }
+    ) -> Result<LocalGroup<S>, GroupError> {
         let cluster_bytes = cairn_storage::atomic_file::read_verified_on(
             &cairn_storage::io::RealDisk,
             &dir.join(CLUSTER_FILE),
@@ -184,14 +252,7 @@ impl<S: StateMachine> LocalGroup<S> {
         })?);
         let files = Files::open(dir, read_only)?;
         let copies: Vec<Vec<u8>> = (0..SUPERBLOCK_COPIES)
-            .map(|copy| {
-                files.read(
-                    SUPERBLOCK_FILE,
-                    &files.superblock,
-                    (copy * COPY_SIZE) as u64,
-                    COPY_SIZE,
-                )
-            })
+            .map(|copy| files.read(Zone::Superblock, copy, COPY_SIZE))
             .collect::<Result<_, _>>()?;
         let copy_refs: [Option<&[u8]>; SUPERBLOCK_COPIES] =
             std::array::from_fn(|copy| Some(copies[copy].as_slice()));
@@ -204,14 +265,9 @@ impl<S: StateMachine> LocalGroup<S> {
             }) => {
                 let bytes = durable::encode_copy(&state, sequence);
                 for (copy, repair) in copies_to_repair.iter().enumerate() {
-                    if *repair && !read_only {
+                    if *repair && !files.read_only {
                         tracing::warn!(dir = %dir.display(), copy, "rewriting a superblock copy that is stale or damaged");
-                        files.write_synced(
-                            SUPERBLOCK_FILE,
-                            &files.superblock,
-                            (copy * COPY_SIZE) as u64,
-                            &bytes,
-                        )?;
+                        files.write_synced(Zone::Superblock, copy, &bytes)?;
                     }
                 }
                 (state, sequence)
@@ -234,13 +290,12 @@ impl<S: StateMachine> LocalGroup<S> {
         } else {
             let mut found = None;
             for slot in 0..2u8 {
-                let offset = u64::from(slot) * CHECKPOINT_SIZE_MAX as u64;
-                let prefix = files.read(CHECKPOINTS_FILE, &files.checkpoints, offset, 16)?;
+                let prefix = files.read(Zone::Checkpoints, usize::from(slot), 16)?;
                 let size = u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]]) as usize;
                 if !(16..=CHECKPOINT_SIZE_MAX).contains(&size) {
                     continue;
                 }
-                let bytes = files.read(CHECKPOINTS_FILE, &files.checkpoints, offset, size)?;
+                let bytes = files.read(Zone::Checkpoints, usize::from(slot), size)?;
                 if let Ok(checkpoint) = Checkpoint::decode(&bytes, state.checkpoint_checksum, cluster, group)
                 {
                     found = Some((checkpoint, slot));
@@ -260,19 +315,13 @@ impl<S: StateMachine> LocalGroup<S> {
         };
         let mut journal = Vec::with_capacity(JOURNAL_SLOTS);
         for slot in 0..JOURNAL_SLOTS {
-            let header = files.read(
-                HEADERS_FILE,
-                &files.headers,
-                (slot * HEADER_SIZE) as u64,
-                HEADER_SIZE,
-            )?;
-            let offset = (slot * MESSAGE_SIZE_MAX) as u64;
-            let mut prepare = files.read(PREPARES_FILE, &files.prepares, offset, HEADER_SIZE)?;
+            let header = files.read(Zone::Headers, slot, HEADER_SIZE)?;
+            let mut prepare = files.read(Zone::Prepares, slot, HEADER_SIZE)?;
             if let Some(Ok(size)) = Header::peek_size(&prepare)
                 && size > HEADER_SIZE
                 && size <= MESSAGE_SIZE_MAX
             {
-                prepare = files.read(PREPARES_FILE, &files.prepares, offset, size)?;
+                prepare = files.read(Zone::Prepares, slot, size)?;
             }
             journal.push(classify_slot(slot, &prepare, &header, cluster, group));
         }
@@ -294,9 +343,9 @@ impl<S: StateMachine> LocalGroup<S> {
         };
         let replica = Replica::recover(config(cluster, group), fresh(), recovered)
             .map_err(|error| refused(dir, format!("the replica cannot start from its files: {error}")))?;
-        let mut opened = LocalGroup::assemble(replica, files, cluster, (state, sequence), read_only);
+        let mut opened = LocalGroup::assemble(replica, files, cluster, (state, sequence));
         opened.come_up(&damaged)?;
-        Ok(Some(opened))
+        Ok(opened)
     }
 
     fn format(dir: &Path, group: u64, machine: S) -> Result<LocalGroup<S>, GroupError> {
@@ -317,8 +366,8 @@ impl<S: StateMachine> LocalGroup<S> {
         };
         // The journal and checkpoint files first (empty: nothing of an interrupted earlier
         // format was ever used), the superblock last: its name is what makes a group formatted.
-        for name in [HEADERS_FILE, PREPARES_FILE, CHECKPOINTS_FILE] {
-            let path = dir.join(name);
+        for zone in [Zone::Headers, Zone::Prepares, Zone::Checkpoints] {
+            let path = dir.join(zone.file_name());
             File::create(&path)
                 .and_then(|f| f.sync_all())
                 .map_err(io(&path))?;
@@ -336,13 +385,7 @@ impl<S: StateMachine> LocalGroup<S> {
         let files = Files::open(dir, false)?;
         tracing::info!(dir = %dir.display(), "formatted a replicated log (a group of one replica)");
         let replica = Replica::new(config(cluster, group), machine);
-        Ok(LocalGroup::assemble(
-            replica,
-            files,
-            cluster,
-            (state, sequence),
-            false,
-        ))
+        Ok(LocalGroup::assemble(replica, files, cluster, (state, sequence)))
     }
 
     fn assemble(
@@ -350,7 +393,6 @@ impl<S: StateMachine> LocalGroup<S> {
         files: Files,
         cluster: u128,
         superblock: (DurableState, u64),
-        read_only: bool,
     ) -> LocalGroup<S> {
         LocalGroup {
             replica,
@@ -363,7 +405,6 @@ impl<S: StateMachine> LocalGroup<S> {
             to_self: VecDeque::new(),
             reply: None,
             stopped: None,
-            read_only,
         }
     }
 
@@ -417,7 +458,7 @@ impl<S: StateMachine> LocalGroup<S> {
     /// Replicate one request and return the state machine's reply to it. When this returns
     /// `Ok`, the op is durable and applied.
     pub fn submit(&mut self, operation: u8, body: &[u8]) -> Result<Vec<u8>, GroupError> {
-        debug_assert!(!self.read_only, "a read-only group takes no requests");
+        debug_assert!(!self.files.read_only, "a read-only group takes no requests");
         if let Some(reason) = &self.stopped {
             return Err(GroupError::Stopped {
                 dir: self.files.dir.clone(),
@@ -519,21 +560,9 @@ impl<S: StateMachine> LocalGroup<S> {
             }
             Output::WritePrepare { message } => {
                 let slot = slot_of(message.header.op);
-                if !self.read_only {
-                    let files = &self.files;
-                    files.write_synced(
-                        PREPARES_FILE,
-                        &files.prepares,
-                        (slot * MESSAGE_SIZE_MAX) as u64,
-                        &message.encode(),
-                    )?;
-                    files.write_synced(
-                        HEADERS_FILE,
-                        &files.headers,
-                        (slot * HEADER_SIZE) as u64,
-                        &message.header.encode(),
-                    )?;
-                }
+                self.files.write_synced(Zone::Prepares, slot, &message.encode())?;
+                self.files
+                    .write_synced(Zone::Headers, slot, &message.header.encode())?;
                 self.replica
                     .on_prepare_written(message.header.op, message.header.checksum);
             }
@@ -546,17 +575,7 @@ impl<S: StateMachine> LocalGroup<S> {
                             format!("an invalid durable state was asked for: {error:?}"),
                         )
                     })?;
-                if !self.read_only {
-                    let files = &self.files;
-                    for copy in 0..SUPERBLOCK_COPIES {
-                        files.write_synced(
-                            SUPERBLOCK_FILE,
-                            &files.superblock,
-                            (copy * COPY_SIZE) as u64,
-                            &bytes,
-                        )?;
-                    }
-                }
+                self.files.write_superblock(&bytes)?;
                 self.superblock = (state, next_sequence);
                 self.replica.on_durable_written(state);
             }
@@ -566,15 +585,8 @@ impl<S: StateMachine> LocalGroup<S> {
                 checksum,
                 bytes,
             } => {
-                if !self.read_only {
-                    let files = &self.files;
-                    files.write_synced(
-                        CHECKPOINTS_FILE,
-                        &files.checkpoints,
-                        u64::from(slot) * CHECKPOINT_SIZE_MAX as u64,
-                        &bytes,
-                    )?;
-                }
+                self.files
+                    .write_synced(Zone::Checkpoints, usize::from(slot), &bytes)?;
                 self.replica.on_checkpoint_written(op, checksum);
             }
             // A group of one has no peer to fetch from; it never falls behind one either.
@@ -609,9 +621,7 @@ mod tests {
     const GROUP: u64 = 0;
 
     fn open(dir: &Path) -> LocalGroup<MetadataMachine> {
-        LocalGroup::open(dir, GROUP, MetadataMachine::default, false)
-            .expect("open")
-            .expect("a writable open always has a group")
+        LocalGroup::open(dir, GROUP, MetadataMachine::default).expect("open")
     }
 
     fn create_streams(group: &mut LocalGroup<MetadataMachine>, names: std::ops::Range<u32>) {
@@ -626,9 +636,9 @@ mod tests {
     }
 
     fn file_bytes(dir: &Path) -> Vec<Vec<u8>> {
-        [SUPERBLOCK_FILE, HEADERS_FILE, PREPARES_FILE, CHECKPOINTS_FILE]
+        Zone::ALL
             .iter()
-            .map(|name| std::fs::read(dir.join(name)).expect("read"))
+            .map(|zone| std::fs::read(dir.join(zone.file_name())).expect("read"))
             .collect()
     }
 
@@ -652,7 +662,7 @@ mod tests {
         drop(group);
 
         let files = file_bytes(&dir);
-        let read_only = LocalGroup::open(&dir, GROUP, MetadataMachine::default, true)
+        let read_only = LocalGroup::open_read_only(&dir, GROUP, MetadataMachine::default)
             .expect("read-only open")
             .expect("a group exists");
         assert_eq!(*read_only.state_machine(), after);
@@ -706,7 +716,7 @@ mod tests {
         prepares.read_exact_at(&mut byte, at).expect("read");
         prepares.write_all_at(&[byte[0] ^ 0x10], at).expect("flip");
         let files = file_bytes(&dir);
-        match LocalGroup::open(&dir, GROUP, MetadataMachine::default, false) {
+        match LocalGroup::open(&dir, GROUP, MetadataMachine::default) {
             Err(GroupError::Refused { reason, .. }) => {
                 assert!(
                     reason.contains(&format!("slot {damaged_slot} (op {damaged_op})")),

@@ -47,11 +47,10 @@ pub fn run_check(data_dir: &Path) -> ExitCode {
 /// first start, or a metadata document not migrated yet: the checker reads the document).
 fn metadata_report(data_dir: &Path) -> Option<check::MetadataReport> {
     let dir = crate::catalog::metadata_group_dir(data_dir);
-    let opened = crate::node::LocalGroup::open(
+    let opened = crate::node::LocalGroup::open_read_only(
         &dir,
         crate::catalog::METADATA_GROUP,
         cairn_machine::metadata::MetadataMachine::default,
-        true,
     );
     let group = match opened {
         Ok(Some(group)) => group,
