@@ -6,30 +6,10 @@
 //!
 //! 2 000 seeds of each run in `cargo test`; `CAIRN_MACHINE_SIM_SEEDS=N` runs N instead. A
 //! failing seed replays with the seed and `SimOptions::from_seed` / `one_replica` in
-//! `Sim::<MetadataMachine>::new`.
+//! `run_catching::<MetadataMachine>`.
 
 use cairn_machine::metadata::MetadataMachine;
-use cairn_vsr::sim::cluster::{Outcome, Sim, SimOptions, Violation};
-use std::panic::{AssertUnwindSafe, catch_unwind};
-
-fn run(seed: u64, options: SimOptions) -> Result<Outcome, Violation> {
-    match catch_unwind(AssertUnwindSafe(|| {
-        Sim::<MetadataMachine>::new(seed, options).run()
-    })) {
-        Ok(result) => result,
-        Err(panic) => Err(Violation {
-            tick: 0,
-            what: format!(
-                "an assertion failed: {}",
-                panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
-                    .unwrap_or_default()
-            ),
-        }),
-    }
-}
+use cairn_vsr::sim::cluster::{SimOptions, run_catching};
 
 #[derive(Default, Debug)]
 struct Totals {
@@ -47,7 +27,7 @@ fn run_range(seeds: std::ops::Range<u64>, options: impl Fn(u64) -> SimOptions) -
     let mut totals = Totals::default();
     let mut failures = Vec::new();
     for seed in seeds {
-        match run(seed, options(seed)) {
+        match run_catching::<MetadataMachine>(seed, options(seed)) {
             Ok(outcome) => {
                 totals.committed += outcome.committed_ops;
                 totals.crashes += outcome.crashes;

@@ -9,8 +9,7 @@
 //! (`--one-replica` for the cluster-of-one seeds).
 
 use cairn_vsr::replica::Bugs;
-use cairn_vsr::sim::cluster::{Outcome, SimOptions, Simulation, Violation, run_seed};
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use cairn_vsr::sim::cluster::{ChainMachine, Outcome, SimOptions, Violation, run_catching, run_seed};
 
 /// Seeds the normal test command runs (split over several tests so they run in parallel).
 const SIMULATOR_SEEDS: u64 = 2_000;
@@ -20,20 +19,7 @@ const SEED_SHARDS: u64 = 4;
 fn run(seed: u64, bugs: Bugs) -> Result<Outcome, Violation> {
     let mut options = SimOptions::from_seed(seed);
     options.bugs = bugs;
-    match catch_unwind(AssertUnwindSafe(|| Simulation::new(seed, options).run())) {
-        Ok(result) => result,
-        Err(panic) => Err(Violation {
-            tick: 0,
-            what: format!(
-                "a replica's assertion failed: {}",
-                panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
-                    .unwrap_or_default()
-            ),
-        }),
-    }
+    run_catching::<ChainMachine>(seed, options)
 }
 
 fn run_shard(shard: u64) {
@@ -207,17 +193,15 @@ fn one_replica_cluster_survives_power_losses() {
     let mut failures = Vec::new();
     let (mut committed, mut power_losses, mut torn, mut lost, mut checkpoints) = (0, 0, 0, 0, 0);
     for seed in 0..2_000 {
-        let options = SimOptions::one_replica(seed);
-        match catch_unwind(AssertUnwindSafe(|| Simulation::new(seed, options).run())) {
-            Ok(Ok(outcome)) => {
+        match run_catching::<ChainMachine>(seed, SimOptions::one_replica(seed)) {
+            Ok(outcome) => {
                 committed += outcome.committed_ops;
                 power_losses += outcome.power_losses;
                 torn += outcome.writes_torn;
                 lost += outcome.writes_lost;
                 checkpoints += outcome.checkpoints;
             }
-            Ok(Err(violation)) => failures.push((seed, violation.to_string())),
-            Err(_) => failures.push((seed, "a replica's assertion failed".to_string())),
+            Err(violation) => failures.push((seed, violation.to_string())),
         }
     }
     assert!(

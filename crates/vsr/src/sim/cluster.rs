@@ -1421,6 +1421,28 @@ impl<M: SimMachine> Sim<M> {
 }
 
 /// Run seed `seed` with the options it draws.
+/// Run one seed with `options`, the way tests run many: a panic inside the run (a replica's
+/// assertion) is a violation too, reported with its message, so one bad seed does not end
+/// the test before the others are counted.
+pub fn run_catching<M: SimMachine>(seed: u64, options: SimOptions) -> Result<Outcome, Violation> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Sim::<M>::new(seed, options).run()
+    })) {
+        Ok(result) => result,
+        Err(panic) => Err(Violation {
+            tick: 0,
+            what: format!(
+                "a replica's assertion failed: {}",
+                panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
+                    .unwrap_or_default()
+            ),
+        }),
+    }
+}
+
 pub fn run_seed(seed: u64) -> Result<Outcome, Violation> {
     Simulation::new(seed, SimOptions::from_seed(seed)).run()
 }
