@@ -6,10 +6,12 @@
 //! ```text
 //! <group dir>/cluster       the group's cluster id (atomic file, written once at format)
 //!            /superblock    SUPERBLOCK_COPIES copies of the durable state, COPY_SIZE bytes each
-//!            /headers       JOURNAL_SLOTS redundant prepare headers, HEADER_SIZE bytes each
-//!            /prepares      JOURNAL_SLOTS prepares, one MESSAGE_SIZE_MAX slot each (sparse)
-//!            /checkpoints   two checkpoint slots, CHECKPOINT_SIZE_MAX bytes each (sparse)
+//!            /headers       journal_slots redundant prepare headers, HEADER_SIZE bytes each
+//!            /prepares      journal_slots prepares, one message_size_max slot each (sparse)
+//!            /checkpoints   two checkpoint slots, checkpoint_size_max bytes each (sparse)
 //! ```
+//!
+//! in the group's shape ([`SHAPE`], the metadata shape: 1 MiB messages, 64 slots).
 //!
 //! Write order, as the replica requires: a prepare is synced before its redundant header is
 //! written (and synced) and only then reported written; superblock copies are written and
@@ -25,8 +27,7 @@
 
 use cairn_vsr::checkpoint::Checkpoint;
 use cairn_vsr::constants::{
-    CHECKPOINT_SIZE_MAX, HEADER_SIZE, JOURNAL_SLOTS, MESSAGE_SIZE_MAX, OPERATION_REGISTER,
-    OPERATION_SESSION_EVICTED, SUPERBLOCK_COPIES,
+    HEADER_SIZE, OPERATION_REGISTER, OPERATION_SESSION_EVICTED, SUPERBLOCK_COPIES, Shape,
 };
 use cairn_vsr::durable::{self, COPY_SIZE, Chosen, DurableState};
 use cairn_vsr::header::{Command, Header, Message};
@@ -69,19 +70,23 @@ pub enum GroupError {
     TooLarge { len: usize, max: usize },
 }
 
+/// The shape of a group this shell runs: the metadata group's (the ring journal of whole
+/// prepares suits a log of small ops; a partition's journal is its segment log).
+pub const SHAPE: Shape = Shape::METADATA;
+
 /// Most bytes one request body may have.
-pub const REQUEST_BODY_MAX: usize = MESSAGE_SIZE_MAX - HEADER_SIZE;
+pub const REQUEST_BODY_MAX: usize = SHAPE.body_size_max();
 
 /// The group's files, each a zone of fixed-size slots.
 #[derive(Clone, Copy, Debug)]
 enum Zone {
     /// `SUPERBLOCK_COPIES` copies of `COPY_SIZE` bytes.
     Superblock,
-    /// `JOURNAL_SLOTS` redundant prepare headers of `HEADER_SIZE` bytes.
+    /// `journal_slots` redundant prepare headers of `HEADER_SIZE` bytes.
     Headers,
-    /// `JOURNAL_SLOTS` prepares of up to `MESSAGE_SIZE_MAX` bytes.
+    /// `journal_slots` prepares of up to `message_size_max` bytes.
     Prepares,
-    /// Two checkpoints of up to `CHECKPOINT_SIZE_MAX` bytes.
+    /// Two checkpoints of up to `checkpoint_size_max` bytes.
     Checkpoints,
 }
 
@@ -102,8 +107,8 @@ impl Zone {
         match self {
             Zone::Superblock => COPY_SIZE as u64,
             Zone::Headers => HEADER_SIZE as u64,
-            Zone::Prepares => MESSAGE_SIZE_MAX as u64,
-            Zone::Checkpoints => CHECKPOINT_SIZE_MAX as u64,
+            Zone::Prepares => SHAPE.message_size_max as u64,
+            Zone::Checkpoints => SHAPE.checkpoint_size_max() as u64,
         }
     }
 }
@@ -292,12 +297,17 @@ impl<S: StateMachine> LocalGroup<S> {
             for slot in 0..2u8 {
                 let prefix = files.read(Zone::Checkpoints, usize::from(slot), 16)?;
                 let size = u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]]) as usize;
-                if !(16..=CHECKPOINT_SIZE_MAX).contains(&size) {
+                if !(16..=SHAPE.checkpoint_size_max()).contains(&size) {
                     continue;
                 }
                 let bytes = files.read(Zone::Checkpoints, usize::from(slot), size)?;
-                if let Ok(checkpoint) = Checkpoint::decode(&bytes, state.checkpoint_checksum, cluster, group)
-                {
+                if let Ok(checkpoint) = Checkpoint::decode(
+                    &bytes,
+                    SHAPE.checkpoint_size_max(),
+                    state.checkpoint_checksum,
+                    cluster,
+                    group,
+                ) {
                     found = Some((checkpoint, slot));
                     break;
                 }
@@ -313,17 +323,24 @@ impl<S: StateMachine> LocalGroup<S> {
             }
             found
         };
-        let mut journal = Vec::with_capacity(JOURNAL_SLOTS);
-        for slot in 0..JOURNAL_SLOTS {
+        let mut journal = Vec::with_capacity(SHAPE.journal_slots);
+        for slot in 0..SHAPE.journal_slots {
             let header = files.read(Zone::Headers, slot, HEADER_SIZE)?;
             let mut prepare = files.read(Zone::Prepares, slot, HEADER_SIZE)?;
             if let Some(Ok(size)) = Header::peek_size(&prepare)
                 && size > HEADER_SIZE
-                && size <= MESSAGE_SIZE_MAX
+                && size <= SHAPE.message_size_max
             {
                 prepare = files.read(Zone::Prepares, slot, size)?;
             }
-            journal.push(classify_slot(slot, &prepare, &header, cluster, group));
+            journal.push(classify_slot(
+                slot,
+                SHAPE.journal_slots,
+                &prepare,
+                &header,
+                cluster,
+                group,
+            ));
         }
         // Said up front: with no peer to repair them from, such slots keep the group down.
         let damaged: Vec<String> = journal
@@ -559,7 +576,7 @@ impl<S: StateMachine> LocalGroup<S> {
                 }
             }
             Output::WritePrepare { message } => {
-                let slot = slot_of(message.header.op);
+                let slot = slot_of(message.header.op, SHAPE.journal_slots);
                 self.files.write_synced(Zone::Prepares, slot, &message.encode())?;
                 self.files
                     .write_synced(Zone::Headers, slot, &message.header.encode())?;
@@ -602,6 +619,7 @@ fn config(cluster: u128, group: u64) -> Config {
         group,
         replica: 0,
         replica_count: 1,
+        shape: SHAPE,
         bugs: Bugs::default(),
     }
 }
@@ -680,14 +698,14 @@ mod tests {
         let mut group = open(&dir);
         create_streams(&mut group, 0..5);
         let before = group.state_machine().clone();
-        let next_slot = slot_of(group.commit_op() + 1);
+        let next_slot = slot_of(group.commit_op() + 1, SHAPE.journal_slots);
         drop(group);
         let prepares = OpenOptions::new()
             .write(true)
             .open(dir.join(PREPARES_FILE))
             .expect("open");
         prepares
-            .write_all_at(&[0xA5; 700], (next_slot * MESSAGE_SIZE_MAX) as u64)
+            .write_all_at(&[0xA5; 700], (next_slot * SHAPE.message_size_max) as u64)
             .expect("tear");
         let mut group = open(&dir);
         assert_eq!(*group.state_machine(), before);
@@ -704,14 +722,14 @@ mod tests {
         let mut group = open(&dir);
         create_streams(&mut group, 0..5);
         let damaged_op = group.commit_op();
-        let damaged_slot = slot_of(damaged_op);
+        let damaged_slot = slot_of(damaged_op, SHAPE.journal_slots);
         drop(group);
         let prepares = OpenOptions::new()
             .read(true)
             .write(true)
             .open(dir.join(PREPARES_FILE))
             .expect("open");
-        let at = (damaged_slot * MESSAGE_SIZE_MAX + HEADER_SIZE + 3) as u64;
+        let at = (damaged_slot * SHAPE.message_size_max + HEADER_SIZE + 3) as u64;
         let mut byte = [0u8; 1];
         prepares.read_exact_at(&mut byte, at).expect("read");
         prepares.write_all_at(&[byte[0] ^ 0x10], at).expect("flip");

@@ -13,7 +13,9 @@
 //!
 //! Pure: the replica encodes and decodes; the shell stores the bytes.
 
-use crate::constants::{CHECKPOINT_SIZE_MAX, HEADER_SIZE};
+#[cfg(test)]
+use crate::constants::CHECKPOINT_SIZE_MAX;
+use crate::constants::HEADER_SIZE;
 use crate::header::{Command, Header, HeaderFault};
 use xxhash_rust::xxh3::xxh3_128;
 
@@ -52,12 +54,13 @@ impl Checkpoint {
         self.header.op
     }
 
-    /// The encoding, and its checksum (what the superblock records).
-    pub fn encode(&self) -> (Vec<u8>, u128) {
+    /// The encoding, and its checksum (what the superblock records). `size_max` is the
+    /// group's `Shape::checkpoint_size_max`; a larger encoding is a bug.
+    pub fn encode(&self, size_max: usize) -> (Vec<u8>, u128) {
         let size = PREFIX_SIZE + HEADER_SIZE + 4 + self.state_machine.len() + 4 + self.client_table.len();
         assert!(
-            size <= CHECKPOINT_SIZE_MAX,
-            "a checkpoint of {size} bytes exceeds CHECKPOINT_SIZE_MAX"
+            size <= size_max && size <= u32::MAX as usize,
+            "a checkpoint of {size} bytes exceeds the group's checkpoint_size_max ({size_max})"
         );
         let mut bytes = Vec::with_capacity(size);
         bytes.extend_from_slice(&MAGIC.to_le_bytes());
@@ -75,9 +78,11 @@ impl Checkpoint {
 
     /// Decode a checkpoint of `cluster` and `group` whose checksum must be `checksum`. `bytes`
     /// may run past the encoding (a storage slot is larger): the size field says where it ends.
-    /// Every length is bounded before use.
+    /// Every length is bounded before use, the whole encoding by `size_max` (the group's
+    /// `Shape::checkpoint_size_max`).
     pub fn decode(
         bytes: &[u8],
+        size_max: usize,
         checksum: u128,
         cluster: u128,
         group: u64,
@@ -87,7 +92,7 @@ impl Checkpoint {
             return Err(CheckpointFault::Magic);
         }
         let size = reader.u32()? as usize;
-        if size > CHECKPOINT_SIZE_MAX || size > bytes.len() || size < PREFIX_SIZE + HEADER_SIZE + 8 {
+        if size > size_max || size > bytes.len() || size < PREFIX_SIZE + HEADER_SIZE + 8 {
             return Err(CheckpointFault::Length { found: size });
         }
         let encoding = &bytes[..size];
@@ -170,29 +175,35 @@ mod tests {
     #[test]
     fn round_trips_with_trailing_slot_bytes() {
         let checkpoint = checkpoint();
-        let (mut bytes, checksum) = checkpoint.encode();
+        let (mut bytes, checksum) = checkpoint.encode(CHECKPOINT_SIZE_MAX);
         bytes.extend_from_slice(&[0u8; 100]);
-        assert_eq!(Checkpoint::decode(&bytes, checksum, 7, 3), Ok(checkpoint));
+        assert_eq!(
+            Checkpoint::decode(&bytes, CHECKPOINT_SIZE_MAX, checksum, 7, 3),
+            Ok(checkpoint)
+        );
     }
 
     #[test]
     fn every_flipped_bit_is_refused() {
-        let (bytes, checksum) = checkpoint().encode();
+        let (bytes, checksum) = checkpoint().encode(CHECKPOINT_SIZE_MAX);
         for bit in 0..bytes.len() * 8 {
             let mut flipped = bytes.clone();
             flipped[bit / 8] ^= 1 << (bit % 8);
-            assert!(Checkpoint::decode(&flipped, checksum, 7, 3).is_err(), "bit {bit}");
+            assert!(
+                Checkpoint::decode(&flipped, CHECKPOINT_SIZE_MAX, checksum, 7, 3).is_err(),
+                "bit {bit}"
+            );
         }
     }
 
     #[test]
     fn every_truncation_is_refused_and_foreign_groups_too() {
-        let (bytes, checksum) = checkpoint().encode();
+        let (bytes, checksum) = checkpoint().encode(CHECKPOINT_SIZE_MAX);
         for len in 0..bytes.len() {
-            assert!(Checkpoint::decode(&bytes[..len], checksum, 7, 3).is_err());
+            assert!(Checkpoint::decode(&bytes[..len], CHECKPOINT_SIZE_MAX, checksum, 7, 3).is_err());
         }
         assert_eq!(
-            Checkpoint::decode(&bytes, checksum, 7, 4),
+            Checkpoint::decode(&bytes, CHECKPOINT_SIZE_MAX, checksum, 7, 4),
             Err(CheckpointFault::Foreign)
         );
     }

@@ -256,7 +256,7 @@ impl ClientTable<crate::header::Message> {
             let request = reader.u64()?;
             let committed_op = reader.u64()?;
             let reply_len = reader.u32()? as usize;
-            if reply_len > crate::constants::MESSAGE_SIZE_MAX {
+            if reply_len > crate::constants::REPLY_SIZE_MAX {
                 return Err(TableFault::Length);
             }
             let reply = crate::header::Message::decode(reader.take(reply_len)?).map_err(TableFault::Reply)?;

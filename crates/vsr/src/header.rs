@@ -30,9 +30,10 @@
 //! Decoding checks before it trusts: the header checksum first (a flipped bit anywhere in
 //! bytes 16..256 is caught before any field is used), then every field with a fixed legal
 //! range, then the body against `checksum_body`. Nothing is allocated from a size that was not
-//! bounded by [`MESSAGE_SIZE_MAX`].
+//! bounded by [`MESSAGE_SIZE_LIMIT`] (a group's own, smaller bound is its
+//! replica's to check: `Shape::message_size_max`).
 
-use crate::constants::{HEADER_SIZE, MESSAGE_SIZE_MAX, PROTOCOL_VERSION, RELEASE, RELEASE_MIN};
+use crate::constants::{HEADER_SIZE, MESSAGE_SIZE_LIMIT, PROTOCOL_VERSION, RELEASE, RELEASE_MIN};
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_128;
 
@@ -130,7 +131,7 @@ pub struct Header {
     pub checksum: u128,
     pub checksum_body: u128,
     pub cluster: u128,
-    /// Header plus body bytes: `HEADER_SIZE ..= MESSAGE_SIZE_MAX`.
+    /// Header plus body bytes: `HEADER_SIZE ..= MESSAGE_SIZE_LIMIT`.
     pub size: u32,
     pub release: u32,
     pub protocol: u16,
@@ -165,7 +166,7 @@ pub enum HeaderFault {
     Release(u32),
     #[error("unknown command {0}")]
     Command(u8),
-    #[error("size {0} outside {HEADER_SIZE}..={MESSAGE_SIZE_MAX}")]
+    #[error("size {0} outside {HEADER_SIZE}..={MESSAGE_SIZE_LIMIT}")]
     Size(u32),
     #[error("reserved bytes are not zero")]
     Reserved,
@@ -205,7 +206,7 @@ impl Header {
     /// the checksum covers them all.
     pub fn seal(&mut self, body: &[u8]) {
         assert!(
-            HEADER_SIZE + body.len() <= MESSAGE_SIZE_MAX,
+            HEADER_SIZE + body.len() <= MESSAGE_SIZE_LIMIT,
             "a body of {} bytes does not fit a message",
             body.len()
         );
@@ -272,7 +273,7 @@ impl Header {
             return Err(HeaderFault::Command(bytes[OFFSET_COMMAND]));
         };
         let size = get_u32(bytes, OFFSET_SIZE);
-        if !(HEADER_SIZE..=MESSAGE_SIZE_MAX).contains(&(size as usize)) {
+        if !(HEADER_SIZE..=MESSAGE_SIZE_LIMIT).contains(&(size as usize)) {
             return Err(HeaderFault::Size(size));
         }
         let reserved_small = &bytes[OFFSET_RESERVED_SMALL..OFFSET_LOG_VIEW];
@@ -474,7 +475,7 @@ mod tests {
             reseal(&|b| put_u32(b, OFFSET_SIZE, 255)),
             Err(HeaderFault::Size(255))
         );
-        let too_big = MESSAGE_SIZE_MAX as u32 + 1;
+        let too_big = MESSAGE_SIZE_LIMIT as u32 + 1;
         assert_eq!(
             reseal(&|b| put_u32(b, OFFSET_SIZE, too_big)),
             Err(HeaderFault::Size(too_big))

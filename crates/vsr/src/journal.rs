@@ -1,7 +1,8 @@
 //! Journal slots as recovery finds them (`docs/replication.md`, "Journal").
 //!
-//! The journal is two rings of [`JOURNAL_SLOTS`] slots: one of whole prepares, one of their
-//! headers alone (the *redundant* headers). Op `o` lives in slot `o % JOURNAL_SLOTS` of both.
+//! The journal is two rings of `journal_slots` slots (the group's `Shape`): one of whole
+//! prepares, one of their headers alone (the *redundant* headers). Op `o` lives in slot
+//! `o % journal_slots` of both.
 //! A replica writes the prepare and syncs it, then writes its redundant header and syncs
 //! that, and acknowledges the op only once both are durable. A crash can leave either write lost or torn, and a disk can flip
 //! bits in either later; [`classify_slot`] tells what a slot still proves:
@@ -20,7 +21,9 @@
 //!
 //! Pure: the shell reads the bytes; this decides what they mean.
 
-use crate::constants::{HEADER_SIZE, JOURNAL_SLOTS};
+use crate::constants::HEADER_SIZE;
+#[cfg(test)]
+use crate::constants::JOURNAL_SLOTS;
 use crate::header::{Command, Header, Message};
 
 /// What one slot holds after recovery.
@@ -41,16 +44,17 @@ pub enum SlotState {
     Unfinished,
 }
 
-/// Classify slot `slot` of a journal for `cluster` and `group` from the bytes of its prepare
-/// slot and its redundant header slot.
+/// Classify slot `slot` of a journal of `journal_slots` slots for `cluster` and `group` from
+/// the bytes of its prepare slot and its redundant header slot.
 pub fn classify_slot(
     slot: usize,
+    journal_slots: usize,
     prepare_bytes: &[u8],
     header_bytes: &[u8],
     cluster: u128,
     group: u64,
 ) -> SlotState {
-    assert!(slot < JOURNAL_SLOTS, "slot {slot} outside the journal");
+    assert!(slot < journal_slots, "slot {slot} outside the journal");
     let prepare_blank = is_blank(prepare_bytes);
     let header_blank = is_blank(header_bytes);
     if prepare_blank && header_blank {
@@ -60,7 +64,7 @@ pub fn classify_slot(
         header.command == Command::Prepare
             && header.cluster == cluster
             && header.group == group
-            && slot_of(header.op) == slot
+            && slot_of(header.op, journal_slots) == slot
     };
     let redundant = Header::decode(header_bytes)
         .ok()
@@ -83,9 +87,10 @@ pub fn classify_slot(
     }
 }
 
-/// The journal slot of op `op`.
-pub fn slot_of(op: u64) -> usize {
-    (op % JOURNAL_SLOTS as u64) as usize
+/// The slot of op `op` in a journal of `journal_slots` slots.
+pub fn slot_of(op: u64, journal_slots: usize) -> usize {
+    assert!(journal_slots > 0);
+    (op % journal_slots as u64) as usize
 }
 
 /// Whether prepare `a` supersedes prepare `b` in the same slot: a later lap of the ring
@@ -132,7 +137,14 @@ mod tests {
     }
 
     fn classify(prepare: &[u8], header: &[u8], op: u64) -> SlotState {
-        classify_slot(slot_of(op), prepare, header, CLUSTER, GROUP)
+        classify_slot(
+            slot_of(op, JOURNAL_SLOTS),
+            JOURNAL_SLOTS,
+            prepare,
+            header,
+            CLUSTER,
+            GROUP,
+        )
     }
 
     #[test]
@@ -218,11 +230,18 @@ mod tests {
         // A prepare of another group, cluster or slot is not this slot's.
         let (p, h) = slot_bytes(&message);
         assert_eq!(
-            classify_slot(slot_of(70), &p, &h, CLUSTER, GROUP + 1),
+            classify_slot(
+                slot_of(70, JOURNAL_SLOTS),
+                JOURNAL_SLOTS,
+                &p,
+                &h,
+                CLUSTER,
+                GROUP + 1
+            ),
             SlotState::Faulty { header: None }
         );
         assert_eq!(
-            classify_slot(slot_of(71), &p, &h, CLUSTER, GROUP),
+            classify_slot(slot_of(71, JOURNAL_SLOTS), JOURNAL_SLOTS, &p, &h, CLUSTER, GROUP),
             SlotState::Faulty { header: None }
         );
         // Garbage that is not zeros, under a header slot never written: no prepare there was

@@ -19,11 +19,10 @@
 use crate::checkpoint::Checkpoint;
 use crate::client_table::{Admission, ClientTable, TableFault};
 use crate::constants::{
-    CHECKPOINT_INTERVAL_OPS, CLIENTS_MAX, COMMIT_INTERVAL_TICKS, HEADER_SIZE, JOURNAL_SLOTS,
-    NORMAL_TIMEOUT_TICKS, OPERATION_REGISTER, OPERATION_SESSION_EVICTED, PIPELINE_PREPARES_MAX,
-    PREPARE_TIMEOUT_TICKS, PROBE_ATTEMPTS_MAX, PROBE_INTERVAL_TICKS, REPLICAS_MAX,
-    STATE_MACHINE_SNAPSHOT_MAX, STATE_TRANSFER_TIMEOUT_TICKS, TIMEOUT_JITTER_TICKS_MAX,
-    VIEW_CHANGE_HEADERS_MAX, VIEW_CHANGE_RETRY_TICKS, VIEW_CHANGE_TIMEOUT_TICKS,
+    COMMIT_INTERVAL_TICKS, HEADER_SIZE, NORMAL_TIMEOUT_TICKS, OPERATION_REGISTER, OPERATION_SESSION_EVICTED,
+    PREPARE_TIMEOUT_TICKS, PROBE_ATTEMPTS_MAX, PROBE_INTERVAL_TICKS, REPLICAS_MAX, REPLY_SIZE_MAX,
+    STATE_MACHINE_SNAPSHOT_MAX, STATE_TRANSFER_TIMEOUT_TICKS, Shape, TIMEOUT_JITTER_TICKS_MAX,
+    VIEW_CHANGE_RETRY_TICKS, VIEW_CHANGE_TIMEOUT_TICKS,
 };
 use crate::durable::DurableState;
 use crate::header::{Command, Header, Message, root_checksum};
@@ -110,7 +109,7 @@ pub struct Recovered {
     /// The checkpoint the durable state names and the slot it was found in; `None` exactly
     /// when `durable.checkpoint_op` is 0 (or the disk was wiped).
     pub checkpoint: Option<(Checkpoint, u8)>,
-    /// Every journal slot, by index (`JOURNAL_SLOTS` of them; empty for a wiped disk).
+    /// Every journal slot, by index (`shape.journal_slots` of them; empty for a wiped disk).
     pub journal: Vec<SlotState>,
     /// Fresh for every boot (the shell draws it): a StartView echoing it was made after this
     /// boot, so it cannot be a stale answer older than what this replica acknowledged.
@@ -191,6 +190,9 @@ pub struct Config {
     pub group: u64,
     pub replica: u8,
     pub replica_count: u8,
+    /// The group's sizes (message, journal, pipeline, checkpoint interval, client table).
+    /// Every replica of a group runs the same shape.
+    pub shape: Shape,
     /// Deliberate protocol bugs, for the simulator's mutation tests only. All off in any
     /// real replica.
     pub bugs: Bugs,
@@ -322,7 +324,7 @@ pub struct Replica<S: StateMachine> {
     commit_max: u64,
     /// Checksum of the prepare at `commit_min` (the root's when it is 0).
     commit_min_checksum: u128,
-    /// By slot (`op % JOURNAL_SLOTS`).
+    /// By slot (`op % shape.journal_slots`).
     journal: Vec<Option<Slot>>,
     /// Primary in status normal: uncommitted ops in order, `commit_max + 1 ..= op`.
     pipeline: VecDeque<Prepared>,
@@ -387,6 +389,9 @@ impl<S: StateMachine> Replica<S> {
     pub fn new(config: Config, state_machine: S) -> Replica<S> {
         assert!(config.replica_count >= 1 && usize::from(config.replica_count) <= REPLICAS_MAX);
         assert!(config.replica < config.replica_count);
+        if let Err(why) = config.shape.check() {
+            panic!("group shape {:?} cannot run the protocol: {why}", config.shape);
+        }
         let root = root_checksum(config.cluster);
         Replica {
             config,
@@ -397,10 +402,10 @@ impl<S: StateMachine> Replica<S> {
             commit_min: 0,
             commit_max: 0,
             commit_min_checksum: root,
-            journal: vec![None; JOURNAL_SLOTS],
+            journal: vec![None; config.shape.journal_slots],
             pipeline: VecDeque::new(),
             state_machine,
-            client_table: ClientTable::new(CLIENTS_MAX),
+            client_table: ClientTable::new(config.shape.clients_max),
             durable: DurableState::formatted(config.cluster, config.replica, config.replica_count),
             durable_writing: false,
             durable_next: None,
@@ -413,7 +418,7 @@ impl<S: StateMachine> Replica<S> {
             log_head: (0, 0),
             recovery: None,
             log_unsound: false,
-            faulty_slots: vec![None; JOURNAL_SLOTS],
+            faulty_slots: vec![None; config.shape.journal_slots],
             checkpoint_slot: 1,
             checkpoint_cycle: None,
             commit_progress_tick: 0,
@@ -473,10 +478,10 @@ impl<S: StateMachine> Replica<S> {
                 replica.checkpoint_slot = slot;
             }
         }
-        if !wiped && recovered.journal.len() != JOURNAL_SLOTS {
+        if !wiped && recovered.journal.len() != replica.config.shape.journal_slots {
             return Err(RecoveryError::JournalShape {
                 found: recovered.journal.len(),
-                expected: JOURNAL_SLOTS,
+                expected: replica.config.shape.journal_slots,
             });
         }
         let checkpoint_op = replica.commit_min;
@@ -495,13 +500,14 @@ impl<S: StateMachine> Replica<S> {
                 }
             };
             let op = prepare.header.op;
-            if op == 0 || op > window_end || op + JOURNAL_SLOTS as u64 <= checkpoint_op {
+            if op == 0 || op > window_end || op + replica.config.shape.journal_slots as u64 <= checkpoint_op {
                 continue;
             }
             if op == checkpoint_op && prepare.header.checksum != replica.commit_min_checksum {
                 continue;
             }
-            replica.journal[slot_of(op)] = Some(Slot {
+            let slot_index = replica.slot_index(op);
+            replica.journal[slot_index] = Some(Slot {
                 op,
                 checksum: prepare.header.checksum,
                 header: Some(prepare.header),
@@ -548,7 +554,7 @@ impl<S: StateMachine> Replica<S> {
     fn rebuild_log_view_log(&mut self) {
         let (head_op, head_checksum) = self.log_head;
         let floor = self.commit_min;
-        for index in 0..JOURNAL_SLOTS {
+        for index in 0..self.config.shape.journal_slots {
             let Some(slot) = self.journal[index].as_mut() else {
                 continue;
             };
@@ -564,7 +570,7 @@ impl<S: StateMachine> Replica<S> {
                 slot.verified = true;
             }
         }
-        let top = (floor + 1..=floor + JOURNAL_SLOTS as u64)
+        let top = (floor + 1..=floor + self.config.shape.journal_slots as u64)
             .filter(|&op| self.slot(op).is_some_and(|slot| slot.verified))
             .max()
             .unwrap_or(floor)
@@ -786,6 +792,10 @@ impl<S: StateMachine> Replica<S> {
         if header.cluster != self.config.cluster || header.group != self.config.group {
             return;
         }
+        if header.size as usize > self.config.shape.message_size_max {
+            // Larger than any message of this group: no replica of it sends one.
+            return;
+        }
         let from_replica = header.command != Command::Request;
         if from_replica && header.replica >= self.config.replica_count {
             return;
@@ -821,7 +831,8 @@ impl<S: StateMachine> Replica<S> {
             return;
         }
         slot.durable = true;
-        self.faulty_slots[slot_of(op)] = None;
+        let index = self.slot_index(op);
+        self.faulty_slots[index] = None;
         if self.status == Status::Normal {
             if self.is_primary() {
                 let replica = self.config.replica;
@@ -879,8 +890,13 @@ impl<S: StateMachine> Replica<S> {
     /// applied; everything it replaces was committed, so nothing is lost. Bytes that do not
     /// verify are ignored (the replica asks again later).
     pub fn on_state_transferred(&mut self, bytes: &[u8], checksum: u128) {
-        let Ok(checkpoint) = Checkpoint::decode(bytes, checksum, self.config.cluster, self.config.group)
-        else {
+        let Ok(checkpoint) = Checkpoint::decode(
+            bytes,
+            self.config.shape.checkpoint_size_max(),
+            checksum,
+            self.config.cluster,
+            self.config.group,
+        ) else {
             return;
         };
         if checkpoint.op() <= self.commit_min || self.checkpoint_cycle.is_some() {
@@ -905,7 +921,7 @@ impl<S: StateMachine> Replica<S> {
         self.commit_progress_tick = self.ticks;
         self.state_transfer_tick = None;
         // Persist it like a checkpoint of its own: the slot first, then the durable state.
-        let (bytes, checksum_written) = checkpoint.encode();
+        let (bytes, checksum_written) = checkpoint.encode(self.config.shape.checkpoint_size_max());
         debug_assert_eq!(checksum_written, checksum);
         self.start_checkpoint_cycle(checkpoint.op(), checksum, Arc::from(bytes));
         self.progress();
@@ -921,8 +937,8 @@ impl<S: StateMachine> Replica<S> {
                 "snapshot larger than the limit".to_string(),
             ));
         }
-        let client_table =
-            ClientTable::decode(&checkpoint.client_table, CLIENTS_MAX).map_err(RecoveryError::ClientTable)?;
+        let client_table = ClientTable::decode(&checkpoint.client_table, self.config.shape.clients_max)
+            .map_err(RecoveryError::ClientTable)?;
         self.state_machine
             .restore(&checkpoint.state_machine)
             .map_err(RecoveryError::StateMachine)?;
@@ -945,7 +961,7 @@ impl<S: StateMachine> Replica<S> {
     /// After applying op `commit_min`: checkpoint once it is an interval past the durable one.
     fn maybe_checkpoint(&mut self) {
         if self.checkpoint_cycle.is_some()
-            || self.commit_min < self.durable.checkpoint_op + CHECKPOINT_INTERVAL_OPS
+            || self.commit_min < self.durable.checkpoint_op + self.config.shape.checkpoint_interval_ops
         {
             return;
         }
@@ -959,7 +975,7 @@ impl<S: StateMachine> Replica<S> {
             client_table: self.client_table.encode(),
         };
         assert!(checkpoint.state_machine.len() <= STATE_MACHINE_SNAPSHOT_MAX);
-        let (bytes, checksum) = checkpoint.encode();
+        let (bytes, checksum) = checkpoint.encode(self.config.shape.checkpoint_size_max());
         self.start_checkpoint_cycle(header.op, checksum, Arc::from(bytes));
     }
 
@@ -1029,7 +1045,7 @@ impl<S: StateMachine> Replica<S> {
     /// op it held is below the durable checkpoint. The checkpoint's own slot is kept: its
     /// header anchors the chain above (view-change suffixes, the chain walk).
     fn journal_window_end(&self) -> u64 {
-        self.durable.checkpoint_op + JOURNAL_SLOTS as u64 - 1
+        self.durable.checkpoint_op + self.config.shape.journal_slots as u64 - 1
     }
 
     // ----- normal operation -----
@@ -1077,7 +1093,7 @@ impl<S: StateMachine> Replica<S> {
                 .is_some_and(|prepare| prepare.client == header.client)
         });
         if in_pipeline
-            || self.pipeline.len() >= PIPELINE_PREPARES_MAX
+            || self.pipeline.len() >= self.config.shape.pipeline_prepares_max
             || self.op + 1 > self.journal_window_end()
         {
             // The reply follows the commit; or the client retries once there is room (in the
@@ -1183,7 +1199,7 @@ impl<S: StateMachine> Replica<S> {
         let header = prepare.header;
         assert!(header.op > self.op);
         for op in self.op + 1..header.op {
-            let slot = slot_of(op);
+            let slot = self.slot_index(op);
             if self.journal[slot].as_ref().is_some_and(|s| s.op != op) {
                 // An older lap's op; it was applied long ago (the journal spans the pipeline).
                 self.journal[slot] = None;
@@ -1212,7 +1228,8 @@ impl<S: StateMachine> Replica<S> {
             header.op,
             self.durable.checkpoint_op
         );
-        self.journal[slot_of(header.op)] = Some(Slot {
+        let index = self.slot_index(header.op);
+        self.journal[index] = Some(Slot {
             op: header.op,
             checksum: header.checksum,
             header: Some(header),
@@ -1330,6 +1347,15 @@ impl<S: StateMachine> Replica<S> {
             self.state_machine
                 .apply(header.op, header.timestamp, header.operation, &prepare.body)
         };
+        // Replies carry outcomes, never data: the client table stores one per client in every
+        // checkpoint. A larger one is a state machine bug, the same on every replica.
+        assert!(
+            HEADER_SIZE + reply_body.len() <= REPLY_SIZE_MAX,
+            "op {} operation {} replied {} bytes, more than a stored reply may take",
+            header.op,
+            header.operation,
+            reply_body.len()
+        );
         let mut reply = self.reply_header(header.client, header.request, header.operation, header.checksum);
         reply.op = header.op;
         reply.commit = header.op;
@@ -1742,7 +1768,7 @@ impl<S: StateMachine> Replica<S> {
         // Contiguous from the head down, each header naming the entry below as its parent.
         let mut merged: Vec<Entry> = Vec::new();
         let mut op = head;
-        while op > 0 && merged.len() < VIEW_CHANGE_HEADERS_MAX {
+        while op > 0 && merged.len() < self.config.shape.view_change_headers_max() {
             let Some(entry) = by_op
                 .get(&op)
                 .filter(|entry| !matches!(entry, Entry::Unknown { .. }))
@@ -1770,7 +1796,7 @@ impl<S: StateMachine> Replica<S> {
             self.describe()
         );
         for op in head + 1..=self.op {
-            let slot = slot_of(op);
+            let slot = self.slot_index(op);
             if self.journal[slot].as_ref().is_some_and(|s| s.op == op) {
                 self.journal[slot] = None;
             }
@@ -1860,7 +1886,8 @@ impl<S: StateMachine> Replica<S> {
     /// (its header too, when known), and its prepare is to be repaired.
     fn set_hole(&mut self, op: u64, checksum: u128, header: Option<Header>) {
         debug_assert!(header.is_none_or(|header| header.op == op && header.checksum == checksum));
-        self.journal[slot_of(op)] = Some(Slot {
+        let index = self.slot_index(op);
+        self.journal[index] = Some(Slot {
             op,
             checksum,
             header,
@@ -2041,14 +2068,14 @@ impl<S: StateMachine> Replica<S> {
                 let op = entry.op();
                 // Applied ops are committed: never nacked, whatever the slot holds now.
                 let held = self.slot(op).is_some_and(|slot| slot.message.is_some());
-                let faulty = self.faulty_slots[slot_of(op)].is_some_and(|faulty| faulty.covers(op));
+                let faulty = self.faulty_slots[self.slot_index(op)].is_some_and(|faulty| faulty.covers(op));
                 op > self.commit_min && !held && !faulty
             })
             .collect()
     }
 
     /// A DoViewChange's suffix: from the head down, one entry per op, at most
-    /// [`VIEW_CHANGE_HEADERS_MAX`]. An op whose header this replica lacks but whose checksum
+    /// `Shape::view_change_headers_max`. An op whose header this replica lacks but whose checksum
     /// the chain named is a hole entry, so the new primary can count nacks for a prepare
     /// no survivor ever received. It stops at an op it knows nothing of, at a header that
     /// does not chain to the entry above, and, below a hole, at anything not verified on this
@@ -2056,7 +2083,7 @@ impl<S: StateMachine> Replica<S> {
     fn suffix_entries(&self) -> Vec<Entry> {
         let mut entries: Vec<Entry> = Vec::new();
         let mut op = self.op;
-        while op > 0 && entries.len() < VIEW_CHANGE_HEADERS_MAX {
+        while op > 0 && entries.len() < self.config.shape.view_change_headers_max() {
             let Some(slot) = self.slot(op) else {
                 if op <= self.commit_min {
                     break;
@@ -2095,12 +2122,12 @@ impl<S: StateMachine> Replica<S> {
     }
 
     /// Headers from the head down, contiguous along the hash chain, at most
-    /// [`VIEW_CHANGE_HEADERS_MAX`]. It stops at a hole, or at a slot that does not chain to the
+    /// `Shape::view_change_headers_max`. It stops at a hole, or at a slot that does not chain to the
     /// op above (a copy of another lap or view left below a checkpoint after a restart).
     fn suffix_headers(&self) -> Vec<Header> {
         let mut headers: Vec<Header> = Vec::new();
         let mut op = self.op;
-        while op > 0 && headers.len() < VIEW_CHANGE_HEADERS_MAX {
+        while op > 0 && headers.len() < self.config.shape.view_change_headers_max() {
             let Some(header) = self.slot(op).and_then(|slot| slot.header) else {
                 break;
             };
@@ -2253,12 +2280,20 @@ impl<S: StateMachine> Replica<S> {
             .expect("the head has a slot")
     }
 
+    /// The journal slot index of op `op` in this group's ring.
+    fn slot_index(&self, op: u64) -> usize {
+        slot_of(op, self.config.shape.journal_slots)
+    }
+
     fn slot(&self, op: u64) -> Option<&Slot> {
-        self.journal[slot_of(op)].as_ref().filter(|slot| slot.op == op)
+        self.journal[self.slot_index(op)]
+            .as_ref()
+            .filter(|slot| slot.op == op)
     }
 
     fn slot_mut(&mut self, op: u64) -> Option<&mut Slot> {
-        self.journal[slot_of(op)].as_mut().filter(|slot| slot.op == op)
+        let index = self.slot_index(op);
+        self.journal[index].as_mut().filter(|slot| slot.op == op)
     }
 
     /// Cross-field invariants; cheap enough to run after every input.
@@ -2279,7 +2314,7 @@ impl<S: StateMachine> Replica<S> {
             assert_eq!(self.log_view, self.view, "normal status in an installed view");
         }
         if self.is_primary() && self.status == Status::Normal {
-            assert!(self.pipeline.len() <= JOURNAL_SLOTS);
+            assert!(self.pipeline.len() <= self.config.shape.journal_slots);
             assert_eq!(
                 self.commit_max + self.pipeline.len() as u64,
                 self.op,
@@ -2303,7 +2338,7 @@ impl<S: StateMachine> Replica<S> {
         let header = &message.header;
         let record_size = HEADER_SIZE + usize::from(with_flags);
         if !message.body.len().is_multiple_of(record_size)
-            || message.body.len() / record_size > VIEW_CHANGE_HEADERS_MAX
+            || message.body.len() / record_size > self.config.shape.view_change_headers_max()
         {
             return None;
         }

@@ -42,7 +42,7 @@ fn slot_state(sim: &Simulation, replica: usize, slot: usize) -> SlotState {
     let storage = sim.storage(replica);
     let prepare = storage.read(Zone::Prepares, slot as u32);
     let header = storage.read(Zone::Headers, slot as u32);
-    classify_slot(slot, &prepare, &header, SIM_CLUSTER, SIM_GROUP)
+    classify_slot(slot, JOURNAL_SLOTS, &prepare, &header, SIM_CLUSTER, SIM_GROUP)
 }
 
 #[test]
@@ -100,9 +100,9 @@ fn a_corrupt_journal_entry_is_repaired_from_a_peer() {
     sim.crash_replica(backup);
     let op = (checkpoint + 1..=head)
         .rev()
-        .find(|&op| matches!(slot_state(&sim, backup, slot_of(op)), SlotState::Clean(ref prepare) if prepare.header.op == op))
+        .find(|&op| matches!(slot_state(&sim, backup, slot_of(op, JOURNAL_SLOTS)), SlotState::Clean(ref prepare) if prepare.header.op == op))
         .expect("a durable prepare above the checkpoint");
-    let slot = slot_of(op);
+    let slot = slot_of(op, JOURNAL_SLOTS);
     let SlotState::Clean(original) = slot_state(&sim, backup, slot) else {
         unreachable!("found clean above");
     };
@@ -124,7 +124,7 @@ fn a_corrupt_journal_entry_is_repaired_from_a_peer() {
             let storage = sim.storage(backup);
             let prepare = storage.read_durable(Zone::Prepares, slot as u32);
             let header = storage.read_durable(Zone::Headers, slot as u32);
-            classify_slot(slot, &prepare, &header, SIM_CLUSTER, SIM_GROUP)
+            classify_slot(slot, JOURNAL_SLOTS, &prepare, &header, SIM_CLUSTER, SIM_GROUP)
                 == SlotState::Clean(original.clone())
         })
         .expect("no violation");

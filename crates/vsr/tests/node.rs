@@ -56,6 +56,7 @@ impl Cluster {
                         group,
                         replica,
                         replica_count: NODES,
+                        shape: cairn_vsr::constants::Shape::METADATA,
                         bugs: Bugs::default(),
                     };
                     node.add_group(Replica::new(config, Nothing));

@@ -95,6 +95,7 @@ impl Cluster {
                     group: GROUP,
                     replica,
                     replica_count,
+                    shape: cairn_vsr::constants::Shape::METADATA,
                     bugs: Bugs::default(),
                 };
                 Replica::new(config, Recorder::default())

@@ -624,7 +624,7 @@ fn overlay(image: &[u8], bytes: &[u8]) -> Vec<u8> {
 
 #[test]
 fn storage_journal_layout_follows_the_constants() {
-    let layout = StorageLayout::journal(4096, 8192, 16384);
+    let layout = StorageLayout::journal(cairn_vsr::constants::JOURNAL_SLOTS, 4096, 8192, 16384);
     assert_eq!(
         layout.shape(Zone::Superblock),
         ZoneShape {

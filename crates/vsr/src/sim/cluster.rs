@@ -41,7 +41,7 @@ use super::prng::{PPM, Prng, Streams, stream_names};
 use super::storage::{Storage, StorageLayout, StorageOptions, Zone};
 use super::trace::TraceHash;
 use crate::checkpoint::Checkpoint;
-use crate::constants::{JOURNAL_SLOTS, OPERATION_REGISTER, SUPERBLOCK_COPIES};
+use crate::constants::{OPERATION_REGISTER, SUPERBLOCK_COPIES, Shape};
 use crate::durable::{self, COPY_SIZE, Chosen, DurableState};
 use crate::header::{Command, Header, Message};
 use crate::journal::{classify_slot, slot_of};
@@ -98,6 +98,8 @@ pub struct SimOptions {
     pub client_retry_ticks: u64,
     /// Protocol bugs to inject (mutation tests only).
     pub bugs: Bugs,
+    /// The group's shape (journal, pipeline, checkpoint interval, client table).
+    pub shape: Shape,
 }
 
 impl SimOptions {
@@ -112,7 +114,7 @@ impl SimOptions {
         let mut disk = Streams::new(seed).stream("disk_fault_options");
         SimOptions {
             replica_count,
-            client_count: 3,
+            client_count: CLIENTS_PER_RUN as u16,
             fault_ticks: prng.range_inclusive(500, 2_000),
             liveness_ticks_max: 2_000,
             network: NetworkOptions {
@@ -138,9 +140,39 @@ impl SimOptions {
             superblock_flip_ppm: disk.below(u64::from(PPM / 3)) as u32,
             client_retry_ticks: 60,
             bugs: Bugs::default(),
+            shape: shape_from_seed(seed),
         }
     }
 }
+
+/// The group shape a seed runs: half of the seeds the metadata group's, the other half one
+/// drawn from the ranges the protocol allows (small journals that wrap often, checkpoints
+/// every op or rarely, pipelines of one to a dozen prepares, client tables just large enough
+/// for the workload). A stream of its own, so every other option of a seed is as it was.
+fn shape_from_seed(seed: u64) -> Shape {
+    let mut prng = Streams::new(seed).stream("shape_options");
+    if prng.chance_ppm(PPM / 2) {
+        return Shape::METADATA;
+    }
+    let pipeline_prepares_max = prng.range_inclusive(1, 12) as usize;
+    let checkpoint_interval_ops = prng.range_inclusive(1, 48);
+    let journal_floor = checkpoint_interval_ops as usize + 2 * pipeline_prepares_max + 1;
+    let journal_slots = journal_floor + prng.range_inclusive(0, 64) as usize;
+    let shape = Shape {
+        message_size_max: Shape::METADATA.message_size_max,
+        journal_slots,
+        pipeline_prepares_max,
+        checkpoint_interval_ops,
+        // The workload's clients each keep a session; fewer entries would have them evict
+        // each other without end.
+        clients_max: CLIENTS_PER_RUN + prng.range_inclusive(0, 4) as usize,
+    };
+    debug_assert_eq!(shape.check(), Ok(()));
+    shape
+}
+
+/// Clients of one simulated run (`SimOptions::client_count` is never more).
+const CLIENTS_PER_RUN: usize = 3;
 
 impl SimOptions {
     /// A cluster of one (what a server without cluster configuration runs), from a seed's
@@ -394,6 +426,7 @@ impl<M: SimMachine> Sim<M> {
                     group: SIM_GROUP,
                     replica,
                     replica_count,
+                    shape: options.shape,
                     bugs: options.bugs,
                 };
                 Replica::new(config, M::default())
@@ -409,7 +442,12 @@ impl<M: SimMachine> Sim<M> {
             })
             .collect();
         let n = usize::from(replica_count);
-        let layout = StorageLayout::journal(COPY_SIZE as u32, PREPARE_SLOT_BYTES, CHECKPOINT_SLOT_BYTES);
+        let layout = StorageLayout::journal(
+            options.shape.journal_slots,
+            COPY_SIZE as u32,
+            PREPARE_SLOT_BYTES,
+            CHECKPOINT_SLOT_BYTES,
+        );
         let hosts = (0..replica_count)
             .map(|replica| {
                 let mut storage = Storage::new(
@@ -690,7 +728,7 @@ impl<M: SimMachine> Sim<M> {
                     } else {
                         Zone::Headers
                     };
-                    let slot = self.crashes.below(JOURNAL_SLOTS as u64) as u32;
+                    let slot = self.crashes.below(self.options.shape.journal_slots as u64) as u32;
                     host.storage.corrupt(zone, slot, &mut self.crashes);
                     self.flip_count += 1;
                 }
@@ -761,11 +799,12 @@ impl<M: SimMachine> Sim<M> {
             .and_then(|state| named_checkpoint(&host.storage, &state))
             .map(|(checkpoint, slot, _)| (checkpoint, slot));
         let journal = if durable_state.is_some() {
-            (0..JOURNAL_SLOTS)
+            let journal_slots = self.options.shape.journal_slots;
+            (0..journal_slots)
                 .map(|slot| {
                     let prepare = host.storage.read(Zone::Prepares, slot as u32);
                     let header = host.storage.read(Zone::Headers, slot as u32);
-                    classify_slot(slot, &prepare, &header, SIM_CLUSTER, SIM_GROUP)
+                    classify_slot(slot, journal_slots, &prepare, &header, SIM_CLUSTER, SIM_GROUP)
                 })
                 .collect()
         } else {
@@ -966,7 +1005,7 @@ impl<M: SimMachine> Sim<M> {
                     // only then its redundant header, with a sync of its own. So a durable
                     // header implies a durable prepare, and a faulty slot whose header names
                     // an op is a damaged prepare, never merely an unfinished write.
-                    let slot = slot_of(message.header.op) as u32;
+                    let slot = slot_of(message.header.op, self.options.shape.journal_slots) as u32;
                     self.hosts[replica]
                         .storage
                         .write(Zone::Prepares, slot, &message.encode());
@@ -1052,7 +1091,7 @@ impl<M: SimMachine> Sim<M> {
                 if !self.sync_or_crash(replica) {
                     return true;
                 }
-                let slot = slot_of(op) as u32;
+                let slot = slot_of(op, self.options.shape.journal_slots) as u32;
                 let prepare = self.hosts[replica].storage.read(Zone::Prepares, slot);
                 // Still this prepare? A later one may have replaced it in the slot since, and
                 // its own completion writes its header.
@@ -1295,9 +1334,15 @@ impl<M: SimMachine> Sim<M> {
 fn named_checkpoint(storage: &Storage, state: &DurableState) -> Option<(Checkpoint, u8, Vec<u8>)> {
     (0..2u8).find_map(|slot| {
         let bytes = storage.read(Zone::Checkpoints, u32::from(slot));
-        Checkpoint::decode(&bytes, state.checkpoint_checksum, SIM_CLUSTER, SIM_GROUP)
-            .ok()
-            .map(|checkpoint| (checkpoint, slot, bytes))
+        Checkpoint::decode(
+            &bytes,
+            CHECKPOINT_SLOT_BYTES as usize,
+            state.checkpoint_checksum,
+            SIM_CLUSTER,
+            SIM_GROUP,
+        )
+        .ok()
+        .map(|checkpoint| (checkpoint, slot, bytes))
     })
 }
 
@@ -1327,6 +1372,8 @@ impl<M: SimMachine> Sim<M> {
         options.journal_flip_ppm = 0;
         options.superblock_flip_ppm = 0;
         options.write_ticks_mean = 1;
+        // Scripts count slots and checkpoints of the metadata shape.
+        options.shape = Shape::METADATA;
         Sim::new(seed, options)
     }
 

@@ -49,7 +49,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::constants::{HEADER_SIZE, JOURNAL_SLOTS, SUPERBLOCK_COPIES};
+use crate::constants::{HEADER_SIZE, SUPERBLOCK_COPIES};
 
 use super::prng::{PPM, Prng};
 
@@ -96,16 +96,17 @@ pub struct StorageLayout {
 
 impl StorageLayout {
     /// The layout the design note describes: `SUPERBLOCK_COPIES` superblock slots,
-    /// `JOURNAL_SLOTS` header slots of `HEADER_SIZE` bytes and `JOURNAL_SLOTS` prepare slots.
+    /// `journal_slots` header slots of `HEADER_SIZE` bytes and `journal_slots` prepare slots.
     /// The caller picks the superblock copy size (the superblock's encoding decides it), the
     /// prepare slot size (the largest prepare the run sends; a simulator keeps it small) and
     /// the checkpoint slot size (the largest checkpoint the run takes); two checkpoint slots.
     pub fn journal(
+        journal_slots: usize,
         superblock_copy_size_bytes: u32,
         prepare_slot_size_bytes: u32,
         checkpoint_slot_size_bytes: u32,
     ) -> StorageLayout {
-        let journal_slots = u32::try_from(JOURNAL_SLOTS).expect("JOURNAL_SLOTS fits u32");
+        let journal_slots = u32::try_from(journal_slots).expect("journal_slots fits u32");
         StorageLayout {
             superblock: ZoneShape {
                 slot_count: u32::try_from(SUPERBLOCK_COPIES).expect("SUPERBLOCK_COPIES fits u32"),
