@@ -154,6 +154,19 @@ impl Files {
 
     /// The first `len` bytes of slot `slot` of `zone` (a sparse or short file reads as zeros
     /// past its end, like a never-written slot).
+    /// The bytes of prepare slot `slot`: its header, and as much after it as the header's
+    /// size says (bounded by the slot) when that size verifies; classification decides what
+    /// they are.
+    fn read_prepare_slot(&self, slot: usize) -> Result<Vec<u8>, GroupError> {
+        let prepare = self.read(Zone::Prepares, slot, HEADER_SIZE)?;
+        match Header::peek_size(&prepare) {
+            Some(Ok(size)) if size > HEADER_SIZE && size <= SHAPE.message_size_max => {
+                self.read(Zone::Prepares, slot, size)
+            }
+            _ => Ok(prepare),
+        }
+    }
+
     fn read(&self, zone: Zone, slot: usize, len: usize) -> Result<Vec<u8>, GroupError> {
         debug_assert!(len as u64 <= zone.slot_size());
         let file = &self.files[zone as usize];
@@ -326,13 +339,7 @@ impl<S: StateMachine> LocalGroup<S> {
         let mut journal = Vec::with_capacity(SHAPE.journal_slots);
         for slot in 0..SHAPE.journal_slots {
             let header = files.read(Zone::Headers, slot, HEADER_SIZE)?;
-            let mut prepare = files.read(Zone::Prepares, slot, HEADER_SIZE)?;
-            if let Some(Ok(size)) = Header::peek_size(&prepare)
-                && size > HEADER_SIZE
-                && size <= SHAPE.message_size_max
-            {
-                prepare = files.read(Zone::Prepares, slot, size)?;
-            }
+            let prepare = files.read_prepare_slot(slot)?;
             journal.push(classify_slot(
                 slot,
                 SHAPE.journal_slots,
@@ -582,6 +589,33 @@ impl<S: StateMachine> LocalGroup<S> {
                     .write_synced(Zone::Headers, slot, &message.header.encode())?;
                 self.replica
                     .on_prepare_written(message.header.op, message.header.checksum);
+            }
+            Output::ReadPrepare {
+                op,
+                checksum,
+                for_replica,
+            } => {
+                // A group of one reads back only to apply a prepare recovered as a header
+                // (this journal recovers whole prepares, so never today); peers' repairs
+                // come with the replica network.
+                let slot = slot_of(op, SHAPE.journal_slots);
+                let prepare = match self.files.read_prepare_slot(slot) {
+                    Ok(bytes) => Message::decode(&bytes)
+                        .ok()
+                        .filter(|prepare| prepare.header.op == op && prepare.header.checksum == checksum),
+                    Err(error) => {
+                        tracing::error!(dir = %self.files.dir.display(), op, "{error}");
+                        None
+                    }
+                };
+                if prepare.is_none() {
+                    tracing::error!(
+                        dir = %self.files.dir.display(),
+                        op,
+                        "the journal no longer holds a prepare it synced; the replica treats its copy as lost (kept on disk as found)"
+                    );
+                }
+                self.replica.on_prepare_read(op, checksum, prepare, for_replica);
             }
             Output::WriteDurable { state } => {
                 let (current, sequence) = self.superblock;

@@ -41,6 +41,8 @@ pub struct NodeOutputs {
     pub durable_writes: Vec<(u64, DurableState)>,
     /// Checkpoint writes and state-transfer requests, by group, as the replica asked.
     pub checkpoint_work: Vec<(u64, Output)>,
+    /// Prepares to read back from a group's journal (`Output::ReadPrepare`), by group.
+    pub prepare_reads: Vec<(u64, Output)>,
 }
 
 /// The replicas of one node, by group.
@@ -174,6 +176,7 @@ impl<S: StateMachine> Node<S> {
                     work @ (Output::WriteCheckpoint { .. } | Output::StateTransfer { .. }) => {
                         outputs.checkpoint_work.push((group, work))
                     }
+                    read @ Output::ReadPrepare { .. } => outputs.prepare_reads.push((group, read)),
                 }
             }
         }

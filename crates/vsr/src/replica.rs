@@ -78,6 +78,15 @@ pub enum Output {
         checksum: u128,
         bytes: Arc<[u8]>,
     },
+    /// Read prepare `op` (whose checksum must be `checksum`) back from the journal, verify it,
+    /// and report [`Replica::on_prepare_read`] with it, or with `None` if the bytes there are
+    /// not that prepare. `for_replica` goes back with it: the peer that asked for it, or
+    /// `None` when the replica itself needs the body to apply the op.
+    ReadPrepare {
+        op: u64,
+        checksum: u128,
+        for_replica: Option<u8>,
+    },
     /// Fetch a peer's latest durable checkpoint above op `above_op` and hand it to
     /// [`Replica::on_state_transferred`]; ask a peer whose `commit_max` is at least
     /// `commit_max` (Iggy trap 9: never take state from a replica that knows less). No answer
@@ -231,16 +240,22 @@ impl Config {
 }
 
 /// One journal slot: the op it holds, the checksum that op must have, and what of it the
-/// replica has. A slot whose `message` is `None` is a hole to repair: the checksum came from
-/// a view change's headers or from the hash chain.
+/// replica has. A slot that is neither in memory nor durable is a hole to repair: the
+/// checksum came from a view change's headers or from the hash chain.
+///
+/// Memory holds headers; a body stays only until it is applied and durable. After that the
+/// shell's journal has it ([`Output::ReadPrepare`] brings it back to repair a peer), so a
+/// group whose prepares carry whole batches keeps no more than its pipeline's bodies.
 #[derive(Debug, Clone)]
 struct Slot {
     op: u64,
     checksum: u128,
     /// The prepare's header, once known (the parent link lives here).
     header: Option<Header>,
+    /// The whole prepare, while the replica needs it in memory: until applied and durable.
     message: Option<Message>,
-    /// The shell reported the prepare and its redundant header synced.
+    /// The shell reported the prepare and its redundant header synced. A durable prepare can
+    /// be read back whether or not `message` still holds it.
     durable: bool,
     /// The op is on the canonical chain of this replica's view: it came from the current
     /// primary in the current view, or its checksum came from a StartView / merged log or from
@@ -248,6 +263,13 @@ struct Slot {
     /// from an older view can never be applied as committed, even when it chains onto the
     /// committed prefix.
     verified: bool,
+}
+
+impl Slot {
+    /// The replica can produce this prepare: in memory, or durable in its journal.
+    fn held(&self) -> bool {
+        self.message.is_some() || self.durable
+    }
 }
 
 /// A prepare the primary has sent and not yet committed.
@@ -355,6 +377,9 @@ pub struct Replica<S: StateMachine> {
     log_head: (u64, u128),
     /// Set while status is recovering.
     recovery: Option<Recovery>,
+    /// The op whose body was asked of the shell to apply it ([`Output::ReadPrepare`]); one
+    /// at a time, until the read is reported.
+    reading_to_apply: Option<u64>,
     /// Recovery found its `log_view` log left behind by its own checkpoint: it must not vote
     /// with it, so it never falls back to an election and waits for a StartView.
     log_unsound: bool,
@@ -417,6 +442,7 @@ impl<S: StateMachine> Replica<S> {
             view_start_op: 0,
             log_head: (0, 0),
             recovery: None,
+            reading_to_apply: None,
             log_unsound: false,
             faulty_slots: vec![None; config.shape.journal_slots],
             checkpoint_slot: 1,
@@ -507,11 +533,13 @@ impl<S: StateMachine> Replica<S> {
                 continue;
             }
             let slot_index = replica.slot_index(op);
+            let header = prepare.header;
             replica.journal[slot_index] = Some(Slot {
                 op,
-                checksum: prepare.header.checksum,
-                header: Some(prepare.header),
-                message: Some(prepare),
+                checksum: header.checksum,
+                header: Some(header),
+                // Applied already (the checkpoint covers it): read back if a peer asks.
+                message: (op > checkpoint_op).then_some(prepare),
                 durable: true,
                 verified: op == checkpoint_op,
             });
@@ -821,16 +849,78 @@ impl<S: StateMachine> Replica<S> {
         self.progress();
     }
 
+    /// The shell read prepare `op` back from the journal, as [`Output::ReadPrepare`] asked:
+    /// the prepare, or `None` when the bytes there did not verify as the prepare with
+    /// `checksum`. A prepare the replica still holds durable with that checksum and that the
+    /// journal cannot produce is damage: the slot becomes a hole (repaired from a peer if the
+    /// op is not applied yet) and, since it may have been acknowledged, is never nacked
+    /// until it is rewritten. A read of a slot replaced since is ignored.
+    pub fn on_prepare_read(
+        &mut self,
+        op: u64,
+        checksum: u128,
+        prepare: Option<Message>,
+        for_replica: Option<u8>,
+    ) {
+        if for_replica.is_none() && self.reading_to_apply == Some(op) {
+            self.reading_to_apply = None;
+        }
+        let (cluster, group) = (self.config.cluster, self.config.group);
+        let commit_min = self.commit_min;
+        let index = self.slot_index(op);
+        let Some(slot) = self
+            .slot_mut(op)
+            .filter(|slot| slot.checksum == checksum && slot.durable)
+        else {
+            self.progress();
+            return;
+        };
+        let prepare = prepare.filter(|prepare| {
+            let header = &prepare.header;
+            header.command == Command::Prepare
+                && header.op == op
+                && header.checksum == checksum
+                && header.cluster == cluster
+                && header.group == group
+        });
+        match (prepare, for_replica) {
+            (Some(prepare), Some(replica)) => {
+                if replica != self.config.replica && replica < self.config.replica_count {
+                    self.send(Destination::Replica(replica), prepare);
+                }
+            }
+            (Some(prepare), None) => {
+                if op > commit_min && slot.message.is_none() {
+                    slot.message = Some(prepare);
+                }
+            }
+            (None, _) => {
+                slot.message = None;
+                slot.durable = false;
+                if op > commit_min {
+                    self.faulty_slots[index] = Some(FaultyOp::Op(op));
+                }
+            }
+        }
+        self.progress();
+    }
+
     /// The shell wrote and synced the prepare `op` with checksum `checksum`.
     pub fn on_prepare_written(&mut self, op: u64, checksum: u128) {
+        let commit_min = self.commit_min;
         let Some(slot) = self.slot_mut(op) else {
             return;
         };
-        if slot.checksum != checksum || slot.message.is_none() {
+        if slot.checksum != checksum || !slot.held() {
             // The slot was replaced since (a view change, or a later lap): stale completion.
             return;
         }
         slot.durable = true;
+        if op <= commit_min {
+            // Applied before its own write was durable (a backup catching up): memory is done
+            // with it.
+            slot.message = None;
+        }
         let index = self.slot_index(op);
         self.faulty_slots[index] = None;
         if self.status == Status::Normal {
@@ -948,9 +1038,15 @@ impl<S: StateMachine> Replica<S> {
         self.commit_min_checksum = header.checksum;
         self.commit_max = self.commit_max.max(header.op);
         self.op = self.op.max(header.op);
+        for slot in self.journal.iter_mut().flatten() {
+            if slot.durable && slot.op <= header.op {
+                // Applied now (the checkpoint covers it): read back if a peer asks.
+                slot.message = None;
+            }
+        }
         let keep = self
             .slot(header.op)
-            .is_some_and(|slot| slot.checksum == header.checksum && slot.message.is_some());
+            .is_some_and(|slot| slot.checksum == header.checksum && slot.held());
         if !keep {
             // The anchor of the chain above: its header, for view changes and the chain walk.
             self.set_hole(header.op, header.checksum, Some(header));
@@ -1130,7 +1226,7 @@ impl<S: StateMachine> Replica<S> {
         if header.op > self.commit_min
             && self
                 .slot(header.op)
-                .is_some_and(|slot| slot.message.is_none() && slot.checksum == header.checksum)
+                .is_some_and(|slot| !slot.held() && slot.checksum == header.checksum)
         {
             self.fill(message.clone());
             return;
@@ -1318,11 +1414,20 @@ impl<S: StateMachine> Replica<S> {
     fn commit_journal(&mut self) {
         while self.commit_min < self.commit_max && self.commit_min < self.op {
             let op = self.commit_min + 1;
-            let Some(prepare) = self
-                .slot(op)
-                .filter(|slot| slot.verified)
-                .and_then(|slot| slot.message.clone())
-            else {
+            let Some(slot) = self.slot(op).filter(|slot| slot.verified) else {
+                break;
+            };
+            let Some(prepare) = slot.message.clone() else {
+                if slot.durable && self.reading_to_apply.is_none() {
+                    // In the journal, not in memory (recovered as a header): read it back.
+                    let checksum = slot.checksum;
+                    self.reading_to_apply = Some(op);
+                    self.outbox.push(Output::ReadPrepare {
+                        op,
+                        checksum,
+                        for_replica: None,
+                    });
+                }
                 break;
             };
             if prepare.header.parent != self.commit_min_checksum {
@@ -1333,6 +1438,11 @@ impl<S: StateMachine> Replica<S> {
             self.apply(&prepare);
             self.commit_min = op;
             self.commit_min_checksum = prepare.header.checksum;
+            let slot = self.slot_mut(op).expect("the op just applied");
+            if slot.durable {
+                // Applied and in the journal: a peer that needs it gets it read back.
+                slot.message = None;
+            }
             self.maybe_checkpoint();
         }
     }
@@ -1544,12 +1654,20 @@ impl<S: StateMachine> Replica<S> {
     }
 
     fn on_request_prepare(&mut self, header: &Header) {
-        let prepare = self
+        let Some(slot) = self
             .slot(header.op)
             .filter(|slot| slot.checksum == header.context)
-            .and_then(|slot| slot.message.clone());
-        if let Some(prepare) = prepare {
+        else {
+            return;
+        };
+        if let Some(prepare) = slot.message.clone() {
             self.send(Destination::Replica(header.replica), prepare);
+        } else if slot.durable {
+            self.outbox.push(Output::ReadPrepare {
+                op: header.op,
+                checksum: header.context,
+                for_replica: Some(header.replica),
+            });
         }
     }
 
@@ -1901,7 +2019,7 @@ impl<S: StateMachine> Replica<S> {
     fn holes(&self) -> Vec<(u64, u128)> {
         (self.commit_min + 1..=self.op)
             .filter_map(|op| match self.slot(op) {
-                Some(slot) if slot.message.is_some() => None,
+                Some(slot) if slot.held() => None,
                 Some(slot) => Some((op, slot.checksum)),
                 None => Some((op, 0)),
             })
@@ -2067,7 +2185,7 @@ impl<S: StateMachine> Replica<S> {
             .map(|entry| {
                 let op = entry.op();
                 // Applied ops are committed: never nacked, whatever the slot holds now.
-                let held = self.slot(op).is_some_and(|slot| slot.message.is_some());
+                let held = self.slot(op).is_some_and(Slot::held);
                 let faulty = self.faulty_slots[self.slot_index(op)].is_some_and(|faulty| faulty.covers(op));
                 op > self.commit_min && !held && !faulty
             })
@@ -2199,16 +2317,26 @@ impl<S: StateMachine> Replica<S> {
     fn retransmit_prepares(&mut self) {
         let replica_count = self.config.replica_count;
         let mut resend = Vec::new();
+        let mut reads = Vec::new();
         for prepared in &self.pipeline {
-            let Some(message) = self.slot(prepared.op).and_then(|slot| slot.message.clone()) else {
+            let Some(slot) = self.slot(prepared.op) else {
                 continue;
             };
             for replica in 0..replica_count {
                 if replica != self.config.replica && prepared.oks & (1 << replica) == 0 {
-                    resend.push((replica, message.clone()));
+                    match &slot.message {
+                        Some(message) => resend.push((replica, message.clone())),
+                        None if slot.durable => reads.push(Output::ReadPrepare {
+                            op: prepared.op,
+                            checksum: prepared.checksum,
+                            for_replica: Some(replica),
+                        }),
+                        None => {}
+                    }
                 }
             }
         }
+        self.outbox.extend(reads);
         for (replica, message) in resend {
             self.send(Destination::Replica(replica), message);
         }
@@ -2321,6 +2449,17 @@ impl<S: StateMachine> Replica<S> {
                 "the pipeline spans commit_max to the head: {}",
                 self.describe()
             );
+        }
+        if cfg!(debug_assertions) {
+            // Memory holds bodies only until they are applied and durable: a group whose
+            // prepares carry whole batches keeps at most its unapplied suffix in memory.
+            for slot in self.journal.iter().flatten() {
+                assert!(
+                    !(slot.durable && slot.op <= self.commit_min && slot.message.is_some()),
+                    "op {} is applied and durable but its body is still in memory",
+                    slot.op
+                );
+            }
         }
     }
 }

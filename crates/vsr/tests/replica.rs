@@ -74,12 +74,20 @@ enum Work {
         op: u64,
         checksum: u128,
     },
+    Read {
+        replica: u8,
+        op: u64,
+        checksum: u128,
+        for_replica: Option<u8>,
+    },
 }
 
 struct Cluster {
     replicas: Vec<Replica<Recorder>>,
     work: VecDeque<Work>,
     replies: Vec<Message>,
+    /// Per replica: the prepares its journal holds, by op (what a read-back finds).
+    journals: Vec<std::collections::BTreeMap<u64, Message>>,
     /// A crashed replica takes no input and its in-flight work is lost.
     crashed: Vec<bool>,
     /// `cut[a][b]`: messages from a to b are dropped.
@@ -106,6 +114,7 @@ impl Cluster {
             replicas,
             work: VecDeque::new(),
             replies: Vec::new(),
+            journals: vec![Default::default(); n],
             crashed: vec![false; n],
             cut: vec![vec![false; n]; n],
         }
@@ -128,10 +137,23 @@ impl Cluster {
                         to: Destination::Client(_),
                         message,
                     } => self.replies.push(message),
-                    Output::WritePrepare { message } => self.work.push_back(Work::Written {
+                    Output::WritePrepare { message } => {
+                        self.work.push_back(Work::Written {
+                            replica: from,
+                            op: message.header.op,
+                            checksum: message.header.checksum,
+                        });
+                        self.journals[index].insert(message.header.op, message);
+                    }
+                    Output::ReadPrepare {
+                        op,
+                        checksum,
+                        for_replica,
+                    } => self.work.push_back(Work::Read {
                         replica: from,
-                        op: message.header.op,
-                        checksum: message.header.checksum,
+                        op,
+                        checksum,
+                        for_replica,
                     }),
                     Output::WriteDurable { state } => {
                         self.work.push_back(Work::Durable { replica: from, state })
@@ -185,6 +207,21 @@ impl Cluster {
                 } => {
                     if !self.crashed[usize::from(replica)] {
                         self.replicas[usize::from(replica)].on_checkpoint_written(op, checksum);
+                    }
+                }
+                Work::Read {
+                    replica,
+                    op,
+                    checksum,
+                    for_replica,
+                } => {
+                    let index = usize::from(replica);
+                    if !self.crashed[index] {
+                        let prepare = self.journals[index]
+                            .get(&op)
+                            .filter(|prepare| prepare.header.checksum == checksum)
+                            .cloned();
+                        self.replicas[index].on_prepare_read(op, checksum, prepare, for_replica);
                     }
                 }
             }

@@ -225,6 +225,9 @@ pub struct Outcome {
     pub checkpoints: u64,
     /// Checkpoints installed from a peer.
     pub state_transfers: u64,
+    /// Prepares read back from a journal (applied bodies leave memory; peers' repairs and
+    /// retransmissions read them).
+    pub prepare_reads: u64,
     /// Unsynced writes a crash lost, summed over replicas.
     pub writes_lost: u64,
     /// Unsynced writes a crash tore (some sectors landed, some not), summed over replicas.
@@ -361,6 +364,12 @@ enum WriteKind {
     Checkpoint { op: u64, checksum: u128 },
     /// Fetch a peer's checkpoint above `above_op`.
     StateTransfer { above_op: u64, commit_max: u64 },
+    /// Read a prepare back from the journal (what is there when the read completes).
+    ReadPrepare {
+        op: u64,
+        checksum: u128,
+        for_replica: Option<u8>,
+    },
 }
 
 /// The simulator with the hash-chain machine (what the protocol tests run).
@@ -412,6 +421,7 @@ pub struct Sim<M: SimMachine> {
     flip_count: u64,
     checkpoint_count: u64,
     state_transfer_count: u64,
+    prepare_reads: u64,
 }
 
 impl<M: SimMachine> Sim<M> {
@@ -508,6 +518,7 @@ impl<M: SimMachine> Sim<M> {
             flip_count: 0,
             checkpoint_count: 0,
             state_transfer_count: 0,
+            prepare_reads: 0,
         }
     }
 
@@ -587,6 +598,7 @@ impl<M: SimMachine> Sim<M> {
             bits_flipped: self.flip_count,
             checkpoints: self.checkpoint_count,
             state_transfers: self.state_transfer_count,
+            prepare_reads: self.prepare_reads,
             writes_lost: self
                 .hosts
                 .iter()
@@ -1043,6 +1055,20 @@ impl<M: SimMachine> Sim<M> {
                 Output::StateTransfer { above_op, commit_max } => {
                     self.schedule_write(replica, WriteKind::StateTransfer { above_op, commit_max });
                 }
+                Output::ReadPrepare {
+                    op,
+                    checksum,
+                    for_replica,
+                } => {
+                    self.schedule_write(
+                        replica,
+                        WriteKind::ReadPrepare {
+                            op,
+                            checksum,
+                            for_replica,
+                        },
+                    );
+                }
             }
         }
     }
@@ -1139,6 +1165,24 @@ impl<M: SimMachine> Sim<M> {
                     return true;
                 }
                 self.replicas[replica].on_checkpoint_written(op, checksum);
+            }
+            WriteKind::ReadPrepare {
+                op,
+                checksum,
+                for_replica,
+            } => {
+                self.trace.record_u64(op);
+                self.prepare_reads += 1;
+                let slot = slot_of(op, self.options.shape.journal_slots) as u32;
+                let bytes = self.hosts[replica].storage.read(Zone::Prepares, slot);
+                // What a shell does: decode within the slot, and hand over only the prepare
+                // asked for. A slot reused since (a later lap, a view change) answers `None`.
+                let prepare = Header::decode(&bytes)
+                    .ok()
+                    .and_then(|header| bytes.get(..header.size as usize))
+                    .and_then(|message| Message::decode(message).ok())
+                    .filter(|prepare| prepare.header.op == op && prepare.header.checksum == checksum);
+                self.replicas[replica].on_prepare_read(op, checksum, prepare, for_replica);
             }
             WriteKind::StateTransfer { above_op, commit_max } => {
                 if let Some((bytes, checksum)) = self.peer_checkpoint(replica, above_op, commit_max) {
