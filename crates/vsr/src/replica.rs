@@ -33,6 +33,26 @@ use std::sync::Arc;
 /// The replicated state machine. `apply` must be deterministic: every replica applies the
 /// same ops in the same order and must produce the same replies.
 pub trait StateMachine {
+    /// Primary only, as it turns a request into prepare `op`: the prepare's body and the
+    /// cursor after it, given `cursor`, the cursor after the op before it (its prepare
+    /// header's; 0 at the root). What this decides is decided once, here, and replicated as
+    /// the prepare: backups and later replays never call it, so it need not be a function of
+    /// anything but what it is given. A partition mints a batch's offsets here, from the
+    /// cursor, and a new primary continues from the head of its log, never from its commit
+    /// point: offsets of uncommitted ops it keeps are never minted again. The body must fit
+    /// the group's messages. The default keeps the request's body and the cursor.
+    fn prepare(
+        &self,
+        op: u64,
+        timestamp: u64,
+        operation: u8,
+        input: &Arc<[u8]>,
+        cursor: u64,
+    ) -> (Arc<[u8]>, u64) {
+        let _ = (op, timestamp, operation);
+        (Arc::clone(input), cursor)
+    }
+
     /// Apply committed op `op` (`operation`, `input`, prepared at `timestamp`); the reply body.
     fn apply(&mut self, op: u64, timestamp: u64, operation: u8, input: &[u8]) -> Vec<u8>;
 
@@ -225,6 +245,9 @@ pub struct Bugs {
     /// A restarted replica trusts every clean journal slot as part of its log, ignoring the
     /// persisted log head (stale prepares of older views then count as its log).
     pub recovery_ignores_log_head: bool,
+    /// The primary prepares from the cursor of its commit point, not of its log's head:
+    /// prepares in flight mint the same offsets again.
+    pub prepare_from_commit_point: bool,
 }
 
 impl Config {
@@ -1208,7 +1231,32 @@ impl<S: StateMachine> Replica<S> {
         prepare.request = header.request;
         prepare.operation = header.operation;
         prepare.context = header.context;
-        let prepare = Message::new(prepare, Arc::clone(&message.body));
+        let cursor = if self.config.bugs.prepare_from_commit_point {
+            self.cursor_after(self.commit_max)
+        } else {
+            self.cursor_after(self.op)
+        };
+        let body = if header.operation == OPERATION_REGISTER {
+            prepare.cursor = cursor;
+            Arc::clone(&message.body)
+        } else {
+            let (body, cursor_after) = self.state_machine.prepare(
+                prepare.op,
+                prepare.timestamp,
+                prepare.operation,
+                &message.body,
+                cursor,
+            );
+            assert!(
+                HEADER_SIZE + body.len() <= self.config.shape.message_size_max,
+                "the state machine prepared {} bytes for op {}, more than a message of the group",
+                body.len(),
+                prepare.op
+            );
+            prepare.cursor = cursor_after;
+            body
+        };
+        let prepare = Message::new(prepare, body);
         self.append(prepare.clone());
         self.pipeline.push_back(Prepared {
             op: prepare.header.op,
@@ -1992,11 +2040,28 @@ impl<S: StateMachine> Replica<S> {
         }
         if op == self.commit_min + 1
             && let Some(header) = self.slot(op).and_then(|slot| slot.header)
+            && header.parent != self.commit_min_checksum
         {
-            assert_eq!(
-                header.parent, self.commit_min_checksum,
-                "the canonical log continues what this replica applied"
+            // The walk followed this replica's own log, and that log does not continue what it
+            // applied: the applied state came by state transfer from a view later than the
+            // log's (a log of a view at least as late as the state's would hold the committed
+            // op it was built on). Its suffix was never committed; it is never applied (only
+            // verified ops on the committed chain are), and the next StartView replaces it.
+            let state_view = self
+                .slot(self.commit_min)
+                .and_then(|slot| slot.header)
+                .map(|header| header.view);
+            assert!(
+                state_view.is_some_and(|state_view| self.log_view < state_view),
+                "the log of view {} does not continue what this replica applied: {}",
+                self.log_view,
+                self.describe()
             );
+            for stale in op..=from {
+                if let Some(slot) = self.slot_mut(stale) {
+                    slot.verified = false;
+                }
+            }
         }
     }
 
@@ -2398,6 +2463,18 @@ impl<S: StateMachine> Replica<S> {
     }
 
     // ----- journal access -----
+
+    /// The state machine's cursor after op `op` (its prepare header's; 0 at the root). The
+    /// primary knows the header of every op from its commit point to its head.
+    fn cursor_after(&self, op: u64) -> u64 {
+        if op == 0 {
+            return 0;
+        }
+        self.slot(op)
+            .and_then(|slot| slot.header)
+            .map(|header| header.cursor)
+            .unwrap_or_else(|| panic!("no header for op {op} to prepare from: {}", self.describe()))
+    }
 
     fn head_checksum(&self) -> u128 {
         if self.op == 0 {

@@ -185,6 +185,17 @@ fn recovery_that_ignores_the_log_head_is_caught() {
     eprintln!("caught at seed {seed}: {violation}");
 }
 
+#[test]
+fn preparing_from_the_commit_point_is_caught() {
+    let bugs = Bugs {
+        prepare_from_commit_point: true,
+        ..Bugs::default()
+    };
+    let (seed, violation) =
+        first_caught(bugs).expect("the checkers catch ids minted again by prepares in flight");
+    eprintln!("caught at seed {seed}: {violation}");
+}
+
 /// A cluster of one, over 2 000 seeds: power losses tear and lose unsynced writes, and the
 /// replica comes back from its own disk every time with every acknowledged op (the
 /// simulator's checkers), through the fallback election.

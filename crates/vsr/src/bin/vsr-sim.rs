@@ -3,7 +3,7 @@
 //! violation (`--keep-going`: runs them all and counts the failures). `--one-replica` runs
 //! the seeds as clusters of one (`SimOptions::one_replica`).
 
-use cairn_vsr::sim::cluster::{SimOptions, Simulation};
+use cairn_vsr::sim::cluster::{ChainMachine, SimOptions, run_catching};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -35,7 +35,7 @@ fn main() -> ExitCode {
         }
     };
     for seed in from..from.saturating_add(count) {
-        match Simulation::new(seed, options(seed)).run() {
+        match run_catching::<ChainMachine>(seed, options(seed)) {
             Ok(outcome) => {
                 if count == 1 {
                     println!("seed {seed}: options {:?}", options(seed));

@@ -236,11 +236,23 @@ pub struct Outcome {
 
 /// The state machine replicas run in the simulator: a hash chain of every applied op, so two
 /// replicas that applied different ops (or the same ops differently) disagree.
+///
+/// It also mints ids the way a partition mints offsets: the primary's `prepare` takes one to
+/// four ids from the cursor and writes the range in front of the body. Applied ops must
+/// continue exactly where the previous one ended, or an id was minted twice (or skipped)
+/// among committed ops: [`SimMachine::fault`] says so.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChainMachine {
     pub state: u64,
     pub applied: u64,
+    /// The next id an applied op must start at.
+    pub next_id: u64,
+    /// The first minting fault seen (never cleared; not part of the snapshot).
+    pub minting_fault: Option<String>,
 }
+
+/// Bytes a minted range takes in front of a `ChainMachine` prepare's body.
+const MINTED_RANGE_SIZE: usize = 16;
 
 /// A state machine the simulator can run: what its clients send, and a digest of its state
 /// that the checkers compare across replicas after every applied op.
@@ -252,11 +264,20 @@ pub trait SimMachine: StateMachine + Default {
     /// `body_max` bytes, drawn from `prng` only (so a seed replays). `request` is the client's
     /// request number.
     fn request(prng: &mut Prng, request: u64, body_max: usize) -> (u8, Vec<u8>);
+
+    /// A rule the machine saw broken while applying (an id minted twice), if any.
+    fn fault(&self) -> Option<&str> {
+        None
+    }
 }
 
 impl SimMachine for ChainMachine {
     fn digest(&self) -> u64 {
         self.state
+    }
+
+    fn fault(&self) -> Option<&str> {
+        self.minting_fault.as_deref()
     }
 
     fn request(prng: &mut Prng, request: u64, body_max: usize) -> (u8, Vec<u8>) {
@@ -273,7 +294,41 @@ impl SimMachine for ChainMachine {
 }
 
 impl StateMachine for ChainMachine {
+    fn prepare(
+        &self,
+        _op: u64,
+        _timestamp: u64,
+        _operation: u8,
+        input: &Arc<[u8]>,
+        cursor: u64,
+    ) -> (Arc<[u8]>, u64) {
+        let count = 1 + (input.len() % 4) as u64;
+        let mut body = Vec::with_capacity(MINTED_RANGE_SIZE + input.len());
+        body.extend_from_slice(&cursor.to_le_bytes());
+        body.extend_from_slice(&count.to_le_bytes());
+        body.extend_from_slice(input);
+        (Arc::from(body), cursor + count)
+    }
+
     fn apply(&mut self, op: u64, _timestamp: u64, operation: u8, input: &[u8]) -> Vec<u8> {
+        match (input.get(0..8), input.get(8..MINTED_RANGE_SIZE)) {
+            (Some(first), Some(count)) => {
+                let first = u64::from_le_bytes(first.try_into().expect("8 bytes"));
+                let count = u64::from_le_bytes(count.try_into().expect("8 bytes"));
+                if first != self.next_id && self.minting_fault.is_none() {
+                    self.minting_fault = Some(format!(
+                        "op {op} applies ids from {first}, but the ops before it ended at {}: minted twice or skipped",
+                        self.next_id
+                    ));
+                }
+                self.next_id = first + count;
+            }
+            _ => {
+                if self.minting_fault.is_none() {
+                    self.minting_fault = Some(format!("op {op} carries no minted range"));
+                }
+            }
+        }
         let mut bytes = Vec::with_capacity(input.len() + 25);
         bytes.extend_from_slice(&self.state.to_le_bytes());
         bytes.extend_from_slice(&op.to_le_bytes());
@@ -287,18 +342,18 @@ impl StateMachine for ChainMachine {
     fn snapshot(&self) -> Vec<u8> {
         let mut bytes = self.state.to_le_bytes().to_vec();
         bytes.extend_from_slice(&self.applied.to_le_bytes());
+        bytes.extend_from_slice(&self.next_id.to_le_bytes());
         bytes
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
-        let (Some(state), Some(applied)) = (snapshot.get(0..8), snapshot.get(8..16)) else {
-            return Err(format!("a chain snapshot is 16 bytes, not {}", snapshot.len()));
-        };
-        if snapshot.len() != 16 {
-            return Err(format!("a chain snapshot is 16 bytes, not {}", snapshot.len()));
+        if snapshot.len() != 24 {
+            return Err(format!("a chain snapshot is 24 bytes, not {}", snapshot.len()));
         }
-        self.state = u64::from_le_bytes(state.try_into().map_err(|_| "8 bytes".to_string())?);
-        self.applied = u64::from_le_bytes(applied.try_into().map_err(|_| "8 bytes".to_string())?);
+        let word = |at: usize| u64::from_le_bytes(snapshot[at..at + 8].try_into().expect("8 bytes"));
+        self.state = word(0);
+        self.applied = word(8);
+        self.next_id = word(16);
         Ok(())
     }
 }
@@ -306,8 +361,12 @@ impl StateMachine for ChainMachine {
 /// Largest prepare the simulated clients produce, rounded up to whole sectors.
 const PREPARE_SLOT_BYTES: u32 = 1024;
 /// Largest request body the simulated clients send: a prepare of it fills most of a slot.
-const PREPARE_BODY_MAX: usize = 760;
-const _: () = assert!(crate::constants::HEADER_SIZE + PREPARE_BODY_MAX <= PREPARE_SLOT_BYTES as usize);
+const PREPARE_BODY_MAX: usize = 744;
+/// Most bytes a simulated machine's `prepare` adds to a request's body (a minted range).
+const PREPARE_GROWTH_MAX: usize = MINTED_RANGE_SIZE;
+const _: () = assert!(
+    crate::constants::HEADER_SIZE + PREPARE_BODY_MAX + PREPARE_GROWTH_MAX <= PREPARE_SLOT_BYTES as usize
+);
 /// Largest checkpoint of a simulated replica: a header, the chain snapshot and a client table
 /// of a few small replies.
 const CHECKPOINT_SLOT_BYTES: u32 = 64 * 1024;
@@ -1264,6 +1323,9 @@ impl<M: SimMachine> Sim<M> {
         let commit_min = self.replicas[replica].commit_min();
         if commit_min == 0 {
             return Ok(());
+        }
+        if let Some(fault) = self.replicas[replica].state_machine().fault() {
+            return Err(self.violation(format!("replica {replica}'s state machine: {fault}")));
         }
         let state = self.replicas[replica].state_machine().digest();
         match self.canonical_state.get(&commit_min) {
