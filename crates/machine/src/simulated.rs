@@ -108,3 +108,82 @@ impl SimMachine for MetadataMachine {
         (OPERATION_METADATA, body)
     }
 }
+
+/// The partition machine as the simulator runs it: mostly appends of one or two small
+/// batches (a third large enough to span two sectors, so crashes tear them), and offset
+/// stores, deletes, purges and trims among them. Its checkers: the manifest (digest of every
+/// committed batch included) equal after every op on every replica, and every append's
+/// batches continuing the committed log exactly (no offset minted twice).
+mod partition_workload {
+    use crate::partition::{
+        OPERATION_APPEND, OPERATION_DELETE_OFFSET, OPERATION_PURGE, OPERATION_STORE_OFFSET, OPERATION_TRIM,
+        Owner, PartitionMachine, encode_append, encode_offset_op, encode_trim,
+    };
+    use cairn_vsr::replica::StateMachine;
+    use cairn_vsr::sim::cluster::SimMachine;
+    use cairn_vsr::sim::prng::{PPM, Prng};
+    use cairn_wire::batch::{MessageIn, encode};
+
+    fn owner(prng: &mut Prng) -> Owner {
+        match prng.below(3) {
+            0 => Owner::Consumer(prng.below(3) as u32),
+            1 => Owner::ConsumerName(["x", "y"][prng.below(2) as usize].to_string()),
+            _ => Owner::Group(prng.below(3) as u32),
+        }
+    }
+
+    fn client_batch(prng: &mut Prng, request: u64, large: bool) -> Vec<u8> {
+        let count = 1 + prng.below(2) as usize;
+        let payload_len = if large { 120 } else { 1 + prng.below(16) as usize };
+        let payloads: Vec<Vec<u8>> = (0..count)
+            .map(|index| vec![(request as u8) ^ (index as u8); payload_len])
+            .collect();
+        let messages: Vec<MessageIn<'_>> = payloads
+            .iter()
+            .enumerate()
+            .map(|(index, payload)| MessageIn {
+                id: u128::from(request) << 8 | index as u128,
+                origin_timestamp: request,
+                payload,
+                user_headers: &[],
+            })
+            .collect();
+        encode(&messages).expect("small messages encode")
+    }
+
+    impl SimMachine for PartitionMachine {
+        fn digest(&self) -> u64 {
+            xxhash_rust::xxh3::xxh3_64(&self.snapshot())
+        }
+
+        fn fault(&self) -> Option<&str> {
+            PartitionMachine::fault(self)
+        }
+
+        fn request(prng: &mut Prng, request: u64, body_max: usize) -> (u8, Vec<u8>) {
+            let draw = prng.below(20);
+            let (operation, body) = match draw {
+                0..=13 => {
+                    let large = prng.chance_ppm(PPM / 3);
+                    let mut batches = vec![client_batch(prng, request, large)];
+                    if prng.chance_ppm(PPM / 3) {
+                        batches.push(client_batch(prng, request + 1, false));
+                    }
+                    let refs: Vec<&[u8]> = batches.iter().map(Vec::as_slice).collect();
+                    (OPERATION_APPEND, encode_append(request * 1_000, &refs))
+                }
+                14..=16 => (
+                    OPERATION_STORE_OFFSET,
+                    encode_offset_op(&owner(prng), Some(prng.below(64))),
+                ),
+                17 => (OPERATION_DELETE_OFFSET, encode_offset_op(&owner(prng), None)),
+                18 => (OPERATION_PURGE, Vec::new()),
+                _ => (OPERATION_TRIM, encode_trim(prng.below(64))),
+            };
+            if body.len() > body_max {
+                return (OPERATION_PURGE, Vec::new());
+            }
+            (operation, body)
+        }
+    }
+}
