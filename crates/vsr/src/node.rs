@@ -106,6 +106,21 @@ impl<S: StateMachine> Node<S> {
         self.collect()
     }
 
+    /// The shell read a prepare back for `group` (`Output::ReadPrepare` in `prepare_reads`).
+    pub fn on_prepare_read(
+        &mut self,
+        group: u64,
+        op: u64,
+        checksum: u128,
+        prepare: Option<Message>,
+        for_replica: Option<u8>,
+    ) -> NodeOutputs {
+        if let Some(replica) = self.groups.get_mut(&group) {
+            replica.on_prepare_read(op, checksum, prepare, for_replica);
+        }
+        self.collect()
+    }
+
     pub fn on_checkpoint_written(&mut self, group: u64, op: u64, checksum: u128) -> NodeOutputs {
         if let Some(replica) = self.groups.get_mut(&group) {
             replica.on_checkpoint_written(op, checksum);

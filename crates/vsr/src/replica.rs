@@ -400,9 +400,10 @@ pub struct Replica<S: StateMachine> {
     log_head: (u64, u128),
     /// Set while status is recovering.
     recovery: Option<Recovery>,
-    /// The op whose body was asked of the shell to apply it ([`Output::ReadPrepare`]); one
-    /// at a time, until the read is reported.
-    reading_to_apply: Option<u64>,
+    /// Reads asked of the shell and not yet reported ([`Output::ReadPrepare`]), by op and
+    /// the peer they are for (`None`: to apply it here). A repeated repair request for a
+    /// prepare being read asks nothing more: reads are whole prepares, up to a batch each.
+    reads_in_flight: std::collections::BTreeSet<(u64, Option<u8>)>,
     /// Recovery found its `log_view` log left behind by its own checkpoint: it must not vote
     /// with it, so it never falls back to an election and waits for a StartView.
     log_unsound: bool,
@@ -465,7 +466,7 @@ impl<S: StateMachine> Replica<S> {
             view_start_op: 0,
             log_head: (0, 0),
             recovery: None,
-            reading_to_apply: None,
+            reads_in_flight: std::collections::BTreeSet::new(),
             log_unsound: false,
             faulty_slots: vec![None; config.shape.journal_slots],
             checkpoint_slot: 1,
@@ -885,11 +886,10 @@ impl<S: StateMachine> Replica<S> {
         prepare: Option<Message>,
         for_replica: Option<u8>,
     ) {
-        if for_replica.is_none() && self.reading_to_apply == Some(op) {
-            self.reading_to_apply = None;
-        }
+        self.reads_in_flight.remove(&(op, for_replica));
         let (cluster, group) = (self.config.cluster, self.config.group);
         let commit_min = self.commit_min;
+        let checkpoint_op = self.durable.checkpoint_op;
         let index = self.slot_index(op);
         let Some(slot) = self
             .slot_mut(op)
@@ -920,7 +920,10 @@ impl<S: StateMachine> Replica<S> {
             (None, _) => {
                 slot.message = None;
                 slot.durable = false;
-                if op > commit_min {
+                if op > checkpoint_op {
+                    // It may have been acknowledged, and no checkpoint covers it yet: until
+                    // it is rewritten (or a checkpoint passes it) this replica counts as
+                    // repairing, and never nacks it.
                     self.faulty_slots[index] = Some(FaultyOp::Op(op));
                 }
             }
@@ -1300,7 +1303,9 @@ impl<S: StateMachine> Replica<S> {
             Some((checksum, durable, verified)) if checksum == header.checksum => {
                 // A retransmission (the primary may have lost the acknowledgement), or an op
                 // of an older view the new primary proposes again: acknowledged by checksum.
-                if durable && verified {
+                // One its durable checkpoint covers is acknowledged whatever became of the
+                // journal's copy (as below, where the slot is gone).
+                if (durable && verified) || header.op <= self.durable.checkpoint_op {
                     self.send_prepare_ok(header.op, header.checksum);
                 }
             }
@@ -1466,15 +1471,10 @@ impl<S: StateMachine> Replica<S> {
                 break;
             };
             let Some(prepare) = slot.message.clone() else {
-                if slot.durable && self.reading_to_apply.is_none() {
+                if slot.durable {
                     // In the journal, not in memory (recovered as a header): read it back.
                     let checksum = slot.checksum;
-                    self.reading_to_apply = Some(op);
-                    self.outbox.push(Output::ReadPrepare {
-                        op,
-                        checksum,
-                        for_replica: None,
-                    });
+                    self.read_prepare(op, checksum, None);
                 }
                 break;
             };
@@ -1623,6 +1623,23 @@ impl<S: StateMachine> Replica<S> {
             // op, so a newer StartView will.
             return;
         }
+        let contradicts_applied = suffix.entries.iter().any(|entry| match entry {
+            Entry::Header(header) if header.op == self.commit_min + 1 => {
+                header.parent != self.commit_min_checksum
+            }
+            _ => {
+                self.commit_min > 0
+                    && entry.op() == self.commit_min
+                    && entry.checksum() != self.commit_min_checksum
+            }
+        });
+        if contradicts_applied {
+            // A log that does not hold what this replica applied is of a view that committed
+            // state left behind (a state transfer from a later view brought this replica past
+            // it; committed ops are in every later view's log): a stale answer, say from a
+            // primary cut off since. A newer StartView follows.
+            return;
+        }
         if header.op > self.journal_window_end() {
             // The view's log runs past what this journal can hold above its checkpoint: catch
             // up by state transfer first, then take the next StartView. A replica in an older
@@ -1711,11 +1728,7 @@ impl<S: StateMachine> Replica<S> {
         if let Some(prepare) = slot.message.clone() {
             self.send(Destination::Replica(header.replica), prepare);
         } else if slot.durable {
-            self.outbox.push(Output::ReadPrepare {
-                op: header.op,
-                checksum: header.context,
-                for_replica: Some(header.replica),
-            });
+            self.read_prepare(header.op, header.context, Some(header.replica));
         }
     }
 
@@ -2043,25 +2056,17 @@ impl<S: StateMachine> Replica<S> {
             && header.parent != self.commit_min_checksum
         {
             // The walk followed this replica's own log, and that log does not continue what it
-            // applied: the applied state came by state transfer from a view later than the
-            // log's (a log of a view at least as late as the state's would hold the committed
-            // op it was built on). Its suffix was never committed; it is never applied (only
+            // applied: the applied state came by state transfer, and the view that committed
+            // it left this `log_view` log behind (every committed op above the state would
+            // chain to it). Nothing walked here was committed: it is never applied (only
             // verified ops on the committed chain are), and the next StartView replaces it.
-            let state_view = self
-                .slot(self.commit_min)
-                .and_then(|slot| slot.header)
-                .map(|header| header.view);
-            assert!(
-                state_view.is_some_and(|state_view| self.log_view < state_view),
-                "the log of view {} does not continue what this replica applied: {}",
-                self.log_view,
-                self.describe()
-            );
+            // As in `rebuild_log_view_log`, the replica must not vote with this log.
             for stale in op..=from {
                 if let Some(slot) = self.slot_mut(stale) {
                     slot.verified = false;
                 }
             }
+            self.log_unsound = true;
         }
     }
 
@@ -2391,17 +2396,15 @@ impl<S: StateMachine> Replica<S> {
                 if replica != self.config.replica && prepared.oks & (1 << replica) == 0 {
                     match &slot.message {
                         Some(message) => resend.push((replica, message.clone())),
-                        None if slot.durable => reads.push(Output::ReadPrepare {
-                            op: prepared.op,
-                            checksum: prepared.checksum,
-                            for_replica: Some(replica),
-                        }),
+                        None if slot.durable => reads.push((prepared.op, prepared.checksum, replica)),
                         None => {}
                     }
                 }
             }
         }
-        self.outbox.extend(reads);
+        for (op, checksum, replica) in reads {
+            self.read_prepare(op, checksum, Some(replica));
+        }
         for (replica, message) in resend {
             self.send(Destination::Replica(replica), message);
         }
@@ -2463,6 +2466,17 @@ impl<S: StateMachine> Replica<S> {
     }
 
     // ----- journal access -----
+
+    /// Ask the shell to read prepare `op` back, unless that read is already in flight.
+    fn read_prepare(&mut self, op: u64, checksum: u128, for_replica: Option<u8>) {
+        if self.reads_in_flight.insert((op, for_replica)) {
+            self.outbox.push(Output::ReadPrepare {
+                op,
+                checksum,
+                for_replica,
+            });
+        }
+    }
 
     /// The state machine's cursor after op `op` (its prepare header's; 0 at the root). The
     /// primary knows the header of every op from its commit point to its head.
