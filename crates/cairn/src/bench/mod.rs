@@ -26,7 +26,7 @@ pub use workload::BenchArgs;
 use actors::{ActorContext, ActorResult, Connection, ConsumerMode, ConsumerPlan, ProducerPlan};
 use iggy::prelude::*;
 use indicatif::{ProgressBar, ProgressStyle};
-use report::{Parameters, Report, ServerCpu, Totals};
+use report::{Parameters, Report, ServerCpu, StorageWrites, Totals};
 use stats::{Kind, Sample};
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -338,6 +338,10 @@ async fn measure(
     // The load generator's own CPU over the same phase: on a machine the server shares, the
     // two together per GB bound the throughput.
     let client_cpu_before = server::process_cpu_seconds(std::process::id())?;
+    let writes_before = match pid {
+        Some(pid) => server::process_write_bytes(pid)?,
+        None => None,
+    };
     let context = Arc::new(ActorContext {
         connection: connection.clone(),
         epoch: Instant::now(),
@@ -411,6 +415,10 @@ async fn measure(
         None => None,
     };
     let client_cpu_after = server::process_cpu_seconds(std::process::id())?;
+    let writes_after = match pid {
+        Some(pid) => server::process_write_bytes(pid)?,
+        None => None,
+    };
     bar.finish_and_clear();
     if let Some(error) = first_error {
         return Err(error);
@@ -433,6 +441,14 @@ async fn measure(
         send.as_ref().map_or(0, |s| s.payload_bytes),
         poll.as_ref().map_or(0, |s| s.payload_bytes),
     );
+    let server_writes = match (pid, writes_before, writes_after) {
+        (Some(pid), Some(before), Some(after)) => Some(StorageWrites::new(
+            pid,
+            after.saturating_sub(before),
+            send.as_ref().map_or(0, |s| s.payload_bytes),
+        )),
+        _ => None,
+    };
     Ok(Report {
         tool: "cairn bench",
         version: env!("CARGO_PKG_VERSION"),
@@ -446,5 +462,6 @@ async fn measure(
         totals,
         server_cpu,
         client_cpu: Some(client_cpu),
+        server_writes,
     })
 }

@@ -139,6 +139,33 @@ pub struct Report {
     pub client_cpu: Option<ServerCpu>,
     /// Per second of the run, by completion time, per kind of traffic.
     pub time_series: Vec<SecondBucket>,
+    /// What the server process wrote to storage over the measured phase (when its pid is
+    /// known and the kernel accounts it).
+    pub server_writes: Option<StorageWrites>,
+}
+
+/// Bytes a process sent to the storage layer during the measured phase, against the payload
+/// bytes the run sent: the write amplification of the ingest path (every byte of the stored
+/// batch format, the record envelopes, indexes, state publishes and page rewrites).
+#[derive(Clone, Debug, Serialize)]
+pub struct StorageWrites {
+    pub pid: u32,
+    pub write_bytes: u64,
+    pub payload_bytes_sent: u64,
+    /// `write_bytes / payload_bytes_sent`; None when nothing was sent.
+    pub write_bytes_per_payload_byte: Option<f64>,
+}
+
+impl StorageWrites {
+    pub fn new(pid: u32, write_bytes: u64, payload_bytes_sent: u64) -> StorageWrites {
+        StorageWrites {
+            pid,
+            write_bytes,
+            payload_bytes_sent,
+            write_bytes_per_payload_byte: (payload_bytes_sent > 0)
+                .then(|| write_bytes as f64 / payload_bytes_sent as f64),
+        }
+    }
 }
 
 impl Report {
@@ -180,6 +207,7 @@ impl Report {
             totals: Totals::of(samples),
             server_cpu: Some(ServerCpu::new(pid, server_side_cpu_seconds, ingested, served)),
             client_cpu: client_cpu_seconds.map(|seconds| ServerCpu::new(pid, seconds, ingested, served)),
+            server_writes: None,
         }
     }
 }
@@ -310,6 +338,17 @@ pub fn table(report: &Report) -> String {
                 .unwrap_or_default(),
             cpu.cpu_seconds_per_gb_served
                 .map(|v| format!(" ({v:.3} per GB served)"))
+                .unwrap_or_default(),
+        ));
+    }
+    if let Some(writes) = &report.server_writes {
+        out.push_str(&format!(
+            "server pid {}: {:.1} MB written to storage{}\n",
+            writes.pid,
+            writes.write_bytes as f64 / 1e6,
+            writes
+                .write_bytes_per_payload_byte
+                .map(|ratio| format!(", {ratio:.3} bytes per payload byte sent"))
                 .unwrap_or_default(),
         ));
     }

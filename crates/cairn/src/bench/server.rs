@@ -169,6 +169,26 @@ pub fn process_cpu_seconds(pid: u32) -> Result<f64, String> {
     Ok(ticks as f64 / per_second)
 }
 
+/// Bytes a process caused to be sent to the storage layer so far: `write_bytes` of
+/// `/proc/<pid>/io` (counted when pages are dirtied, so a page rewritten after writeback
+/// counts again, as the device sees it). `Ok(None)` when the kernel keeps no such
+/// accounting.
+pub fn process_write_bytes(pid: u32) -> Result<Option<u64>, String> {
+    let io = match std::fs::read_to_string(format!("/proc/{pid}/io")) {
+        Ok(io) => io,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(format!("cannot read /proc/{pid}/io: {error}")),
+    };
+    Ok(write_bytes_from_io(&io))
+}
+
+/// The `write_bytes:` field of a `/proc/<pid>/io` text.
+pub fn write_bytes_from_io(io: &str) -> Option<u64> {
+    io.lines()
+        .find_map(|line| line.strip_prefix("write_bytes:"))
+        .and_then(|value| value.trim().parse().ok())
+}
+
 /// utime + stime (fields 14 and 15) of a `/proc/<pid>/stat` line. The command name (field 2)
 /// may contain spaces and parentheses, so fields are counted after its last `)`.
 pub fn cpu_ticks_from_stat(stat: &str) -> Option<u64> {
@@ -190,6 +210,14 @@ mod tests {
         assert_eq!(cpu_ticks_from_stat(stat), Some(300));
         assert_eq!(cpu_ticks_from_stat("garbage"), None);
         assert_eq!(cpu_ticks_from_stat("1 (x) S 1"), None);
+    }
+
+    #[test]
+    fn write_bytes_field_of_proc_io() {
+        let io = "rchar: 10\nwchar: 20\nsyscr: 1\nsyscw: 2\nread_bytes: 4096\nwrite_bytes: 8192\ncancelled_write_bytes: 0\n";
+        assert_eq!(write_bytes_from_io(io), Some(8192));
+        assert_eq!(write_bytes_from_io("rchar: 1\n"), None);
+        assert!(process_write_bytes(std::process::id()).is_ok());
     }
 
     #[test]
