@@ -8,11 +8,19 @@
 //! the group's journal.
 //!
 //! Offsets are minted in [`StateMachine::prepare`], on the primary only, from the cursor of
-//! the op before (the prepared head, not the commit point): each batch of an append is
-//! stamped with its base offset and the append timestamp, and the cursor moves past its
-//! messages. Apply then checks that every batch continues exactly where the committed log
-//! ends; one that does not was minted twice (or skipped), which only a bug can do: it is
-//! refused, changes nothing, and is recorded as the machine's fault.
+//! the op before (the prepared head, not the commit point). The cursor holds the next offset
+//! (low 64 bits) and the last stamped timestamp (high 64 bits): each batch of an append is
+//! stamped with its base offset and the append timestamp, raised to the last one if lower
+//! (requests from several lanes may be prepared out of their clock order, and timestamp
+//! lookups need a monotonic log), and the cursor moves past its messages. Apply then checks
+//! that every batch continues exactly where the committed log ends, at a timestamp not below
+//! the last; one that does not was minted twice (or skipped), which only a bug can do: it is
+//! refused, changes nothing, and is recorded as the machine's fault, which the shell must
+//! treat as fatal for the partition (later appends are refused the same way).
+//!
+//! The session layer validates every batch (`cairn_wire::batch::validate`: checksums,
+//! offset deltas, limits) before it submits an append; the machine re-checks only the layout
+//! it relies on.
 //!
 //! Encodings (little-endian; every count and length bounded by the bytes present before
 //! use):
@@ -22,11 +30,15 @@
 //! | [`OPERATION_APPEND`] | `timestamp_us u64, count u32, (len u32, batch)*` | the same, each batch stamped | `status u32, count u32, base_offset u64 *` |
 //! | [`OPERATION_STORE_OFFSET`] | owner, `offset u64` | the same | `status u32` |
 //! | [`OPERATION_DELETE_OFFSET`] | owner | the same | `status u32` |
-//! | [`OPERATION_PURGE`] | empty | the same | `status u32` |
+//! | [`OPERATION_PURGE`] | `target u64` (the end offset to purge up to) | the same | `status u32` |
 //! | [`OPERATION_TRIM`] | `below_offset u64` | the same | `status u32` |
 //!
 //! An owner is `kind u8` (0 consumer id, 1 consumer name, 2 consumer group), then `id u32`,
 //! or for a name `len u8` (1..=255) and its UTF-8 bytes.
+//!
+//! The snapshot: `magic "CRNP"`, `version u16`, `partition_id u32`, `next_offset u64`,
+//! `start_offset u64`, `purge_generation u64`, `last_timestamp_us u64`, `data_digest u128`,
+//! `count u32`, then `count` × (owner, `offset u64`) in owner order.
 
 use cairn_vsr::replica::StateMachine;
 use cairn_wire::batch::{self, BATCH_HEADER_SIZE};
@@ -41,7 +53,9 @@ pub const OPERATION_APPEND: u8 = 1;
 pub const OPERATION_STORE_OFFSET: u8 = 2;
 /// Delete a stored offset.
 pub const OPERATION_DELETE_OFFSET: u8 = 3;
-/// Purge: every message so far leaves, offsets keep counting, stored offsets are cleared.
+/// Purge up to a target offset: the messages below it leave, offsets keep counting, stored
+/// offsets are cleared. A purge whose target the log already starts at does nothing (a
+/// retried purge never deletes what was appended after it).
 pub const OPERATION_PURGE: u8 = 4;
 /// Retention: messages below an offset leave (the shell deletes the sealed segments).
 pub const OPERATION_TRIM: u8 = 5;
@@ -51,6 +65,18 @@ pub const STATUS_OK: u32 = 0;
 
 /// Most batches one append may carry (bounds the reply and the work of one op).
 pub const APPEND_BATCHES_MAX: usize = 4096;
+
+/// Most stored offsets one partition keeps (consumers, named consumers and groups together):
+/// bounds the snapshot (at most 265 bytes an entry, about 17 MiB, well under the core's
+/// snapshot limit). A store for a new owner beyond it is refused.
+pub const OFFSETS_MAX: usize = 65_536;
+
+/// The offsets, and purge generations, a partition may reach: far beyond any real log, and far
+/// enough from `u64::MAX` that no sum of an offset and a batch's count overflows.
+pub const OFFSET_LIMIT: u64 = 1 << 62;
+
+const SNAPSHOT_MAGIC: u32 = u32::from_le_bytes(*b"CRNP");
+const SNAPSHOT_VERSION: u16 = 1;
 
 /// Whose offset.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -70,6 +96,8 @@ pub struct PartitionState {
     pub start_offset: u64,
     /// Purges so far: a transferred state with a lower one would bring purged messages back.
     pub purge_generation: u64,
+    /// The timestamp of the last committed batch (append timestamps never go back).
+    pub last_timestamp_us: u64,
     /// XXH3-128 chained over every committed stamped batch: the previous digest, then the
     /// batch's bytes.
     pub data_digest: u128,
@@ -147,6 +175,22 @@ pub fn encode_offset_op(owner: &Owner, offset: Option<u64>) -> Vec<u8> {
 /// A trim request: messages below `below_offset` leave.
 pub fn encode_trim(below_offset: u64) -> Vec<u8> {
     below_offset.to_le_bytes().to_vec()
+}
+
+/// A purge request: messages below `target` (the end of the log when the purge was asked)
+/// leave.
+pub fn encode_purge(target: u64) -> Vec<u8> {
+    target.to_le_bytes().to_vec()
+}
+
+/// The cursor a prepare carries: next offset (low 64 bits), last timestamp (high 64 bits).
+pub fn cursor(next_offset: u64, last_timestamp_us: u64) -> u128 {
+    u128::from(last_timestamp_us) << 64 | u128::from(next_offset)
+}
+
+/// The next offset and last timestamp of a cursor.
+pub fn cursor_parts(cursor: u128) -> (u64, u64) {
+    (cursor as u64, (cursor >> 64) as u64)
 }
 
 /// The base offsets of an applied append's batches, or its refusal status.
@@ -237,7 +281,9 @@ fn decode_append(body: &[u8]) -> Option<Append<'_>> {
     let mut reader = Reader::new(body);
     let timestamp_us = reader.u64()?;
     let count = reader.u32()? as usize;
-    if count == 0 || count > APPEND_BATCHES_MAX {
+    // Each batch takes a length and a whole header: a count the bytes cannot hold is refused
+    // before anything is allocated for it.
+    if count == 0 || count > APPEND_BATCHES_MAX || count > reader.bytes.len() / (4 + BATCH_HEADER_SIZE) {
         return None;
     }
     let mut batches = Vec::with_capacity(count);
@@ -267,8 +313,8 @@ impl StateMachine for PartitionMachine {
         _timestamp: u64,
         operation: u8,
         input: &Arc<[u8]>,
-        cursor: u64,
-    ) -> (Arc<[u8]>, u64) {
+        cursor: u128,
+    ) -> (Arc<[u8]>, u128) {
         if operation != OPERATION_APPEND {
             return (Arc::clone(input), cursor);
         }
@@ -276,20 +322,34 @@ impl StateMachine for PartitionMachine {
             // Apply refuses it the same way on every replica; nothing is minted.
             return (Arc::clone(input), cursor);
         };
+        let (next_offset, last_timestamp_us) = cursor_parts(cursor);
+        let messages: u64 = append
+            .batches
+            .iter()
+            .map(|(_, header)| u64::from(header.message_count))
+            .sum();
+        if next_offset + messages > OFFSET_LIMIT {
+            // Apply refuses it: nothing is minted.
+            return (Arc::clone(input), cursor);
+        }
+        let timestamp_us = append.timestamp_us.max(last_timestamp_us);
         let partition_id = u64::from(self.partition_id);
         let mut body = input.to_vec();
+        body[..8].copy_from_slice(&timestamp_us.to_le_bytes());
         let mut at = 12;
-        let mut next = cursor;
+        let mut next = next_offset;
         for (bytes, header) in &append.batches {
             at += 4;
-            let stamped = batch::stamped_header(bytes, partition_id, next, append.timestamp_us)
-                .expect("a batch that passed check_layout has a whole header");
+            let Some(stamped) = batch::stamped_header(bytes, partition_id, next, timestamp_us) else {
+                // Unreachable: check_layout saw a whole header. Minting nothing is safe.
+                return (Arc::clone(input), cursor);
+            };
             body[at..at + BATCH_HEADER_SIZE].copy_from_slice(&stamped);
             at += bytes.len();
             next += u64::from(header.message_count);
         }
         debug_assert_eq!(at, body.len());
-        (Arc::from(body), next)
+        (Arc::from(body), self::cursor(next, timestamp_us))
     }
 
     fn apply(&mut self, op: u64, _timestamp: u64, operation: u8, input: &[u8]) -> Vec<u8> {
@@ -300,15 +360,26 @@ impl StateMachine for PartitionMachine {
                 };
                 let mut expected = self.state.next_offset;
                 for (_, header) in &append.batches {
-                    if header.base_offset != expected || header.partition_id != u64::from(self.partition_id) {
+                    let minted_here = header.base_offset == expected
+                        && header.partition_id == u64::from(self.partition_id)
+                        && header.base_timestamp == append.timestamp_us
+                        && append.timestamp_us >= self.state.last_timestamp_us;
+                    if !minted_here {
                         let fault = format!(
-                            "op {op} appends a batch at offset {} of partition {}, but the committed log of partition {} continues at {expected}: minted twice or skipped",
-                            header.base_offset, header.partition_id, self.partition_id
+                            "op {op} appends a batch at offset {} of partition {} stamped {} us, but the committed log of partition {} continues at {expected}, last stamped {} us: minted twice or skipped",
+                            header.base_offset,
+                            header.partition_id,
+                            header.base_timestamp,
+                            self.partition_id,
+                            self.state.last_timestamp_us
                         );
                         self.fault.get_or_insert(fault);
                         return status_reply(codes::INVALID_COMMAND);
                     }
                     expected += u64::from(header.message_count);
+                    if expected > OFFSET_LIMIT {
+                        return status_reply(codes::INVALID_OFFSET);
+                    }
                 }
                 let mut reply = Vec::with_capacity(8 + 8 * append.batches.len());
                 reply.extend_from_slice(&STATUS_OK.to_le_bytes());
@@ -321,6 +392,7 @@ impl StateMachine for PartitionMachine {
                     reply.extend_from_slice(&header.base_offset.to_le_bytes());
                 }
                 self.state.next_offset = expected;
+                self.state.last_timestamp_us = append.timestamp_us;
                 reply
             }
             OPERATION_STORE_OFFSET => {
@@ -330,6 +402,14 @@ impl StateMachine for PartitionMachine {
                 };
                 if !reader.is_empty() {
                     return status_reply(codes::INVALID_FORMAT);
+                }
+                // As Iggy: an offset past the last message is refused (offset 0 of an empty
+                // partition is allowed).
+                if offset > self.state.next_offset.saturating_sub(1) {
+                    return status_reply(codes::INVALID_OFFSET);
+                }
+                if self.state.offsets.len() >= OFFSETS_MAX && !self.state.offsets.contains_key(&owner) {
+                    return status_reply(codes::INVALID_COMMAND);
                 }
                 self.state.offsets.insert(owner, offset);
                 status_reply(STATUS_OK)
@@ -345,10 +425,16 @@ impl StateMachine for PartitionMachine {
                 }
             }
             OPERATION_PURGE => {
-                if !input.is_empty() {
+                let mut reader = Reader::new(input);
+                let Some(target) = reader.u64().filter(|_| reader.is_empty()) else {
                     return status_reply(codes::INVALID_FORMAT);
+                };
+                let target = target.min(self.state.next_offset);
+                if self.state.start_offset >= target {
+                    // Done already (a retry), or nothing to purge: nothing changes.
+                    return status_reply(STATUS_OK);
                 }
-                self.state.start_offset = self.state.next_offset;
+                self.state.start_offset = target;
                 self.state.purge_generation += 1;
                 self.state.offsets.clear();
                 status_reply(STATUS_OK)
@@ -368,11 +454,14 @@ impl StateMachine for PartitionMachine {
 
     fn snapshot(&self) -> Vec<u8> {
         let state = &self.state;
-        let mut bytes = Vec::with_capacity(64 + 16 * state.offsets.len());
+        let mut bytes = Vec::with_capacity(80 + 16 * state.offsets.len());
+        bytes.extend_from_slice(&SNAPSHOT_MAGIC.to_le_bytes());
+        bytes.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
         bytes.extend_from_slice(&self.partition_id.to_le_bytes());
         bytes.extend_from_slice(&state.next_offset.to_le_bytes());
         bytes.extend_from_slice(&state.start_offset.to_le_bytes());
         bytes.extend_from_slice(&state.purge_generation.to_le_bytes());
+        bytes.extend_from_slice(&state.last_timestamp_us.to_le_bytes());
         bytes.extend_from_slice(&state.data_digest.to_le_bytes());
         bytes.extend_from_slice(&(state.offsets.len() as u32).to_le_bytes());
         for (owner, offset) in &state.offsets {
@@ -384,12 +473,34 @@ impl StateMachine for PartitionMachine {
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
         let mut reader = Reader::new(snapshot);
         let short = || "a partition snapshot ends early".to_string();
+        if reader.u32() != Some(SNAPSHOT_MAGIC) {
+            return Err("not a partition snapshot (magic)".to_string());
+        }
+        let version = reader
+            .take(2)
+            .map(|bytes| u16::from_le_bytes([bytes[0], bytes[1]]));
+        if version != Some(SNAPSHOT_VERSION) {
+            return Err(format!(
+                "partition snapshot version {version:?}, this build reads {SNAPSHOT_VERSION}"
+            ));
+        }
         let partition_id = reader.u32().ok_or_else(short)?;
         let next_offset = reader.u64().ok_or_else(short)?;
         let start_offset = reader.u64().ok_or_else(short)?;
         let purge_generation = reader.u64().ok_or_else(short)?;
+        let last_timestamp_us = reader.u64().ok_or_else(short)?;
         let data_digest = reader.u128().ok_or_else(short)?;
         let count = reader.u32().ok_or_else(short)?;
+        if count as usize > OFFSETS_MAX {
+            return Err(format!(
+                "a partition snapshot with {count} stored offsets (at most {OFFSETS_MAX})"
+            ));
+        }
+        if next_offset > OFFSET_LIMIT || purge_generation > OFFSET_LIMIT {
+            return Err(format!(
+                "a partition snapshot at offset {next_offset}, purge generation {purge_generation}: beyond {OFFSET_LIMIT}"
+            ));
+        }
         let mut offsets = BTreeMap::new();
         for _ in 0..count {
             let owner = reader.owner().ok_or_else(short)?;
@@ -423,6 +534,7 @@ impl StateMachine for PartitionMachine {
             next_offset,
             start_offset,
             purge_generation,
+            last_timestamp_us,
             data_digest,
             offsets,
         };
@@ -449,41 +561,65 @@ mod tests {
         encode(&messages).expect("encodes")
     }
 
-    /// Prepare on a primary at `cursor`, then apply on `machine`: the reply and the cursor after.
-    fn append(machine: &mut PartitionMachine, op: u64, cursor: u64, batches: &[&[u8]]) -> (Vec<u8>, u64) {
-        let request: Arc<[u8]> = Arc::from(encode_append(1_000, batches));
+    /// Prepare on a primary at `cursor` with the node's clock at `now_us`, then apply on
+    /// `machine`: the reply and the cursor after.
+    fn append_at(
+        machine: &mut PartitionMachine,
+        op: u64,
+        cursor: u128,
+        now_us: u64,
+        batches: &[&[u8]],
+    ) -> (Vec<u8>, u128) {
+        let request: Arc<[u8]> = Arc::from(encode_append(now_us, batches));
         let (prepared, cursor) = machine.prepare(op, 0, OPERATION_APPEND, &request, cursor);
         (machine.apply(op, 0, OPERATION_APPEND, &prepared), cursor)
+    }
+
+    fn append(machine: &mut PartitionMachine, op: u64, cursor: u128, batches: &[&[u8]]) -> (Vec<u8>, u128) {
+        append_at(machine, op, cursor, 1_000, batches)
     }
 
     #[test]
     fn appends_mint_contiguous_offsets_from_the_cursor_and_stamp_the_batches() {
         let mut machine = PartitionMachine::new(3);
         let (three, two) = (client_batch(3), client_batch(2));
-        let (reply, cursor) = append(&mut machine, 1, 0, &[&three, &two]);
+        let (reply, next) = append(&mut machine, 1, 0, &[&three, &two]);
         assert_eq!(decode_append_reply(&reply), Ok(vec![0, 3]));
-        assert_eq!(cursor, 5);
-        let (reply, cursor) = append(&mut machine, 2, cursor, &[&two]);
+        assert_eq!(cursor_parts(next), (5, 1_000));
+        let (reply, next) = append(&mut machine, 2, next, &[&two]);
         assert_eq!(decode_append_reply(&reply), Ok(vec![5]));
-        assert_eq!(cursor, 7);
+        assert_eq!(cursor_parts(next), (7, 1_000));
         assert_eq!(machine.state().next_offset, 7);
         assert_eq!(machine.fault(), None);
         // The prepared body carries stamped batches: partition, base offset, timestamp.
-        let request: Arc<[u8]> = Arc::from(encode_append(1_000, &[&two]));
-        let (prepared, _) = machine.prepare(3, 0, OPERATION_APPEND, &request, 7);
+        let request: Arc<[u8]> = Arc::from(encode_append(2_000, &[&two]));
+        let (prepared, _) = machine.prepare(3, 0, OPERATION_APPEND, &request, next);
         let stamped = batch::header(&prepared[16..]).expect("a header");
         assert_eq!(
             (stamped.partition_id, stamped.base_offset, stamped.base_timestamp),
-            (3, 7, 1_000)
+            (3, 7, 2_000)
         );
         assert_eq!(batch::compute_checksum(&prepared[16..]), stamped.batch_checksum);
+    }
+
+    #[test]
+    fn timestamps_never_go_back_whatever_order_the_requests_are_prepared_in() {
+        let mut machine = PartitionMachine::new(0);
+        let batch = client_batch(1);
+        let (_, next) = append_at(&mut machine, 1, 0, 5_000, &[&batch]);
+        // A request built earlier on another lane, prepared after.
+        let (reply, next) = append_at(&mut machine, 2, next, 4_000, &[&batch]);
+        assert_eq!(decode_append_reply(&reply), Ok(vec![1]));
+        assert_eq!(cursor_parts(next), (2, 5_000), "raised to the last timestamp");
+        assert_eq!(machine.state().last_timestamp_us, 5_000);
+        assert_eq!(machine.fault(), None);
     }
 
     #[test]
     fn an_append_that_does_not_continue_the_committed_log_is_refused_and_recorded() {
         let mut machine = PartitionMachine::new(0);
         let batch = client_batch(2);
-        let (_, cursor) = append(&mut machine, 1, 0, &[&batch]);
+        let (_, next) = append(&mut machine, 1, 0, &[&batch]);
         let before = machine.state().clone();
         // Minted again from 0 (a primary that forgot the op before).
         let (reply, _) = append(&mut machine, 2, 0, &[&batch]);
@@ -494,7 +630,7 @@ mod tests {
                 .fault()
                 .is_some_and(|fault| fault.contains("minted twice"))
         );
-        assert_eq!(cursor, 2);
+        assert_eq!(cursor_parts(next).0, 2);
     }
 
     #[test]
@@ -524,45 +660,106 @@ mod tests {
             reply_status(&machine.apply(1, 0, OPERATION_APPEND, &body)),
             codes::INVALID_FORMAT
         );
+        // A count of batches the bytes cannot hold.
+        let mut claims_many = 7u64.to_le_bytes().to_vec();
+        claims_many.extend_from_slice(&4096u32.to_le_bytes());
+        assert_eq!(
+            reply_status(&machine.apply(1, 0, OPERATION_APPEND, &claims_many)),
+            codes::INVALID_FORMAT
+        );
         assert_eq!(machine.state(), &before);
         assert_eq!(machine.fault(), None);
+    }
+
+    #[test]
+    fn appends_that_would_pass_the_offset_limit_mint_nothing() {
+        let machine = PartitionMachine::new(0);
+        let request: Arc<[u8]> = Arc::from(encode_append(1, &[&client_batch(3)]));
+        let near_limit = cursor(OFFSET_LIMIT - 2, 0);
+        let (prepared, after) = machine.prepare(1, 0, OPERATION_APPEND, &request, near_limit);
+        assert_eq!((&prepared[..], after), (&request[..], near_limit));
     }
 
     #[test]
     fn offsets_purges_and_trims() {
         let mut machine = PartitionMachine::new(0);
         let batch = client_batch(4);
-        append(&mut machine, 1, 0, &[&batch]);
         let named = Owner::ConsumerName("reader".to_string());
+        // Nothing stored yet: only offset 0 may be stored (as Iggy).
+        let above = encode_offset_op(&Owner::Consumer(1), Some(1));
+        assert_eq!(
+            reply_status(&machine.apply(1, 0, OPERATION_STORE_OFFSET, &above)),
+            codes::INVALID_OFFSET
+        );
+        append(&mut machine, 2, 0, &[&batch]);
         for owner in [Owner::Consumer(1), named.clone(), Owner::Group(1)] {
-            let reply = machine.apply(2, 0, OPERATION_STORE_OFFSET, &encode_offset_op(&owner, Some(2)));
+            let reply = machine.apply(3, 0, OPERATION_STORE_OFFSET, &encode_offset_op(&owner, Some(3)));
             assert_eq!(reply_status(&reply), STATUS_OK);
         }
+        let past_end = encode_offset_op(&Owner::Consumer(1), Some(4));
+        assert_eq!(
+            reply_status(&machine.apply(4, 0, OPERATION_STORE_OFFSET, &past_end)),
+            codes::INVALID_OFFSET
+        );
         let delete = encode_offset_op(&named, None);
         assert_eq!(
-            reply_status(&machine.apply(3, 0, OPERATION_DELETE_OFFSET, &delete)),
+            reply_status(&machine.apply(5, 0, OPERATION_DELETE_OFFSET, &delete)),
             STATUS_OK
         );
         assert_eq!(
-            reply_status(&machine.apply(4, 0, OPERATION_DELETE_OFFSET, &delete)),
+            reply_status(&machine.apply(6, 0, OPERATION_DELETE_OFFSET, &delete)),
             codes::CONSUMER_OFFSET_NOT_FOUND
         );
-        machine.apply(5, 0, OPERATION_TRIM, &encode_trim(3));
+        machine.apply(7, 0, OPERATION_TRIM, &encode_trim(3));
         assert_eq!(machine.state().start_offset, 3);
-        machine.apply(6, 0, OPERATION_TRIM, &encode_trim(1));
+        machine.apply(8, 0, OPERATION_TRIM, &encode_trim(1));
         assert_eq!(machine.state().start_offset, 3, "a trim never goes back");
-        machine.apply(7, 0, OPERATION_TRIM, &encode_trim(100));
+        machine.apply(9, 0, OPERATION_TRIM, &encode_trim(100));
         assert_eq!(machine.state().start_offset, 4, "nor past the end");
-        machine.apply(8, 0, OPERATION_PURGE, &[]);
-        let state = machine.state();
+        // Purge up to the end: the offsets keep counting, stored offsets are cleared.
+        let (_, next) = append(&mut machine, 10, cursor(4, 1_000), &[&batch]);
+        machine.apply(11, 0, OPERATION_PURGE, &encode_purge(8));
+        let state = machine.state().clone();
         assert_eq!(
             (state.start_offset, state.next_offset, state.purge_generation),
-            (4, 4, 1)
+            (8, 8, 1)
         );
         assert!(state.offsets.is_empty(), "a purge clears stored offsets");
-        // Offsets keep counting after a purge.
-        let (reply, _) = append(&mut machine, 9, 4, &[&batch]);
-        assert_eq!(decode_append_reply(&reply), Ok(vec![4]));
+        let (reply, _) = append(&mut machine, 12, next, &[&batch]);
+        assert_eq!(decode_append_reply(&reply), Ok(vec![8]));
+        // The same purge again (a retry) deletes nothing appended since.
+        machine.apply(13, 0, OPERATION_PURGE, &encode_purge(8));
+        assert_eq!(
+            (machine.state().start_offset, machine.state().purge_generation),
+            (8, 1)
+        );
+    }
+
+    #[test]
+    fn stored_offsets_are_bounded() {
+        let mut machine = PartitionMachine::new(0);
+        append(&mut machine, 1, 0, &[&client_batch(1)]);
+        for id in 0..OFFSETS_MAX as u32 {
+            let store = encode_offset_op(&Owner::Consumer(id), Some(0));
+            assert_eq!(
+                reply_status(&machine.apply(2, 0, OPERATION_STORE_OFFSET, &store)),
+                STATUS_OK
+            );
+        }
+        let one_more = encode_offset_op(&Owner::Group(1), Some(0));
+        assert_eq!(
+            reply_status(&machine.apply(3, 0, OPERATION_STORE_OFFSET, &one_more)),
+            codes::INVALID_COMMAND
+        );
+        let existing = encode_offset_op(&Owner::Consumer(7), Some(0));
+        assert_eq!(
+            reply_status(&machine.apply(4, 0, OPERATION_STORE_OFFSET, &existing)),
+            STATUS_OK
+        );
+        let mut restored = PartitionMachine::new(0);
+        restored
+            .restore(&machine.snapshot())
+            .expect("a full table restores");
     }
 
     #[test]
@@ -576,7 +773,7 @@ mod tests {
             &encode_offset_op(&Owner::Group(4), Some(1)),
         );
         let old_snapshot = machine.snapshot();
-        machine.apply(3, 0, OPERATION_PURGE, &[]);
+        machine.apply(3, 0, OPERATION_PURGE, &encode_purge(2));
         let snapshot = machine.snapshot();
 
         let mut restored = PartitionMachine::new(7);
@@ -594,5 +791,8 @@ mod tests {
         for len in 0..snapshot.len() {
             assert!(PartitionMachine::new(7).restore(&snapshot[..len]).is_err());
         }
+        let mut other_version = snapshot.clone();
+        other_version[4] ^= 1;
+        assert!(PartitionMachine::new(7).restore(&other_version).is_err());
     }
 }

@@ -110,14 +110,16 @@ impl SimMachine for MetadataMachine {
 }
 
 /// The partition machine as the simulator runs it: mostly appends of one or two small
-/// batches (a third large enough to span two sectors, so crashes tear them), and offset
-/// stores, deletes, purges and trims among them. Its checkers: the manifest (digest of every
+/// batches (a third large enough to span two sectors, so crashes tear them; each client's
+/// clock runs on its own, so requests arrive out of timestamp order), malformed appends now
+/// and then (refused alike everywhere), and offset stores (some past the log's end), deletes,
+/// purges and trims among them. Its checkers: the manifest (digest of every
 /// committed batch included) equal after every op on every replica, and every append's
 /// batches continuing the committed log exactly (no offset minted twice).
 mod partition_workload {
     use crate::partition::{
         OPERATION_APPEND, OPERATION_DELETE_OFFSET, OPERATION_PURGE, OPERATION_STORE_OFFSET, OPERATION_TRIM,
-        Owner, PartitionMachine, encode_append, encode_offset_op, encode_trim,
+        Owner, PartitionMachine, encode_append, encode_offset_op, encode_purge, encode_trim,
     };
     use cairn_vsr::replica::StateMachine;
     use cairn_vsr::sim::cluster::SimMachine;
@@ -170,18 +172,23 @@ mod partition_workload {
                         batches.push(client_batch(prng, request + 1, false));
                     }
                     let refs: Vec<&[u8]> = batches.iter().map(Vec::as_slice).collect();
-                    (OPERATION_APPEND, encode_append(request * 1_000, &refs))
+                    let mut body = encode_append(request * 1_000, &refs);
+                    if prng.chance_ppm(PPM / 20) {
+                        // Cut inside the last batch: malformed, refused alike everywhere.
+                        body.truncate(body.len() - 1);
+                    }
+                    (OPERATION_APPEND, body)
                 }
                 14..=16 => (
                     OPERATION_STORE_OFFSET,
                     encode_offset_op(&owner(prng), Some(prng.below(64))),
                 ),
                 17 => (OPERATION_DELETE_OFFSET, encode_offset_op(&owner(prng), None)),
-                18 => (OPERATION_PURGE, Vec::new()),
+                18 => (OPERATION_PURGE, encode_purge(prng.below(64))),
                 _ => (OPERATION_TRIM, encode_trim(prng.below(64))),
             };
             if body.len() > body_max {
-                return (OPERATION_PURGE, Vec::new());
+                return (OPERATION_TRIM, encode_trim(prng.below(64)));
             }
             (operation, body)
         }

@@ -65,9 +65,9 @@ fn seeds() -> std::ops::Range<u64> {
     0..count
 }
 
-#[test]
-fn metadata_machine_under_every_fault() {
-    let totals = run_range::<MetadataMachine>(seeds(), SimOptions::from_seed);
+/// `M` under every fault, in clusters of three or five: every fault kind occurred.
+fn under_every_fault<M: SimMachine>() {
+    let totals = run_range::<M>(seeds(), SimOptions::from_seed);
     println!("{totals:?}");
     assert!(totals.committed > 10_000, "{totals:?}");
     assert!(
@@ -76,41 +76,38 @@ fn metadata_machine_under_every_fault() {
     );
     assert!(totals.checkpoints > 0 && totals.state_transfers > 0, "{totals:?}");
     assert!(totals.wipes > 0 && totals.bits_flipped > 0, "{totals:?}");
+}
+
+/// `M` in a cluster of one (what `cairn serve` runs): power losses tore writes and the
+/// replica checkpointed.
+fn in_a_cluster_of_one<M: SimMachine>() {
+    let totals = run_range::<M>(seeds(), SimOptions::one_replica);
+    println!("{totals:?}");
+    assert!(totals.committed > 10_000, "{totals:?}");
+    assert!(
+        totals.power_losses > 0 && totals.torn > 0 && totals.checkpoints > 0,
+        "{totals:?}"
+    );
+}
+
+#[test]
+fn metadata_machine_under_every_fault() {
+    under_every_fault::<MetadataMachine>();
 }
 
 #[test]
 fn metadata_machine_in_a_cluster_of_one() {
-    let totals = run_range::<MetadataMachine>(seeds(), SimOptions::one_replica);
-    println!("{totals:?}");
-    assert!(totals.committed > 10_000, "{totals:?}");
-    assert!(
-        totals.power_losses > 0 && totals.torn > 0 && totals.checkpoints > 0,
-        "{totals:?}"
-    );
+    in_a_cluster_of_one::<MetadataMachine>();
 }
 
 #[test]
 fn partition_machine_under_every_fault() {
-    let totals = run_range::<PartitionMachine>(seeds(), SimOptions::from_seed);
-    println!("{totals:?}");
-    assert!(totals.committed > 10_000, "{totals:?}");
-    assert!(
-        totals.crashes > 0 && totals.power_losses > 0 && totals.torn > 0,
-        "{totals:?}"
-    );
-    assert!(totals.checkpoints > 0 && totals.state_transfers > 0, "{totals:?}");
-    assert!(totals.wipes > 0 && totals.bits_flipped > 0, "{totals:?}");
+    under_every_fault::<PartitionMachine>();
 }
 
 #[test]
 fn partition_machine_in_a_cluster_of_one() {
-    let totals = run_range::<PartitionMachine>(seeds(), SimOptions::one_replica);
-    println!("{totals:?}");
-    assert!(totals.committed > 10_000, "{totals:?}");
-    assert!(
-        totals.power_losses > 0 && totals.torn > 0 && totals.checkpoints > 0,
-        "{totals:?}"
-    );
+    in_a_cluster_of_one::<PartitionMachine>();
 }
 
 /// The first of `seeds` at which the simulator, running the partition machine, catches

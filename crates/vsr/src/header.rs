@@ -25,8 +25,8 @@
 //! | 140 | 4 | `log_view` |
 //! | 144 | 16 | `context` |
 //! | 160 | 16 | `nonce` |
-//! | 176 | 8 | `cursor`: a prepare's state-machine cursor after it (a partition's next offset) |
-//! | 184 | 72 | reserved, zero |
+//! | 176 | 16 | `cursor`: a prepare's state-machine cursor after it (a partition's next offset and last timestamp) |
+//! | 192 | 64 | reserved, zero |
 //!
 //! Decoding checks before it trusts: the header checksum first (a flipped bit anywhere in
 //! bytes 16..256 is caught before any field is used), then every field with a fixed legal
@@ -60,13 +60,13 @@ const OFFSET_LOG_VIEW: usize = 140;
 const OFFSET_CONTEXT: usize = 144;
 const OFFSET_NONCE: usize = 160;
 const OFFSET_CURSOR: usize = 176;
-const OFFSET_RESERVED: usize = 184;
+const OFFSET_RESERVED: usize = 192;
 /// The header checksum covers everything after itself.
 const CHECKSUM_COVERAGE_START: usize = OFFSET_CHECKSUM_BODY;
 
 const _: () = assert!(OFFSET_RESERVED_SMALL + 3 == OFFSET_LOG_VIEW);
 const _: () = assert!(OFFSET_NONCE + 16 == OFFSET_CURSOR);
-const _: () = assert!(OFFSET_CURSOR + 8 == OFFSET_RESERVED);
+const _: () = assert!(OFFSET_CURSOR + 16 == OFFSET_RESERVED);
 const _: () = assert!(HEADER_SIZE == 256);
 const _: () = assert!(OFFSET_RESERVED < HEADER_SIZE);
 const _: () = assert!(CHECKSUM_COVERAGE_START == OFFSET_CHECKSUM + 16);
@@ -153,9 +153,10 @@ pub struct Header {
     pub context: u128,
     pub nonce: u128,
     /// Prepare: what the state machine's next prepare mints from, after this op (a
-    /// partition's next offset); decided by the primary (`StateMachine::prepare`) and
-    /// carried with the op, so a new primary continues from its log's head. 0 elsewhere.
-    pub cursor: u64,
+    /// partition's next offset and the last timestamp it stamped); decided by the primary
+    /// (`StateMachine::prepare`) and carried with the op, so a new primary continues from its
+    /// log's head. 0 elsewhere.
+    pub cursor: u128,
 }
 
 /// Why bytes are not a valid header or message.
@@ -247,7 +248,7 @@ impl Header {
         put_u32(&mut bytes, OFFSET_LOG_VIEW, self.log_view);
         put_u128(&mut bytes, OFFSET_CONTEXT, self.context);
         put_u128(&mut bytes, OFFSET_NONCE, self.nonce);
-        put_u64(&mut bytes, OFFSET_CURSOR, self.cursor);
+        put_u128(&mut bytes, OFFSET_CURSOR, self.cursor);
         bytes
     }
 
@@ -314,7 +315,7 @@ impl Header {
             log_view: get_u32(bytes, OFFSET_LOG_VIEW),
             context: get_u128(bytes, OFFSET_CONTEXT),
             nonce: get_u128(bytes, OFFSET_NONCE),
-            cursor: get_u64(bytes, OFFSET_CURSOR),
+            cursor: get_u128(bytes, OFFSET_CURSOR),
         })
     }
 
@@ -438,7 +439,7 @@ mod tests {
         header.log_view = 8;
         header.context = 0xCD;
         header.nonce = 0xEF;
-        header.cursor = 0x1234_5678;
+        header.cursor = 0x1234_5678 << 64 | 9;
         Message::new(header, Arc::from(&b"an operation's input"[..]))
     }
 

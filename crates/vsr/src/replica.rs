@@ -39,16 +39,18 @@ pub trait StateMachine {
     /// the prepare: backups and later replays never call it, so it need not be a function of
     /// anything but what it is given. A partition mints a batch's offsets here, from the
     /// cursor, and a new primary continues from the head of its log, never from its commit
-    /// point: offsets of uncommitted ops it keeps are never minted again. The body must fit
-    /// the group's messages. The default keeps the request's body and the cursor.
+    /// point: offsets of uncommitted ops it keeps are never minted again. The cursor's 16
+    /// bytes are the machine's to define (a partition: next offset and last timestamp). The
+    /// body must fit the group's messages. The default keeps the request's body and the
+    /// cursor.
     fn prepare(
         &self,
         op: u64,
         timestamp: u64,
         operation: u8,
         input: &Arc<[u8]>,
-        cursor: u64,
-    ) -> (Arc<[u8]>, u64) {
+        cursor: u128,
+    ) -> (Arc<[u8]>, u128) {
         let _ = (op, timestamp, operation);
         (Arc::clone(input), cursor)
     }
@@ -2480,7 +2482,7 @@ impl<S: StateMachine> Replica<S> {
 
     /// The state machine's cursor after op `op` (its prepare header's; 0 at the root). The
     /// primary knows the header of every op from its commit point to its head.
-    fn cursor_after(&self, op: u64) -> u64 {
+    fn cursor_after(&self, op: u64) -> u128 {
         if op == 0 {
             return 0;
         }

@@ -300,14 +300,15 @@ impl StateMachine for ChainMachine {
         _timestamp: u64,
         _operation: u8,
         input: &Arc<[u8]>,
-        cursor: u64,
-    ) -> (Arc<[u8]>, u64) {
+        cursor: u128,
+    ) -> (Arc<[u8]>, u128) {
         let count = 1 + (input.len() % 4) as u64;
         let mut body = Vec::with_capacity(MINTED_RANGE_SIZE + input.len());
+        let cursor = cursor as u64;
         body.extend_from_slice(&cursor.to_le_bytes());
         body.extend_from_slice(&count.to_le_bytes());
         body.extend_from_slice(input);
-        (Arc::from(body), cursor + count)
+        (Arc::from(body), u128::from(cursor + count))
     }
 
     fn apply(&mut self, op: u64, _timestamp: u64, operation: u8, input: &[u8]) -> Vec<u8> {
