@@ -31,7 +31,7 @@ use cairn_vsr::constants::{
 };
 use cairn_vsr::durable::{self, COPY_SIZE, Chosen, DurableState};
 use cairn_vsr::header::{Command, Header, Message};
-use cairn_vsr::journal::{SlotState, classify_slot, slot_of};
+use cairn_vsr::journal::{SlotState, classify_slot, read_back, slot_of};
 use cairn_vsr::replica::{Bugs, Config, Destination, Output, Recovered, Replica, StateMachine, Status};
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -152,8 +152,6 @@ impl Files {
         }
     }
 
-    /// The first `len` bytes of slot `slot` of `zone` (a sparse or short file reads as zeros
-    /// past its end, like a never-written slot).
     /// The bytes of prepare slot `slot`: its header, and as much after it as the header's
     /// size says (bounded by the slot) when that size verifies; classification decides what
     /// they are.
@@ -167,6 +165,8 @@ impl Files {
         }
     }
 
+    /// The first `len` bytes of slot `slot` of `zone` (a sparse or short file reads as zeros
+    /// past its end, like a never-written slot).
     fn read(&self, zone: Zone, slot: usize, len: usize) -> Result<Vec<u8>, GroupError> {
         debug_assert!(len as u64 <= zone.slot_size());
         let file = &self.files[zone as usize];
@@ -600,21 +600,26 @@ impl<S: StateMachine> LocalGroup<S> {
                 // come with the replica network.
                 let slot = slot_of(op, SHAPE.journal_slots);
                 let prepare = match self.files.read_prepare_slot(slot) {
-                    Ok(bytes) => Message::decode(&bytes)
-                        .ok()
-                        .filter(|prepare| prepare.header.op == op && prepare.header.checksum == checksum),
+                    Ok(bytes) => {
+                        let prepare = read_back(&bytes, op, checksum);
+                        if prepare.is_none() {
+                            tracing::error!(
+                                dir = %self.files.dir.display(),
+                                op,
+                                "the journal no longer holds a prepare it synced; the replica treats its copy as lost (kept on disk as found)"
+                            );
+                        }
+                        prepare
+                    }
                     Err(error) => {
-                        tracing::error!(dir = %self.files.dir.display(), op, "{error}");
+                        tracing::error!(
+                            dir = %self.files.dir.display(),
+                            op,
+                            "reading a synced prepare back failed ({error}); the replica treats its copy as lost"
+                        );
                         None
                     }
                 };
-                if prepare.is_none() {
-                    tracing::error!(
-                        dir = %self.files.dir.display(),
-                        op,
-                        "the journal no longer holds a prepare it synced; the replica treats its copy as lost (kept on disk as found)"
-                    );
-                }
                 self.replica.on_prepare_read(op, checksum, prepare, for_replica);
             }
             Output::WriteDurable { state } => {

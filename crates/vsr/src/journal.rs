@@ -100,6 +100,13 @@ fn is_newer(a: &Header, b: &Header) -> bool {
     (a.op, a.view) > (b.op, b.view)
 }
 
+/// What a prepare slot's `bytes` give back for a read of op `op` (`Output::ReadPrepare`):
+/// the whole prepare there if it verifies and is that op with that checksum; `None` if the
+/// slot holds anything else (damage, or a later lap or view reused it).
+pub fn read_back(bytes: &[u8], op: u64, checksum: u128) -> Option<Message> {
+    decode_prepare(bytes).filter(|prepare| prepare.header.op == op && prepare.header.checksum == checksum)
+}
+
 /// A whole prepare at the start of `bytes`, if it verifies. The slot may be longer than the
 /// message; the header's size (bounded by decoding) says where the message ends.
 fn decode_prepare(bytes: &[u8]) -> Option<Message> {

@@ -270,7 +270,8 @@ impl Config {
 ///
 /// Memory holds headers; a body stays only until it is applied and durable. After that the
 /// shell's journal has it ([`Output::ReadPrepare`] brings it back to repair a peer), so a
-/// group whose prepares carry whole batches keeps no more than its pipeline's bodies.
+/// group whose prepares carry whole batches keeps only its unapplied ops' bodies (at most
+/// its journal window of them).
 #[derive(Debug, Clone)]
 struct Slot {
     op: u64,
@@ -294,6 +295,14 @@ impl Slot {
     /// The replica can produce this prepare: in memory, or durable in its journal.
     fn held(&self) -> bool {
         self.message.is_some() || self.durable
+    }
+
+    /// Drop the body from memory once the op is applied (at or below `commit_min`) and the
+    /// journal holds it durably: a peer that needs it gets it read back.
+    fn release_if_applied(&mut self, commit_min: u64) {
+        if self.durable && self.op <= commit_min {
+            self.message = None;
+        }
     }
 }
 
@@ -944,11 +953,9 @@ impl<S: StateMachine> Replica<S> {
             return;
         }
         slot.durable = true;
-        if op <= commit_min {
-            // Applied before its own write was durable (a backup catching up): memory is done
-            // with it.
-            slot.message = None;
-        }
+        // Applied before its own write was durable (a backup catching up): memory is done
+        // with it.
+        slot.release_if_applied(commit_min);
         let index = self.slot_index(op);
         self.faulty_slots[index] = None;
         if self.status == Status::Normal {
@@ -1066,11 +1073,9 @@ impl<S: StateMachine> Replica<S> {
         self.commit_min_checksum = header.checksum;
         self.commit_max = self.commit_max.max(header.op);
         self.op = self.op.max(header.op);
+        // Applied now (the checkpoint covers them): read back if a peer asks.
         for slot in self.journal.iter_mut().flatten() {
-            if slot.durable && slot.op <= header.op {
-                // Applied now (the checkpoint covers it): read back if a peer asks.
-                slot.message = None;
-            }
+            slot.release_if_applied(header.op);
         }
         let keep = self
             .slot(header.op)
@@ -1488,11 +1493,9 @@ impl<S: StateMachine> Replica<S> {
             self.apply(&prepare);
             self.commit_min = op;
             self.commit_min_checksum = prepare.header.checksum;
-            let slot = self.slot_mut(op).expect("the op just applied");
-            if slot.durable {
-                // Applied and in the journal: a peer that needs it gets it read back.
-                slot.message = None;
-            }
+            self.slot_mut(op)
+                .expect("the op just applied")
+                .release_if_applied(op);
             self.maybe_checkpoint();
         }
     }

@@ -44,7 +44,7 @@ use crate::checkpoint::Checkpoint;
 use crate::constants::{OPERATION_REGISTER, SUPERBLOCK_COPIES, Shape};
 use crate::durable::{self, COPY_SIZE, Chosen, DurableState};
 use crate::header::{Command, Header, Message};
-use crate::journal::{classify_slot, slot_of};
+use crate::journal::{classify_slot, read_back, slot_of};
 use crate::replica::{Bugs, Config, Destination, Output, Recovered, Replica, StateMachine};
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
@@ -1235,13 +1235,9 @@ impl<M: SimMachine> Sim<M> {
                 self.prepare_reads += 1;
                 let slot = slot_of(op, self.options.shape.journal_slots) as u32;
                 let bytes = self.hosts[replica].storage.read(Zone::Prepares, slot);
-                // What a shell does: decode within the slot, and hand over only the prepare
-                // asked for. A slot reused since (a later lap, a view change) answers `None`.
-                let prepare = Header::decode(&bytes)
-                    .ok()
-                    .and_then(|header| bytes.get(..header.size as usize))
-                    .and_then(|message| Message::decode(message).ok())
-                    .filter(|prepare| prepare.header.op == op && prepare.header.checksum == checksum);
+                // What is there when the read completes: a slot reused since (a later lap, a
+                // view change) answers `None`.
+                let prepare = read_back(&bytes, op, checksum);
                 self.replicas[replica].on_prepare_read(op, checksum, prepare, for_replica);
             }
             WriteKind::StateTransfer { above_op, commit_max } => {
