@@ -186,14 +186,13 @@ fn minting_offsets_from_the_commit_point_is_caught() {
     assert!(violation.contains("minted twice"), "{violation}");
 }
 
-/// A view-change bug the partition machine's seeds found (issue 13, 2026-12-01), not fixed
-/// yet: a primary-elect that merged the DoViewChanges and filled its journal from the merged
-/// log, then moved on to a later view, sent a DoViewChange under its old `log_view` whose
-/// suffix held the merged (newer) ops, and the next primary found two suffixes of one
-/// `log_view` disagreeing (`docs/replication.md`, "The partition group: what is built").
-/// Ignored until the fix lands, so `cargo test` stays green; run it with `--ignored`.
+/// A view-change bug the partition machine's seeds found (issue 13, 2026-12-01): a
+/// primary-elect that merged the DoViewChanges and filled its journal from the merged log,
+/// then moved on to a later view before its holes were filled, sent a DoViewChange under its
+/// old `log_view` whose suffix held the merged (newer) ops, and the next primary found two
+/// suffixes of one `log_view` disagreeing. The merge now raises `log_view` to the view
+/// (persisted before anything of the view leaves). This seed hit it.
 #[test]
-#[ignore = "known view-change bug, not fixed yet: a DoViewChange suffix must be the log of its log_view"]
 fn a_do_view_change_suffix_is_the_log_of_its_log_view() {
     let seed = 14_067;
     if let Err(violation) = run_catching::<PartitionMachine>(seed, SimOptions::from_seed(seed)) {

@@ -1755,18 +1755,10 @@ impl<S: StateMachine> Replica<S> {
         debug_assert_eq!(self.status, Status::ViewChange);
         let view_durable = self.durable.view >= self.view || self.config.bugs.send_before_view_persist;
         if self.merged {
-            // Installing a log (new primary after the merge, or a backup after StartView). The
-            // new primary raises log_view only once it holds every prepare of the merged log:
-            // never at merge time.
-            if self.holes().is_empty() {
-                if self.log_view < self.view {
-                    self.log_view = self.view;
-                    self.log_head = (self.op, self.head_checksum());
-                    self.want_durable();
-                }
-                if view_durable && self.durable.log_view >= self.view {
-                    self.enter_normal();
-                }
+            // Installing a log (new primary after the merge, or a backup after StartView):
+            // normal once every prepare of it is here and its log_view is durable.
+            if self.holes().is_empty() && view_durable && self.durable.log_view >= self.view {
+                self.enter_normal();
             }
             return;
         }
@@ -1845,6 +1837,16 @@ impl<S: StateMachine> Replica<S> {
             return;
         }
         self.install_log(head, &entries);
+        // The journal now holds the merged log, so from here on this replica's log is this
+        // view's: a later DoViewChange reads its suffix from the journal and must say so. Were
+        // log_view left at the old value until the holes are filled, a view change before that
+        // would send the merged log under the old log_view, where it can contradict the other
+        // DoViewChanges of that log_view. A restart rebuilds the log down the chain from the
+        // persisted head, as it does after a StartView, whose log_view is also set before its
+        // prepares are all durable.
+        self.log_view = self.view;
+        self.log_head = (self.op, self.head_checksum());
+        self.want_durable();
         self.advance_commit_max(commit.min(self.op));
         self.merged = true;
         self.request_repairs();

@@ -142,6 +142,11 @@ fn one_corrupt_superblock_copy_on_each_replica_in_turn() {
     until_committed(&mut sim, 10, 2_000);
     for replica in 0..3 {
         let copy = replica % SUPERBLOCK_COPIES;
+        // Crash between superblock writes, so every copy holds one state before the flip.
+        let idle = sim
+            .run_until(2_000, |sim| !sim.superblock_writing(replica))
+            .expect("no violation");
+        assert!(idle, "replica {replica} never finished a superblock write");
         sim.crash_replica(replica);
         sim.flip_bit(replica, Zone::Superblock, copy as u32);
         let copies: Vec<Vec<u8>> = (0..SUPERBLOCK_COPIES)

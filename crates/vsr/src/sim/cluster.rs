@@ -1542,6 +1542,12 @@ impl<M: SimMachine> Sim<M> {
         self.flip_count += 1;
     }
 
+    /// Whether `replica`'s superblock write is in progress: a crash now may leave its copies
+    /// at two sequences.
+    pub fn superblock_writing(&self, replica: usize) -> bool {
+        self.hosts[replica].superblock_writing.is_some()
+    }
+
     pub fn replica(&self, replica: usize) -> &Replica<M> {
         &self.replicas[replica]
     }
