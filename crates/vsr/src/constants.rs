@@ -118,6 +118,11 @@ pub struct Shape {
     pub checkpoint_interval_ops: u64,
     /// Clients the client table holds before it evicts the least recently committed.
     pub clients_max: usize,
+    /// The journal is a log, not a ring of slots that may be written in any order: prepares
+    /// are written strictly in op order, and writing op `o` discards every op above `o` that
+    /// the log held (a truncation). A partition's segment log is such a journal
+    /// (`docs/replication.md`, "Journal"). The ring still numbers the ops held in memory.
+    pub log_journal: bool,
 }
 
 impl Shape {
@@ -128,6 +133,7 @@ impl Shape {
         pipeline_prepares_max: PIPELINE_PREPARES_MAX,
         checkpoint_interval_ops: CHECKPOINT_INTERVAL_OPS,
         clients_max: CLIENTS_MAX,
+        log_journal: false,
     };
 
     /// Headers behind the head that a DoViewChange or StartView carries. Every op that may be
@@ -210,6 +216,7 @@ mod tests {
             pipeline_prepares_max: 8,
             checkpoint_interval_ops: 256,
             clients_max: 32,
+            log_journal: true,
         };
         assert_eq!(partition_like.check(), Ok(()));
         let refused = [

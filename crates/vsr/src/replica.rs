@@ -82,7 +82,10 @@ pub enum Output {
         message: Message,
     },
     /// Write the prepare to its journal slot, then its redundant header, sync, and report
-    /// [`Replica::on_prepare_written`].
+    /// [`Replica::on_prepare_written`]. With a log journal (`Shape::log_journal`) the writes
+    /// come in op order, and a write at or below the end of the shell's log first discards
+    /// everything the log holds from that op up (truncate, then append); completions are
+    /// reported in the order asked.
     WritePrepare {
         message: Message,
     },
@@ -250,6 +253,10 @@ pub struct Bugs {
     /// The primary prepares from the cursor of its commit point, not of its log's head:
     /// prepares in flight mint the same offsets again.
     pub prepare_from_commit_point: bool,
+    /// A log journal's cut leaves the ops above it counted durable, and the log's end moves
+    /// over them without writing them again, although the shell discards them at the next
+    /// write below: acknowledged (even committed) ops vanish from the log.
+    pub log_cut_keeps_durable: bool,
 }
 
 impl Config {
@@ -423,11 +430,27 @@ pub struct Replica<S: StateMachine> {
     /// redundant header still names the op (an acknowledged prepare had its header synced
     /// with it), `None` when it does not, and then no op of that slot is nacked.
     faulty_slots: Vec<Option<FaultyOp>>,
+    /// Log journal (`Shape::log_journal`): the end of the log as this replica has written
+    /// it. Every op in `commit_min + 1 ..= log_end` was written, or is being written, in op
+    /// order since the log was last cut, with the checksum `log_written` records; nothing
+    /// above `log_end` is relied on. Unused by a ring journal.
+    log_end: u64,
+    /// Log journal: the checksum written at each op of `commit_min + 1 ..= log_end`.
+    log_written: std::collections::BTreeMap<u64, u128>,
+    /// Log journal: writes asked of the shell and not yet reported, in the order asked, as
+    /// (op, checksum, live). A cut of the log marks the writes above it dead: their
+    /// completion no longer makes the slot durable, since the shell discards those ops when
+    /// it writes the op the log was cut to.
+    log_writes: std::collections::VecDeque<(u64, u128, bool)>,
     /// The checkpoint slot (0 or 1) holding the checkpoint the durable state names.
     checkpoint_slot: u8,
     /// A checkpoint being written; one at a time, so the slot the durable state names is
     /// never overwritten.
     checkpoint_cycle: Option<CheckpointCycle>,
+    /// Log journal: the checkpoint cycle's bytes, not yet asked to be written because the log
+    /// is not yet durable up to its op. A checkpoint of a log journal stands for the log below
+    /// it (a partition's manifest names its segments), so it is written only after them.
+    checkpoint_waiting_for_log: Option<Arc<[u8]>>,
     /// When `commit_min` last moved (or had nothing to catch up): a replica stuck below
     /// `commit_max` for [`STATE_TRANSFER_TIMEOUT_TICKS`] asks for state transfer.
     commit_progress_tick: u64,
@@ -481,7 +504,11 @@ impl<S: StateMachine> Replica<S> {
             log_unsound: false,
             faulty_slots: vec![None; config.shape.journal_slots],
             checkpoint_slot: 1,
+            log_end: 0,
+            log_written: std::collections::BTreeMap::new(),
+            log_writes: std::collections::VecDeque::new(),
             checkpoint_cycle: None,
+            checkpoint_waiting_for_log: None,
             commit_progress_tick: 0,
             commit_progress_op: 0,
             state_transfer_tick: None,
@@ -588,6 +615,7 @@ impl<S: StateMachine> Replica<S> {
             replica.log_head = (replica.durable.log_head_op, replica.durable.log_head_checksum);
             replica.rebuild_log_view_log();
         }
+        replica.recover_log_end();
         replica.status = Status::Recovering;
         replica.recovery = Some(Recovery {
             nonce: recovered.nonce,
@@ -778,6 +806,10 @@ impl<S: StateMachine> Replica<S> {
             self.durable.checkpoint_op,
             match self.checkpoint_cycle {
                 Some(cycle) if cycle.written => format!(" (checkpoint {} written)", cycle.op),
+                Some(cycle) if self.checkpoint_waiting_for_log.is_some() => format!(
+                    " (checkpoint {} waiting for the log, written to op {}, writes {:?})",
+                    cycle.op, self.log_end, self.log_writes
+                ),
                 Some(cycle) => format!(" (checkpoint {} writing)", cycle.op),
                 None => String::new(),
             },
@@ -944,6 +976,22 @@ impl<S: StateMachine> Replica<S> {
 
     /// The shell wrote and synced the prepare `op` with checksum `checksum`.
     pub fn on_prepare_written(&mut self, op: u64, checksum: u128) {
+        if self.config.shape.log_journal {
+            let Some(position) = self
+                .log_writes
+                .iter()
+                .position(|&(written_op, written_checksum, _)| {
+                    (written_op, written_checksum) == (op, checksum)
+                })
+            else {
+                return;
+            };
+            let (_, _, live) = self.log_writes.remove(position).expect("found");
+            if !live {
+                // Cut from the log since it was asked: the shell discards it.
+                return;
+            }
+        }
         let commit_min = self.commit_min;
         let Some(slot) = self.slot_mut(op) else {
             return;
@@ -1036,6 +1084,11 @@ impl<S: StateMachine> Replica<S> {
             return;
         }
         debug_assert!(self.commit_min > before);
+        if self.config.shape.log_journal {
+            // The transfer brings the log up to its checkpoint with it (a partition receives
+            // the segments).
+            self.log_end = self.log_end.max(self.commit_min);
+        }
         // Slots at or below the new checkpoint hold ops this replica never needs again.
         for slot in self.journal.iter_mut() {
             if slot.as_ref().is_some_and(|slot| slot.op < checkpoint.op()) {
@@ -1048,7 +1101,7 @@ impl<S: StateMachine> Replica<S> {
         // Persist it like a checkpoint of its own: the slot first, then the durable state.
         let (bytes, checksum_written) = checkpoint.encode(self.config.shape.checkpoint_size_max());
         debug_assert_eq!(checksum_written, checksum);
-        self.start_checkpoint_cycle(checkpoint.op(), checksum, Arc::from(bytes));
+        self.start_checkpoint_cycle(checkpoint.op(), checksum, Arc::from(bytes), false);
         self.progress();
     }
 
@@ -1105,10 +1158,11 @@ impl<S: StateMachine> Replica<S> {
         };
         assert!(checkpoint.state_machine.len() <= STATE_MACHINE_SNAPSHOT_MAX);
         let (bytes, checksum) = checkpoint.encode(self.config.shape.checkpoint_size_max());
-        self.start_checkpoint_cycle(header.op, checksum, Arc::from(bytes));
+        let wait_for_log = self.config.shape.log_journal;
+        self.start_checkpoint_cycle(header.op, checksum, Arc::from(bytes), wait_for_log);
     }
 
-    fn start_checkpoint_cycle(&mut self, op: u64, checksum: u128, bytes: Arc<[u8]>) {
+    fn start_checkpoint_cycle(&mut self, op: u64, checksum: u128, bytes: Arc<[u8]>, wait_for_log: bool) {
         assert!(self.checkpoint_cycle.is_none(), "one checkpoint write at a time");
         assert!(op > self.durable.checkpoint_op);
         let slot = 1 - self.checkpoint_slot;
@@ -1118,6 +1172,40 @@ impl<S: StateMachine> Replica<S> {
             slot,
             written: false,
         });
+        if wait_for_log {
+            self.checkpoint_waiting_for_log = Some(bytes);
+            self.write_checkpoint_if_log_durable();
+        } else {
+            self.outbox.push(Output::WriteCheckpoint {
+                slot,
+                op,
+                checksum,
+                bytes,
+            });
+        }
+    }
+
+    /// Log journal: ask for a waiting checkpoint's write once the log holds every op up to it
+    /// durably.
+    fn write_checkpoint_if_log_durable(&mut self) {
+        let Some(cycle) = self.checkpoint_cycle else {
+            return;
+        };
+        if self.checkpoint_waiting_for_log.is_none() {
+            return;
+        }
+        let log_durable = self.log_end >= cycle.op
+            && !self
+                .log_writes
+                .iter()
+                .any(|&(op, _, live)| live && op <= cycle.op);
+        if !log_durable {
+            return;
+        }
+        let Some(bytes) = self.checkpoint_waiting_for_log.take() else {
+            return;
+        };
+        let (slot, op, checksum) = (cycle.slot, cycle.op, cycle.checksum);
         self.outbox.push(Output::WriteCheckpoint {
             slot,
             op,
@@ -1393,7 +1481,9 @@ impl<S: StateMachine> Replica<S> {
             durable: false,
             verified: true,
         });
-        self.outbox.push(Output::WritePrepare { message: prepare });
+        if !self.config.shape.log_journal {
+            self.outbox.push(Output::WritePrepare { message: prepare });
+        }
     }
 
     fn on_prepare_ok(&mut self, header: &Header) {
@@ -1437,7 +1527,9 @@ impl<S: StateMachine> Replica<S> {
         slot.message = Some(prepare.clone());
         slot.durable = false;
         slot.verified = true;
-        self.outbox.push(Output::WritePrepare { message: prepare });
+        if !self.config.shape.log_journal {
+            self.outbox.push(Output::WritePrepare { message: prepare });
+        }
         self.link_chain_below(header.op);
     }
 
@@ -1748,7 +1840,111 @@ impl<S: StateMachine> Replica<S> {
         } else if self.status == Status::ViewChange {
             self.progress_view_change();
         }
+        if self.config.shape.log_journal {
+            self.write_log();
+            self.write_checkpoint_if_log_durable();
+        }
         self.check_invariants();
+    }
+
+    /// Log journal: cut the log where memory no longer holds what was written, then write
+    /// every prepare above the log's end that memory holds, in op order, up to the first
+    /// hole. A prepare beyond a hole waits in memory (every op above `commit_min` keeps its
+    /// body) until the hole is repaired.
+    fn write_log(&mut self) {
+        debug_assert!(self.config.shape.log_journal);
+        // Applied ops are never cut (asserted in `cut_log`).
+        self.log_written = self.log_written.split_off(&(self.commit_min + 1));
+        let cut = self
+            .log_written
+            .iter()
+            .find(|&(&op, &checksum)| self.slot(op).is_none_or(|slot| slot.checksum != checksum))
+            .map(|(&op, _)| op);
+        if let Some(cut) = cut {
+            self.cut_log(cut);
+        }
+        loop {
+            let op = self.log_end + 1;
+            let Some(slot) = self.slot(op) else {
+                break;
+            };
+            let checksum = slot.checksum;
+            if slot.durable && self.config.bugs.log_cut_keeps_durable {
+                self.log_end = op;
+                self.log_written.insert(op, checksum);
+                continue;
+            }
+            // Nothing above the log's end counts as durable (see `cut_log` and
+            // `recover_log_end`), so every op from here on is written again.
+            debug_assert!(!slot.durable, "op {op} above the log's end is durable");
+            let Some(message) = slot.message.clone() else {
+                break;
+            };
+            self.outbox.push(Output::WritePrepare { message });
+            self.log_writes.push_back((op, checksum, true));
+            self.log_end = op;
+            self.log_written.insert(op, checksum);
+        }
+    }
+
+    /// Log journal: the log ends below `op` from now on. Writes at or above it still in
+    /// flight are dead, and the next write (at `op`) makes the shell discard everything its
+    /// log holds from `op` up.
+    fn cut_log(&mut self, op: u64) {
+        assert!(
+            op > self.commit_min,
+            "the log is never cut at or below an applied op: cut at {op}, {}",
+            self.describe()
+        );
+        self.log_end = op - 1;
+        self.log_written.retain(|&written, _| written < op);
+        for write in self.log_writes.iter_mut().filter(|write| write.0 >= op) {
+            write.2 = false;
+        }
+        self.undurable_above_log_end();
+    }
+
+    /// Log journal: a durable slot above the log's end is about to be discarded by the
+    /// shell, so it counts as durable no more. It keeps its body (an op that is not durable
+    /// is never released, and every op above `commit_min` has its body), so it is applied
+    /// from memory and written again in order. It may hold a prepare this replica
+    /// acknowledged, so it counts as faulty (never nacked, the replica repairing) until then.
+    fn undurable_above_log_end(&mut self) {
+        if self.config.bugs.log_cut_keeps_durable {
+            return;
+        }
+        for above in self.log_end + 1..=self.op {
+            let index = self.slot_index(above);
+            if let Some(slot) = self.journal[index]
+                .as_mut()
+                .filter(|slot| slot.op == above && slot.durable)
+            {
+                assert!(
+                    slot.message.is_some(),
+                    "op {above} above the log's end has its body"
+                );
+                slot.durable = false;
+                self.faulty_slots[index] = Some(FaultyOp::Op(above));
+            }
+        }
+    }
+
+    /// Log journal, after a restart: the log's durable prefix above the checkpoint is what
+    /// the replica recovered clean and contiguous from `commit_min` up; the first write goes
+    /// right above it, and discards anything the log still holds beyond (a damaged op and
+    /// the ops after it, or stale ops a view change replaced).
+    fn recover_log_end(&mut self) {
+        if !self.config.shape.log_journal {
+            return;
+        }
+        self.log_end = self.commit_min;
+        while let Some(slot) = self.slot(self.log_end + 1).filter(|slot| slot.durable) {
+            self.log_written.insert(slot.op, slot.checksum);
+            self.log_end += 1;
+        }
+        // Beyond a gap (a damaged or missing op) the log is not whole: the ops there are
+        // written again once the gap is repaired.
+        self.undurable_above_log_end();
     }
 
     fn progress_view_change(&mut self) {

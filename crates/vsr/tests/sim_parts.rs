@@ -760,6 +760,75 @@ fn storage_unsynced_writes_after_a_crash_are_old_new_or_a_sector_tear() {
     assert!(torn_seen > 50, "{torn_seen}");
 }
 
+/// A log zone keeps a prefix of its pending writes at a crash, in the order written: slots
+/// written later than a lost or torn one are lost too, whatever order their slot numbers
+/// have.
+#[test]
+fn storage_log_zone_crash_keeps_a_prefix_in_write_order() {
+    let (mut whole_seen, mut partial_seen) = (0, 0);
+    for seed in 0..500 {
+        let mut prng = Prng::from_seed(seed);
+        let mut storage = storage(StorageOptions::default(), seed);
+        storage.set_log_zone(Zone::Prepares);
+        // Written in the order 5, 6, 7, 0, 1, 2 (a log wrapping around the ring), two
+        // sectors each so that a write can tear.
+        let order = [5u32, 6, 7, 0, 1, 2];
+        let writes: Vec<Vec<u8>> = order
+            .iter()
+            .map(|_| random_bytes(&mut prng, 2 * SECTOR))
+            .collect();
+        for (slot, bytes) in order.iter().zip(&writes) {
+            storage.write(Zone::Prepares, *slot, bytes);
+        }
+        storage.crash(&mut prng);
+        storage.check_invariants();
+        let landed: Vec<bool> = order
+            .iter()
+            .zip(&writes)
+            .map(|(slot, bytes)| storage.read(Zone::Prepares, *slot)[..bytes.len()] == bytes[..])
+            .collect();
+        let survivors = landed.iter().take_while(|landed| **landed).count();
+        for (at, slot) in order.iter().enumerate().skip(survivors + 1) {
+            assert_eq!(
+                storage.read(Zone::Prepares, *slot),
+                vec![0; 4 * SECTOR],
+                "seed {seed}: slot {slot}, written after the first write the crash did not keep, landed"
+            );
+            assert!(!landed[at]);
+        }
+        if survivors == order.len() {
+            whole_seen += 1;
+        } else {
+            partial_seen += 1;
+        }
+    }
+    assert!(
+        whole_seen > 0 && partial_seen > 100,
+        "{whole_seen} {partial_seen}"
+    );
+}
+
+/// Truncating a log zone makes its pending writes durable first (the fsync after a real
+/// truncation), then zeroes the cut slots durably and forgets their fault marks.
+#[test]
+fn storage_log_truncation_syncs_the_log_then_zeroes_the_cut() {
+    let mut prng = Prng::from_seed(7);
+    let mut storage = storage(StorageOptions::default(), 7);
+    storage.set_log_zone(Zone::Prepares);
+    let kept = random_bytes(&mut prng, 2 * SECTOR);
+    let cut = random_bytes(&mut prng, 2 * SECTOR);
+    storage.write(Zone::Prepares, 3, &cut);
+    storage.sync().expect("no sync faults");
+    storage.corrupt(Zone::Prepares, 3, &mut prng);
+    storage.write(Zone::Prepares, 2, &kept);
+    storage.truncate_log(&[3]);
+    storage.crash(&mut prng);
+    storage.check_invariants();
+    assert_eq!(storage.read(Zone::Prepares, 2)[..kept.len()], kept[..]);
+    assert_eq!(storage.read(Zone::Prepares, 3), vec![0; 4 * SECTOR]);
+    assert!(storage.faulty_slots().is_empty());
+}
+
 #[test]
 fn storage_one_sector_writes_never_tear() {
     let options = StorageOptions {

@@ -35,6 +35,7 @@ fn run_shard(shard: u64) {
     let mut writes_torn = 0;
     let mut checkpoints = 0;
     let mut state_transfers = 0;
+    let mut log_truncations = 0;
     for seed in shard * seeds_per_shard..(shard + 1) * seeds_per_shard {
         match run(seed, Bugs::default()) {
             Ok(outcome) => {
@@ -49,6 +50,7 @@ fn run_shard(shard: u64) {
                 writes_torn += outcome.writes_torn;
                 checkpoints += outcome.checkpoints;
                 state_transfers += outcome.state_transfers;
+                log_truncations += outcome.log_truncations;
             }
             Err(violation) => panic!(
                 "seed {seed}: {violation}\nreplay: cargo run -p cairn-vsr --release --bin vsr-sim -- --seed {seed}"
@@ -87,6 +89,12 @@ fn run_shard(shard: u64) {
     assert!(
         state_transfers > seeds_per_shard / 10,
         "only {state_transfers} state transfers"
+    );
+    // A quarter of the seeds journal to a log (`Shape::log_journal`), and view changes and
+    // repairs cut those logs.
+    assert!(
+        log_truncations > seeds_per_shard / 20,
+        "only {log_truncations} log truncations"
     );
 }
 
@@ -193,6 +201,19 @@ fn preparing_from_the_commit_point_is_caught() {
     };
     let (seed, violation) =
         first_caught(bugs).expect("the checkers catch ids minted again by prepares in flight");
+    eprintln!("caught at seed {seed}: {violation}");
+}
+
+/// "Truncation of a committed op" for a log journal: a cut whose ops above still count as
+/// durable (and are skipped rather than written again) loses acknowledged ops from the log.
+#[test]
+fn a_log_cut_that_keeps_ops_durable_is_caught() {
+    let bugs = Bugs {
+        log_cut_keeps_durable: true,
+        ..Bugs::default()
+    };
+    let (seed, violation) =
+        first_caught(bugs).expect("the checkers catch acknowledged ops a log cut discarded");
     eprintln!("caught at seed {seed}: {violation}");
 }
 

@@ -41,7 +41,7 @@ fn main() -> ExitCode {
                     println!("seed {seed}: options {:?}", options(seed));
                 }
                 println!(
-                    "seed {seed}: ok, trace {:016x}, {} ticks, {} ops committed, {} replies, view {}, {} crashes, {} power losses, {} failed syncs, {} wipes, {} bits flipped, {} writes lost, {} torn, {} checkpoints, {} state transfers, {} prepares read back",
+                    "seed {seed}: ok, trace {:016x}, {} ticks, {} ops committed, {} replies, view {}, {} crashes, {} power losses, {} failed syncs, {} wipes, {} bits flipped, {} writes lost, {} torn, {} checkpoints, {} state transfers, {} prepares read back, {} log cuts",
                     outcome.trace_hash,
                     outcome.ticks,
                     outcome.committed_ops,
@@ -56,7 +56,8 @@ fn main() -> ExitCode {
                     outcome.writes_torn,
                     outcome.checkpoints,
                     outcome.state_transfers,
-                    outcome.prepare_reads
+                    outcome.prepare_reads,
+                    outcome.log_truncations
                 );
             }
             Err(violation) => {

@@ -44,7 +44,7 @@ use crate::checkpoint::Checkpoint;
 use crate::constants::{OPERATION_REGISTER, SUPERBLOCK_COPIES, Shape};
 use crate::durable::{self, COPY_SIZE, Chosen, DurableState};
 use crate::header::{Command, Header, Message};
-use crate::journal::{classify_slot, read_back, slot_of};
+use crate::journal::{SlotState, classify_slot, read_back, slot_of};
 use crate::replica::{Bugs, Config, Destination, Output, Recovered, Replica, StateMachine};
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
@@ -166,6 +166,8 @@ fn shape_from_seed(seed: u64) -> Shape {
         // The workload's clients each keep a session; fewer entries would have them evict
         // each other without end.
         clients_max: CLIENTS_PER_RUN + prng.range_inclusive(0, 4) as usize,
+        // Half of the drawn shapes journal to a log, as a partition group does.
+        log_journal: prng.chance_ppm(PPM / 2),
     };
     debug_assert_eq!(shape.check(), Ok(()));
     shape
@@ -228,6 +230,8 @@ pub struct Outcome {
     /// Prepares read back from a journal (applied bodies leave memory; peers' repairs and
     /// retransmissions read them).
     pub prepare_reads: u64,
+    /// Log journals cut by a write at or below their end (`Shape::log_journal`).
+    pub log_truncations: u64,
     /// Unsynced writes a crash lost, summed over replicas.
     pub writes_lost: u64,
     /// Unsynced writes a crash tore (some sectors landed, some not), summed over replicas.
@@ -389,6 +393,10 @@ struct Host {
     sync_failure_armed: bool,
     /// The highest durable view it ever had (views must not go back across restarts).
     durable_view_max: u32,
+    /// Log journal (`Shape::log_journal`): the op at the end of the prepares log as written
+    /// (pending writes included). A write at or below it cuts the log there first; a write
+    /// above the next op would leave a gap no log can have, and is a violation.
+    log_end: u64,
 }
 
 /// A client: registers, then sends numbered requests one at a time, retrying on timeout.
@@ -481,6 +489,8 @@ pub struct Sim<M: SimMachine> {
     flip_count: u64,
     checkpoint_count: u64,
     state_transfer_count: u64,
+    /// Log journals cut by a write at or below their end.
+    log_truncations: u64,
     prepare_reads: u64,
 }
 
@@ -532,6 +542,9 @@ impl<M: SimMachine> Sim<M> {
                     storage.write(Zone::Superblock, copy as u32, &bytes);
                     storage.sync().expect("formatting syncs never fail");
                 }
+                if options.shape.log_journal {
+                    storage.set_log_zone(Zone::Prepares);
+                }
                 Host {
                     storage,
                     superblock: Some((state, sequence)),
@@ -540,6 +553,7 @@ impl<M: SimMachine> Sim<M> {
                     down_until: None,
                     sync_failure_armed: false,
                     durable_view_max: 0,
+                    log_end: 0,
                 }
             })
             .collect();
@@ -578,6 +592,7 @@ impl<M: SimMachine> Sim<M> {
             flip_count: 0,
             checkpoint_count: 0,
             state_transfer_count: 0,
+            log_truncations: 0,
             prepare_reads: 0,
         }
     }
@@ -659,6 +674,7 @@ impl<M: SimMachine> Sim<M> {
             checkpoints: self.checkpoint_count,
             state_transfers: self.state_transfer_count,
             prepare_reads: self.prepare_reads,
+            log_truncations: self.log_truncations,
             writes_lost: self
                 .hosts
                 .iter()
@@ -788,6 +804,7 @@ impl<M: SimMachine> Sim<M> {
             // Only the crash itself: unsynced writes lost, durable or torn.
         } else if self.crashes.chance_ppm(self.options.wipe_ppm) {
             host.storage.wipe();
+            host.log_end = 0;
             host.superblock = None;
             host.durable_view_max = 0;
             self.wipe_count += 1;
@@ -870,7 +887,7 @@ impl<M: SimMachine> Sim<M> {
             .filter(|state| state.checkpoint_op > 0)
             .and_then(|state| named_checkpoint(&host.storage, &state))
             .map(|(checkpoint, slot, _)| (checkpoint, slot));
-        let journal = if durable_state.is_some() {
+        let journal: Vec<SlotState> = if durable_state.is_some() {
             let journal_slots = self.options.shape.journal_slots;
             (0..journal_slots)
                 .map(|slot| {
@@ -882,6 +899,16 @@ impl<M: SimMachine> Sim<M> {
         } else {
             Vec::new()
         };
+        // A log ends at its last whole prepare (a torn tail is cut by the scan).
+        host.log_end = journal
+            .iter()
+            .filter_map(|state| match state {
+                SlotState::Clean(prepare) => Some(prepare.header.op),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
+            .max(durable_state.map_or(0, |state| state.checkpoint_op));
         let nonce = u128::from(self.nonces.next_u64()) << 64 | 1;
         let config = *self.replicas[replica].config();
         let recovered = Recovered {
@@ -1077,7 +1104,28 @@ impl<M: SimMachine> Sim<M> {
                     // only then its redundant header, with a sync of its own. So a durable
                     // header implies a durable prepare, and a faulty slot whose header names
                     // an op is a damaged prepare, never merely an unfinished write.
-                    let slot = slot_of(message.header.op, self.options.shape.journal_slots) as u32;
+                    let journal_slots = self.options.shape.journal_slots;
+                    let op = message.header.op;
+                    let slot = slot_of(op, journal_slots) as u32;
+                    if self.options.shape.log_journal {
+                        let host = &mut self.hosts[replica];
+                        if op <= host.log_end {
+                            // Truncate, then append: the log ends below `op` first.
+                            let cut: Vec<u32> = (op..=host.log_end.min(op + journal_slots as u64 - 1))
+                                .map(|cut| slot_of(cut, journal_slots) as u32)
+                                .collect();
+                            host.storage.truncate_log(&cut);
+                            self.log_truncations += 1;
+                            self.trace.record_str("log cut");
+                            self.trace.record_u64(op);
+                        } else if op > host.log_end + 1 {
+                            panic!(
+                                "replica {replica} wrote op {op} to its log, whose end is op {}: a gap",
+                                host.log_end
+                            );
+                        }
+                        self.hosts[replica].log_end = op;
+                    }
                     self.hosts[replica]
                         .storage
                         .write(Zone::Prepares, slot, &message.encode());
@@ -1107,6 +1155,12 @@ impl<M: SimMachine> Sim<M> {
                     checksum,
                     bytes,
                 } => {
+                    // A log journal's checkpoint stands for the log below it.
+                    assert!(
+                        !self.options.shape.log_journal || self.hosts[replica].log_end >= op,
+                        "replica {replica} checkpoints op {op} with its log written to op {} only",
+                        self.hosts[replica].log_end
+                    );
                     self.hosts[replica]
                         .storage
                         .write(Zone::Checkpoints, u32::from(slot), &bytes);
@@ -1248,6 +1302,10 @@ impl<M: SimMachine> Sim<M> {
                     if self.replicas[replica].commit_min() > before {
                         self.state_transfer_count += 1;
                         self.state_transfers_by[replica] += 1;
+                        // The transfer brings the log up to the checkpoint with it (a partition
+                        // receives the segments).
+                        let host = &mut self.hosts[replica];
+                        host.log_end = host.log_end.max(self.replicas[replica].commit_min());
                     }
                 }
             }

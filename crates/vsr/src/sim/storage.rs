@@ -35,6 +35,13 @@
 //!   device did not detect; a detected one is a failed read, which a checksum failure already
 //!   covers.
 //! - **Wipe.** [`Storage::wipe`] zeroes every zone, as a replaced disk would be.
+//! - **A log zone.** [`Storage::set_log_zone`] makes one zone a log (a partition's segment
+//!   file): its writes are appends in op order, and a crash keeps a prefix of them, in the
+//!   order written: the first write it loses or tears ends what survives, as recovery's scan
+//!   of a log ends at the first record that does not verify. [`Storage::truncate_log`] cuts
+//!   the log: it syncs the zone's pending writes, as the fsync after a real truncation does,
+//!   and zeroes the cut slots durably. A truncation is never torn and never fails (a real one
+//!   is one metadata change, made durable with the file's other pending writes).
 //!
 //! Not modelled: misdirected writes and reads (a write landing in another slot), and faults in
 //! more slots than the protocol can repair. The harness keeps injected faults within what the
@@ -244,6 +251,11 @@ pub struct Storage {
     pending: BTreeMap<(Zone, u32), Vec<u8>>,
     /// Injected faults present in durable bytes. Invariant: no entry equals the default.
     faults: BTreeMap<(Zone, u32), SlotFaults>,
+    /// The zone written as a log, if any (see the module documentation).
+    log_zone: Option<Zone>,
+    /// The log zone's slots with pending writes, in the order first written since the last
+    /// sync or crash.
+    log_pending_order: Vec<u32>,
     /// The next sync fails, whatever `sync_fail_ppm` draws.
     fail_next_sync: bool,
     /// A sync failed and no crash has followed yet. While set, `write` and `sync` panic.
@@ -265,9 +277,38 @@ impl Storage {
             durable_record_bytes: Zone::ALL.map(|zone| vec![0; slots(zone)]),
             pending: BTreeMap::new(),
             faults: BTreeMap::new(),
+            log_zone: None,
+            log_pending_order: Vec::new(),
             fail_next_sync: false,
             sync_failed: false,
             counters: StorageCounters::default(),
+        }
+    }
+
+    /// Makes `zone` a log (see the module documentation). Before any write.
+    pub fn set_log_zone(&mut self, zone: Zone) {
+        assert!(self.pending.is_empty(), "the log zone is chosen before any write");
+        self.log_zone = Some(zone);
+    }
+
+    /// Cuts the log zone: syncs its pending writes, then zeroes `slots` durably and clears
+    /// their fault marks.
+    pub fn truncate_log(&mut self, slots: &[u32]) {
+        let zone = self.log_zone.expect("a log zone");
+        assert!(
+            !self.sync_failed,
+            "truncate after a failed sync: the replica must crash first"
+        );
+        for slot in std::mem::take(&mut self.log_pending_order) {
+            if let Some(bytes) = self.pending.remove(&(zone, slot)) {
+                self.apply(zone, slot, &bytes);
+            }
+        }
+        for &slot in slots {
+            self.check_slot(zone, slot);
+            self.durable[zone.index()][slot as usize] = None;
+            self.durable_record_bytes[zone.index()][slot as usize] = 0;
+            self.faults.remove(&(zone, slot));
         }
     }
 
@@ -308,6 +349,9 @@ impl Storage {
             "{} bytes do not fit a {zone:?} slot of {size_bytes}",
             bytes.len()
         );
+        if self.log_zone == Some(zone) && !self.pending.contains_key(&(zone, slot)) {
+            self.log_pending_order.push(slot);
+        }
         let pending = self.pending.entry((zone, slot)).or_default();
         // A shorter rewrite keeps the tail of the longer pending one, as a page cache would.
         if pending.len() < bytes.len() {
@@ -368,6 +412,7 @@ impl Storage {
             self.apply(zone, slot, &bytes);
         }
         assert!(self.pending.is_empty());
+        self.log_pending_order.clear();
         Ok(())
     }
 
@@ -375,12 +420,41 @@ impl Storage {
     /// or torn, drawn from `prng` with the options' odds, in (zone, slot) order. Afterwards
     /// nothing is pending and writes are allowed again.
     pub fn crash(&mut self, prng: &mut Prng) {
-        for ((zone, slot), bytes) in std::mem::take(&mut self.pending) {
-            match self.crash_outcome(prng, &bytes) {
+        let mut pending = std::mem::take(&mut self.pending);
+        // The log zone first, in the order written: once one write is lost or torn, every
+        // later one is lost.
+        let mut log_ended = false;
+        if let Some(zone) = self.log_zone {
+            for slot in std::mem::take(&mut self.log_pending_order) {
+                let Some(bytes) = pending.remove(&(zone, slot)) else {
+                    continue;
+                };
+                let outcome = if log_ended {
+                    CrashOutcome::Lost
+                } else {
+                    self.crash_outcome(prng, &bytes)
+                };
+                log_ended |= outcome != CrashOutcome::Durable;
+                self.land_at_crash(zone, slot, &bytes, outcome);
+            }
+        }
+        for ((zone, slot), bytes) in pending {
+            let outcome = self.crash_outcome(prng, &bytes);
+            self.land_at_crash(zone, slot, &bytes, outcome);
+        }
+        assert!(self.pending.is_empty());
+        self.sync_failed = false;
+        self.counters.crashes += 1;
+    }
+
+    /// What a crash leaves of one pending write.
+    fn land_at_crash(&mut self, zone: Zone, slot: u32, bytes: &[u8], outcome: CrashOutcome) {
+        {
+            match outcome {
                 CrashOutcome::Lost => self.counters.crash_writes_lost += 1,
                 CrashOutcome::Durable => {
                     self.counters.crash_writes_durable += 1;
-                    self.apply(zone, slot, &bytes);
+                    self.apply(zone, slot, bytes);
                 }
                 CrashOutcome::Torn { sectors } => {
                     self.counters.crash_writes_torn += 1;
@@ -394,9 +468,6 @@ impl Storage {
                 }
             }
         }
-        assert!(self.pending.is_empty());
-        self.sync_failed = false;
-        self.counters.crashes += 1;
     }
 
     fn crash_outcome(&self, prng: &mut Prng, bytes: &[u8]) -> CrashOutcome {
@@ -444,6 +515,7 @@ impl Storage {
             self.durable_record_bytes[zone.index()].fill(0);
         }
         self.pending.clear();
+        self.log_pending_order.clear();
         self.faults.clear();
         self.sync_failed = false;
         self.counters.wipes += 1;
