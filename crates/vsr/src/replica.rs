@@ -447,10 +447,10 @@ pub struct Replica<S: StateMachine> {
     /// A checkpoint being written; one at a time, so the slot the durable state names is
     /// never overwritten.
     checkpoint_cycle: Option<CheckpointCycle>,
-    /// Log journal: the checkpoint cycle's bytes, not yet asked to be written because the log
-    /// is not yet durable up to its op. A checkpoint of a log journal stands for the log below
-    /// it (a partition's manifest names its segments), so it is written only after them.
-    checkpoint_waiting_for_log: Option<Arc<[u8]>>,
+    /// The checkpoint cycle's bytes while not yet asked to be written, and whether they wait
+    /// for the log journal to be durable up to the checkpoint's op: a checkpoint of a log
+    /// journal stands for the log below it (a partition's manifest names its segments).
+    checkpoint_unwritten: Option<(Arc<[u8]>, bool)>,
     /// When `commit_min` last moved (or had nothing to catch up): a replica stuck below
     /// `commit_max` for [`STATE_TRANSFER_TIMEOUT_TICKS`] asks for state transfer.
     commit_progress_tick: u64,
@@ -508,7 +508,7 @@ impl<S: StateMachine> Replica<S> {
             log_written: std::collections::BTreeMap::new(),
             log_writes: std::collections::VecDeque::new(),
             checkpoint_cycle: None,
-            checkpoint_waiting_for_log: None,
+            checkpoint_unwritten: None,
             commit_progress_tick: 0,
             commit_progress_op: 0,
             state_transfer_tick: None,
@@ -806,7 +806,7 @@ impl<S: StateMachine> Replica<S> {
             self.durable.checkpoint_op,
             match self.checkpoint_cycle {
                 Some(cycle) if cycle.written => format!(" (checkpoint {} written)", cycle.op),
-                Some(cycle) if self.checkpoint_waiting_for_log.is_some() => format!(
+                Some(cycle) if self.checkpoint_unwritten.is_some() => format!(
                     " (checkpoint {} waiting for the log, written to op {}, writes {:?})",
                     cycle.op, self.log_end, self.log_writes
                 ),
@@ -1172,44 +1172,32 @@ impl<S: StateMachine> Replica<S> {
             slot,
             written: false,
         });
-        if wait_for_log {
-            self.checkpoint_waiting_for_log = Some(bytes);
-            self.write_checkpoint_if_log_durable();
-        } else {
-            self.outbox.push(Output::WriteCheckpoint {
-                slot,
-                op,
-                checksum,
-                bytes,
-            });
-        }
+        self.checkpoint_unwritten = Some((bytes, wait_for_log));
+        self.write_checkpoint_when_ready();
     }
 
-    /// Log journal: ask for a waiting checkpoint's write once the log holds every op up to it
-    /// durably.
-    fn write_checkpoint_if_log_durable(&mut self) {
-        let Some(cycle) = self.checkpoint_cycle else {
+    /// Ask for the checkpoint cycle's write, at once or, when it waits for a log journal,
+    /// once the log holds every op up to it durably.
+    fn write_checkpoint_when_ready(&mut self) {
+        let (Some(cycle), Some((_, wait_for_log))) = (self.checkpoint_cycle, &self.checkpoint_unwritten)
+        else {
             return;
         };
-        if self.checkpoint_waiting_for_log.is_none() {
-            return;
-        }
         let log_durable = self.log_end >= cycle.op
             && !self
                 .log_writes
                 .iter()
                 .any(|&(op, _, live)| live && op <= cycle.op);
-        if !log_durable {
+        if *wait_for_log && !log_durable {
             return;
         }
-        let Some(bytes) = self.checkpoint_waiting_for_log.take() else {
+        let Some((bytes, _)) = self.checkpoint_unwritten.take() else {
             return;
         };
-        let (slot, op, checksum) = (cycle.slot, cycle.op, cycle.checksum);
         self.outbox.push(Output::WriteCheckpoint {
-            slot,
-            op,
-            checksum,
+            slot: cycle.slot,
+            op: cycle.op,
+            checksum: cycle.checksum,
             bytes,
         });
     }
@@ -1842,7 +1830,7 @@ impl<S: StateMachine> Replica<S> {
         }
         if self.config.shape.log_journal {
             self.write_log();
-            self.write_checkpoint_if_log_durable();
+            self.write_checkpoint_when_ready();
         }
         self.check_invariants();
     }
