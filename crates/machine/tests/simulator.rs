@@ -10,8 +10,9 @@
 //! same after every op on every replica.
 //!
 //! 2 000 seeds of each run in `cargo test`; `CAIRN_MACHINE_SIM_SEEDS=N` runs N instead. A
-//! failing seed replays with the seed and `SimOptions::from_seed` / `one_replica` in
-//! `run_catching::<MetadataMachine>` (or `PartitionMachine`).
+//! failing seed replays with `cargo run --profile sim -p cairn-machine --bin machine-sim --
+//! partition|metadata [--one-replica] --seed N`, which also runs ranges far faster than a
+//! test build.
 
 use cairn_machine::metadata::MetadataMachine;
 use cairn_machine::partition::PartitionMachine;

@@ -5,7 +5,7 @@
 //! replays to the same trace; and deliberately broken protocol rules are found (the
 //! checkers bite).
 //!
-//! A failing seed replays with `cargo run -p cairn-vsr --release --bin vsr-sim -- --seed N`
+//! A failing seed replays with `cargo run --profile sim -p cairn-vsr --bin vsr-sim -- --seed N`
 //! (`--one-replica` for the cluster-of-one seeds).
 
 use cairn_vsr::replica::Bugs;
@@ -53,7 +53,7 @@ fn run_shard(shard: u64) {
                 log_truncations += outcome.log_truncations;
             }
             Err(violation) => panic!(
-                "seed {seed}: {violation}\nreplay: cargo run -p cairn-vsr --release --bin vsr-sim -- --seed {seed}"
+                "seed {seed}: {violation}\nreplay: cargo run --profile sim -p cairn-vsr --bin vsr-sim -- --seed {seed}"
             ),
         }
     }

@@ -63,7 +63,7 @@ fn main() -> ExitCode {
             Err(violation) => {
                 println!("seed {seed}: VIOLATION {violation}");
                 let flag = if one_replica { "--one-replica " } else { "" };
-                println!("replay: cargo run -p cairn-vsr --release --bin vsr-sim -- {flag}--seed {seed}");
+                println!("replay: cargo run --profile sim -p cairn-vsr --bin vsr-sim -- {flag}--seed {seed}");
                 failures += 1;
                 if !keep_going {
                     return ExitCode::FAILURE;
