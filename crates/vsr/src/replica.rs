@@ -791,8 +791,14 @@ impl<S: StateMachine> Replica<S> {
         let undurable: Vec<u64> = (self.commit_min + 1..=self.op)
             .filter(|&op| self.slot(op).is_some_and(|slot| !slot.durable))
             .collect();
+        let faulty: Vec<String> = self
+            .faulty_slots
+            .iter()
+            .enumerate()
+            .filter_map(|(index, faulty)| faulty.map(|faulty| format!("{index}:{faulty:?}")))
+            .collect();
         format!(
-            "r{} {:?} v{} lv{} dv{}/{}{} op{} c{}/{} cp{}{} pipeline {:?} holes {:?} unverified {:?} undurable {:?}",
+            "r{} {:?} v{} lv{} dv{}/{}{} op{} c{}/{} cp{}{} pipeline {:?} holes {:?} unverified {:?} undurable {:?} faulty {:?}{}",
             self.config.replica,
             self.status,
             self.view,
@@ -816,7 +822,9 @@ impl<S: StateMachine> Replica<S> {
             pipeline,
             holes,
             unverified,
-            undurable
+            undurable,
+            faulty,
+            if self.log_unsound { " log unsound" } else { "" }
         )
     }
 
@@ -969,6 +977,12 @@ impl<S: StateMachine> Replica<S> {
                     // repairing, and never nacks it.
                     self.faulty_slots[index] = Some(FaultyOp::Op(op));
                 }
+                if self.config.shape.log_journal && op > commit_min {
+                    // The log is damaged at `op`: cut there, so the repaired prepare and
+                    // everything above it are written again in order. Damage to an applied op
+                    // cannot be cut away: a partition repairs that by segment transfer.
+                    self.cut_log(op);
+                }
             }
         }
         self.progress();
@@ -977,6 +991,9 @@ impl<S: StateMachine> Replica<S> {
     /// The shell wrote and synced the prepare `op` with checksum `checksum`.
     pub fn on_prepare_written(&mut self, op: u64, checksum: u128) {
         if self.config.shape.log_journal {
+            // The shell reports writes in the order asked, so this is the first one asked with
+            // this op and checksum: the dead one, if the same prepare was cut and written again
+            // (its completion then says nothing of the live one).
             let Some(position) = self
                 .log_writes
                 .iter()
@@ -986,7 +1003,14 @@ impl<S: StateMachine> Replica<S> {
             else {
                 return;
             };
-            let (_, _, live) = self.log_writes.remove(position).expect("found");
+            let (_, _, live) = self.log_writes[position];
+            // Dead writes asked before it were reported already or never will be: forget them.
+            let mut index = 0;
+            self.log_writes.retain(|&(_, _, other_live)| {
+                let keep = index > position || (other_live && index < position);
+                index += 1;
+                keep
+            });
             if !live {
                 // Cut from the log since it was asked: the shell discards it.
                 return;
@@ -1085,9 +1109,14 @@ impl<S: StateMachine> Replica<S> {
         }
         debug_assert!(self.commit_min > before);
         if self.config.shape.log_journal {
-            // The transfer brings the log up to its checkpoint with it (a partition receives
-            // the segments).
-            self.log_end = self.log_end.max(self.commit_min);
+            // The shell installs the transferred log, which ends exactly at the checkpoint (a
+            // partition receives the segments), in place of its own: nothing it wrote before
+            // counts any more, and what lies above the checkpoint is written again in order.
+            self.cut_log(self.commit_min + 1);
+            self.log_end = self.commit_min;
+            for write in self.log_writes.iter_mut() {
+                write.2 = false;
+            }
         }
         // Slots at or below the new checkpoint hold ops this replica never needs again.
         for slot in self.journal.iter_mut() {
@@ -1570,6 +1599,18 @@ impl<S: StateMachine> Replica<S> {
                 // will replace); never apply it.
                 break;
             }
+            if self.config.shape.log_journal
+                && self
+                    .log_written
+                    .get(&op)
+                    .is_some_and(|&written| written != prepare.header.checksum)
+            {
+                // Replaced since it was written (a StartView in this same input): the log holds
+                // the old prepare there. Cut before the op is applied, or `write_log` would see
+                // the mismatch only below the commit point, where no cut may go, and the applied
+                // prepare would never reach the log.
+                self.cut_log(op);
+            }
             self.apply(&prepare);
             self.commit_min = op;
             self.commit_min_checksum = prepare.header.checksum;
@@ -1896,7 +1937,11 @@ impl<S: StateMachine> Replica<S> {
     /// shell, so it counts as durable no more. It keeps its body (an op that is not durable
     /// is never released, and every op above `commit_min` has its body), so it is applied
     /// from memory and written again in order. It may hold a prepare this replica
-    /// acknowledged, so it counts as faulty (never nacked, the replica repairing) until then.
+    /// acknowledged: while the body is in memory the op is held and never nacked; after a
+    /// crash, the redundant header the cut leaves on disk makes recovery call the slot
+    /// faulty, so it is never nacked either. It is not marked faulty here: the mark covers
+    /// the op, not the prepare, so a view change that puts another prepare there (one no
+    /// replica holds) could never truncate it, and the view change would wait forever.
     fn undurable_above_log_end(&mut self) {
         if self.config.bugs.log_cut_keeps_durable {
             return;
@@ -1912,7 +1957,6 @@ impl<S: StateMachine> Replica<S> {
                     "op {above} above the log's end has its body"
                 );
                 slot.durable = false;
-                self.faulty_slots[index] = Some(FaultyOp::Op(above));
             }
         }
     }

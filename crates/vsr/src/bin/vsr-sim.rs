@@ -35,11 +35,11 @@ fn main() -> ExitCode {
         }
     };
     for seed in from..from.saturating_add(count) {
+        if count == 1 {
+            println!("seed {seed}: options {:?}", options(seed));
+        }
         match run_catching::<ChainMachine>(seed, options(seed)) {
             Ok(outcome) => {
-                if count == 1 {
-                    println!("seed {seed}: options {:?}", options(seed));
-                }
                 println!(
                     "seed {seed}: ok, trace {:016x}, {} ticks, {} ops committed, {} replies, view {}, {} crashes, {} power losses, {} failed syncs, {} wipes, {} bits flipped, {} writes lost, {} torn, {} checkpoints, {} state transfers, {} prepares read back, {} log cuts",
                     outcome.trace_hash,
