@@ -447,10 +447,10 @@ pub struct Replica<S: StateMachine> {
     /// A checkpoint being written; one at a time, so the slot the durable state names is
     /// never overwritten.
     checkpoint_cycle: Option<CheckpointCycle>,
-    /// The checkpoint cycle's bytes while not yet asked to be written, and whether they wait
-    /// for the log journal to be durable up to the checkpoint's op: a checkpoint of a log
-    /// journal stands for the log below it (a partition's manifest names its segments).
-    checkpoint_unwritten: Option<(Arc<[u8]>, bool)>,
+    /// The checkpoint cycle's bytes while not yet asked to be written: a log journal's
+    /// checkpoint waits until the log is durable up to its op, since it stands for the log
+    /// below it (a partition's manifest names its segments).
+    checkpoint_unwritten: Option<Arc<[u8]>>,
     /// When `commit_min` last moved (or had nothing to catch up): a replica stuck below
     /// `commit_max` for [`STATE_TRANSFER_TIMEOUT_TICKS`] asks for state transfer.
     commit_progress_tick: u64,
@@ -1113,7 +1113,6 @@ impl<S: StateMachine> Replica<S> {
             // partition receives the segments), in place of its own: nothing it wrote before
             // counts any more, and what lies above the checkpoint is written again in order.
             self.cut_log(self.commit_min + 1);
-            self.log_end = self.commit_min;
             for write in self.log_writes.iter_mut() {
                 write.2 = false;
             }
@@ -1130,7 +1129,7 @@ impl<S: StateMachine> Replica<S> {
         // Persist it like a checkpoint of its own: the slot first, then the durable state.
         let (bytes, checksum_written) = checkpoint.encode(self.config.shape.checkpoint_size_max());
         debug_assert_eq!(checksum_written, checksum);
-        self.start_checkpoint_cycle(checkpoint.op(), checksum, Arc::from(bytes), false);
+        self.start_checkpoint_cycle(checkpoint.op(), checksum, Arc::from(bytes));
         self.progress();
     }
 
@@ -1187,11 +1186,10 @@ impl<S: StateMachine> Replica<S> {
         };
         assert!(checkpoint.state_machine.len() <= STATE_MACHINE_SNAPSHOT_MAX);
         let (bytes, checksum) = checkpoint.encode(self.config.shape.checkpoint_size_max());
-        let wait_for_log = self.config.shape.log_journal;
-        self.start_checkpoint_cycle(header.op, checksum, Arc::from(bytes), wait_for_log);
+        self.start_checkpoint_cycle(header.op, checksum, Arc::from(bytes));
     }
 
-    fn start_checkpoint_cycle(&mut self, op: u64, checksum: u128, bytes: Arc<[u8]>, wait_for_log: bool) {
+    fn start_checkpoint_cycle(&mut self, op: u64, checksum: u128, bytes: Arc<[u8]>) {
         assert!(self.checkpoint_cycle.is_none(), "one checkpoint write at a time");
         assert!(op > self.durable.checkpoint_op);
         let slot = 1 - self.checkpoint_slot;
@@ -1201,15 +1199,16 @@ impl<S: StateMachine> Replica<S> {
             slot,
             written: false,
         });
-        self.checkpoint_unwritten = Some((bytes, wait_for_log));
+        self.checkpoint_unwritten = Some(bytes);
         self.write_checkpoint_when_ready();
     }
 
-    /// Ask for the checkpoint cycle's write, at once or, when it waits for a log journal,
-    /// once the log holds every op up to it durably.
+    /// Ask for the checkpoint cycle's write: at once with a ring journal; with a log
+    /// journal once the log holds every op up to it durably (after a state transfer it
+    /// does at once: the installed log ends at the checkpoint, and every earlier write is
+    /// dead).
     fn write_checkpoint_when_ready(&mut self) {
-        let (Some(cycle), Some((_, wait_for_log))) = (self.checkpoint_cycle, &self.checkpoint_unwritten)
-        else {
+        let Some(cycle) = self.checkpoint_cycle else {
             return;
         };
         let log_durable = self.log_end >= cycle.op
@@ -1217,10 +1216,10 @@ impl<S: StateMachine> Replica<S> {
                 .log_writes
                 .iter()
                 .any(|&(op, _, live)| live && op <= cycle.op);
-        if *wait_for_log && !log_durable {
+        if self.config.shape.log_journal && !log_durable {
             return;
         }
-        let Some((bytes, _)) = self.checkpoint_unwritten.take() else {
+        let Some(bytes) = self.checkpoint_unwritten.take() else {
             return;
         };
         self.outbox.push(Output::WriteCheckpoint {
@@ -1883,7 +1882,11 @@ impl<S: StateMachine> Replica<S> {
     fn write_log(&mut self) {
         debug_assert!(self.config.shape.log_journal);
         // Applied ops are never cut (asserted in `cut_log`).
-        self.log_written = self.log_written.split_off(&(self.commit_min + 1));
+        while let Some(entry) = self.log_written.first_entry()
+            && *entry.key() <= self.commit_min
+        {
+            entry.remove();
+        }
         let cut = self
             .log_written
             .iter()
