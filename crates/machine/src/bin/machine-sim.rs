@@ -15,20 +15,9 @@ const USAGE: &str = "usage: machine-sim metadata|partition [--one-replica] --see
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let value = |name: &str| {
-        args.iter()
-            .position(|arg| arg == name)
-            .and_then(|at| args.get(at + 1))
-            .map(|text| text.parse::<u64>())
-    };
-    let (from, count) = match (value("--seed"), value("--seeds"), value("--from")) {
-        (Some(Ok(seed)), None, None) => (seed, 1),
-        (None, Some(Ok(count)), None) => (0, count),
-        (None, Some(Ok(count)), Some(Ok(from))) => (from, count),
-        _ => {
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
-        }
+    let Some((from, count)) = cairn_vsr::sim::seed_range(&args) else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
     };
     let flags = Flags {
         one_replica: args.iter().any(|arg| arg == "--one-replica"),

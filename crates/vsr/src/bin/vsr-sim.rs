@@ -8,21 +8,11 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let value = |name: &str| {
-        args.iter()
-            .position(|arg| arg == name)
-            .and_then(|at| args.get(at + 1))
-            .map(|text| text.parse::<u64>())
-    };
-    let (from, count) = match (value("--seed"), value("--seeds"), value("--from")) {
-        (Some(Ok(seed)), None, None) => (seed, 1),
-        (None, Some(Ok(count)), from) => (from.and_then(Result::ok).unwrap_or(0), count),
-        _ => {
-            eprintln!(
-                "usage: vsr-sim [--one-replica] --seed N | vsr-sim [--one-replica] [--keep-going] --seeds COUNT [--from N]"
-            );
-            return ExitCode::from(2);
-        }
+    let Some((from, count)) = cairn_vsr::sim::seed_range(&args) else {
+        eprintln!(
+            "usage: vsr-sim [--one-replica] --seed N | vsr-sim [--one-replica] [--keep-going] --seeds COUNT [--from N]"
+        );
+        return ExitCode::from(2);
     };
     let keep_going = args.iter().any(|arg| arg == "--keep-going");
     let mut failures = 0u64;

@@ -407,6 +407,18 @@ struct Host {
     log_write_due: u64,
 }
 
+impl Host {
+    /// Log journal: cut the prepares log so it ends at `from_op - 1` (truncate, synced, and
+    /// the cut slots zeroed: `Storage::truncate_log`).
+    fn cut_log(&mut self, from_op: u64, journal_slots: usize) {
+        let cut: Vec<u32> = (from_op..=self.log_end.min(from_op + journal_slots as u64 - 1))
+            .map(|op| slot_of(op, journal_slots) as u32)
+            .collect();
+        self.storage.truncate_log(&cut);
+        self.log_end = from_op - 1;
+    }
+}
+
 /// A client: registers, then sends numbered requests one at a time, retrying on timeout.
 #[derive(Debug, Clone)]
 struct Client {
@@ -1120,10 +1132,7 @@ impl<M: SimMachine> Sim<M> {
                         let host = &mut self.hosts[replica];
                         if op <= host.log_end {
                             // Truncate, then append: the log ends below `op` first.
-                            let cut: Vec<u32> = (op..=host.log_end.min(op + journal_slots as u64 - 1))
-                                .map(|cut| slot_of(cut, journal_slots) as u32)
-                                .collect();
-                            host.storage.truncate_log(&cut);
+                            host.cut_log(op, journal_slots);
                             self.log_truncations += 1;
                             self.trace.record_str("log cut");
                             self.trace.record_u64(op);
@@ -1328,14 +1337,7 @@ impl<M: SimMachine> Sim<M> {
                         // checkpoint (a partition receives the segments).
                         if self.options.shape.log_journal {
                             let checkpoint_op = self.replicas[replica].commit_min();
-                            let journal_slots = self.options.shape.journal_slots as u64;
-                            let host = &mut self.hosts[replica];
-                            let cut: Vec<u32> = (checkpoint_op + 1
-                                ..=host.log_end.min(checkpoint_op + journal_slots))
-                                .map(|cut| slot_of(cut, journal_slots as usize) as u32)
-                                .collect();
-                            host.storage.truncate_log(&cut);
-                            host.log_end = checkpoint_op;
+                            self.hosts[replica].cut_log(checkpoint_op + 1, self.options.shape.journal_slots);
                         }
                     }
                 }
