@@ -449,23 +449,21 @@ impl Storage {
 
     /// What a crash leaves of one pending write.
     fn land_at_crash(&mut self, zone: Zone, slot: u32, bytes: &[u8], outcome: CrashOutcome) {
-        {
-            match outcome {
-                CrashOutcome::Lost => self.counters.crash_writes_lost += 1,
-                CrashOutcome::Durable => {
-                    self.counters.crash_writes_durable += 1;
-                    self.apply(zone, slot, bytes);
-                }
-                CrashOutcome::Torn { sectors } => {
-                    self.counters.crash_writes_torn += 1;
-                    let torn_bytes = (sectors * SECTOR_SIZE_BYTES) as usize;
-                    assert!(0 < torn_bytes);
-                    assert!(torn_bytes < bytes.len());
-                    self.durable_bytes_mut(zone, slot)[..torn_bytes].copy_from_slice(&bytes[..torn_bytes]);
-                    // The record in the slot is the torn one, so later flips land within it.
-                    self.durable_record_bytes[zone.index()][slot as usize] = bytes.len() as u32;
-                    self.faults.entry((zone, slot)).or_default().torn = true;
-                }
+        match outcome {
+            CrashOutcome::Lost => self.counters.crash_writes_lost += 1,
+            CrashOutcome::Durable => {
+                self.counters.crash_writes_durable += 1;
+                self.apply(zone, slot, bytes);
+            }
+            CrashOutcome::Torn { sectors } => {
+                self.counters.crash_writes_torn += 1;
+                let torn_bytes = (sectors * SECTOR_SIZE_BYTES) as usize;
+                assert!(0 < torn_bytes);
+                assert!(torn_bytes < bytes.len());
+                self.durable_bytes_mut(zone, slot)[..torn_bytes].copy_from_slice(&bytes[..torn_bytes]);
+                // The record in the slot is the torn one, so later flips land within it.
+                self.durable_record_bytes[zone.index()][slot as usize] = bytes.len() as u32;
+                self.faults.entry((zone, slot)).or_default().torn = true;
             }
         }
     }
