@@ -29,7 +29,7 @@ use cairn_vsr::checkpoint::Checkpoint;
 use cairn_vsr::constants::{
     HEADER_SIZE, OPERATION_REGISTER, OPERATION_SESSION_EVICTED, SUPERBLOCK_COPIES, Shape,
 };
-use cairn_vsr::durable::{self, COPY_SIZE, Chosen, DurableState};
+use cairn_vsr::durable::{self, COPY_SIZE, COPY_SIZE_V1, Chosen, DurableState};
 use cairn_vsr::header::{Command, Header, Message};
 use cairn_vsr::journal::{SlotState, classify_slot, read_back, slot_of};
 use cairn_vsr::replica::{Bugs, Config, Destination, Output, Recovered, Replica, StateMachine, Status};
@@ -169,8 +169,12 @@ impl Files {
     /// past its end, like a never-written slot).
     fn read(&self, zone: Zone, slot: usize, len: usize) -> Result<Vec<u8>, GroupError> {
         debug_assert!(len as u64 <= zone.slot_size());
+        self.read_at(zone, slot as u64 * zone.slot_size(), len)
+    }
+
+    /// `len` bytes of `zone`'s file at `offset`, zeros past its end.
+    fn read_at(&self, zone: Zone, offset: u64, len: usize) -> Result<Vec<u8>, GroupError> {
         let file = &self.files[zone as usize];
-        let offset = slot as u64 * zone.slot_size();
         let mut bytes = vec![0u8; len];
         let mut filled = 0;
         while filled < len {
@@ -205,6 +209,35 @@ impl Files {
         }
         Ok(())
     }
+}
+
+/// Replace a format-1 superblock file by one holding `bytes` (today's format) in every copy:
+/// written to a staging file, synced, renamed over the old file, the directory synced. A crash
+/// leaves the old file or the new one, and either boots.
+fn migrate_superblock(files: &mut Files, bytes: &[u8; COPY_SIZE]) -> Result<(), GroupError> {
+    let staging = files.dir.join(SUPERBLOCK_FORMAT_FILE);
+    let target = files.dir.join(SUPERBLOCK_FILE);
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| GroupError::Io { path, source }
+    };
+    let file = File::create(&staging).map_err(io(&staging))?;
+    for copy in 0..SUPERBLOCK_COPIES {
+        file.write_all_at(bytes, (copy * COPY_SIZE) as u64)
+            .map_err(io(&staging))?;
+    }
+    file.sync_all().map_err(io(&staging))?;
+    drop(file);
+    std::fs::rename(&staging, &target).map_err(io(&staging))?;
+    File::open(&files.dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(&files.dir))?;
+    files.files[Zone::Superblock as usize] = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&target)
+        .map_err(io(&target))?;
+    Ok(())
 }
 
 /// One replication group with a single replica, over the files of one directory.
@@ -268,9 +301,22 @@ impl<S: StateMachine> LocalGroup<S> {
                 format!("the cluster id holds {} bytes, not 16", cluster_bytes.len()),
             )
         })?);
-        let files = Files::open(dir, read_only)?;
+        let mut files = Files::open(dir, read_only)?;
+        // A superblock of format 1 (written before 2026-12-02) is 128-byte copies; today's
+        // copies are 512 bytes, so the file's length tells the two apart.
+        let superblock_len = files.files[Zone::Superblock as usize]
+            .metadata()
+            .map_err(|error| files.io_error(Zone::Superblock, error))?
+            .len();
+        let format_1 = superblock_len <= (SUPERBLOCK_COPIES * COPY_SIZE_V1) as u64;
         let copies: Vec<Vec<u8>> = (0..SUPERBLOCK_COPIES)
-            .map(|copy| files.read(Zone::Superblock, copy, COPY_SIZE))
+            .map(|copy| {
+                if format_1 {
+                    files.read_at(Zone::Superblock, (copy * COPY_SIZE_V1) as u64, COPY_SIZE_V1)
+                } else {
+                    files.read(Zone::Superblock, copy, COPY_SIZE)
+                }
+            })
             .collect::<Result<_, _>>()?;
         let copy_refs: [Option<&[u8]>; SUPERBLOCK_COPIES] =
             std::array::from_fn(|copy| Some(copies[copy].as_slice()));
@@ -282,10 +328,22 @@ impl<S: StateMachine> LocalGroup<S> {
                 ..
             }) => {
                 let bytes = durable::encode_copy(&state, sequence);
-                for (copy, repair) in copies_to_repair.iter().enumerate() {
-                    if *repair && !files.read_only {
-                        tracing::warn!(dir = %dir.display(), copy, "rewriting a superblock copy that is stale or damaged");
-                        files.write_synced(Zone::Superblock, copy, &bytes)?;
+                if format_1 {
+                    // Rewritten whole in today's format (the same state and sequence): a
+                    // new file renamed over the old one, so a crash leaves one or the other.
+                    if !files.read_only {
+                        migrate_superblock(&mut files, &bytes)?;
+                        tracing::info!(
+                            dir = %dir.display(),
+                            "migrated the replicated log's superblock from format 1 to format 2 (512-byte copies that also keep the installed log's suffix); nothing else changed"
+                        );
+                    }
+                } else {
+                    for (copy, repair) in copies_to_repair.iter().enumerate() {
+                        if *repair && !files.read_only {
+                            tracing::warn!(dir = %dir.display(), copy, "rewriting a superblock copy that is stale or damaged");
+                            files.write_synced(Zone::Superblock, copy, &bytes)?;
+                        }
                     }
                 }
                 (state, sequence)
@@ -360,7 +418,7 @@ impl<S: StateMachine> LocalGroup<S> {
             })
             .collect();
         let recovered = Recovered {
-            durable: Some(state),
+            durable: Some(state.clone()),
             checkpoint,
             journal,
             nonce: rand::random::<u128>() | 1,
@@ -623,16 +681,16 @@ impl<S: StateMachine> LocalGroup<S> {
                 self.replica.on_prepare_read(op, checksum, prepare, for_replica);
             }
             Output::WriteDurable { state } => {
-                let (current, sequence) = self.superblock;
+                let (current, sequence) = &self.superblock;
                 let (next_sequence, bytes) =
-                    durable::plan_write(&current, sequence, &state).map_err(|error| {
+                    durable::plan_write(current, *sequence, &state).map_err(|error| {
                         refused(
                             &self.files.dir,
                             format!("an invalid durable state was asked for: {error:?}"),
                         )
                     })?;
                 self.files.write_superblock(&bytes)?;
-                self.superblock = (state, next_sequence);
+                self.superblock = (state.clone(), next_sequence);
                 self.replica.on_durable_written(state);
             }
             Output::WriteCheckpoint {
@@ -726,6 +784,54 @@ mod tests {
         drop(read_only);
         assert!(file_bytes(&dir) == files, "a read-only open wrote to the files");
         assert_eq!(open(&dir).state_machine().state.streams.len(), 60);
+    }
+
+    /// A group written before 2026-12-02 has a format-1 superblock (128-byte copies, no log
+    /// suffix). It opens with every op, the file is rewritten in today's format (a read-only
+    /// open leaves it alone), and it opens again from there.
+    #[test]
+    fn a_format_1_superblock_is_migrated() {
+        let temp = tempfile::tempdir().expect("tempdir");
+        let dir = temp.path().join("group");
+        let mut group = open(&dir);
+        create_streams(&mut group, 0..20);
+        let before = group.state_machine().clone();
+        drop(group);
+
+        // Rewrite the superblock as a format-1 build wrote it: the same state without the
+        // suffix, its first 112 bytes with version 1, then their checksum, four times.
+        let path = dir.join(SUPERBLOCK_FILE);
+        let current = std::fs::read(&path).expect("read");
+        let (state, sequence) = durable::decode_copy(&current[..COPY_SIZE]).expect("a valid copy");
+        let state = DurableState {
+            log_suffix: Vec::new(),
+            ..state
+        };
+        let mut v1 = durable::encode_copy(&state, sequence)[..112].to_vec();
+        v1[4..6].copy_from_slice(&durable::VERSION_V1.to_le_bytes());
+        let checksum = xxhash_rust::xxh3::xxh3_128(&v1);
+        v1.extend_from_slice(&checksum.to_le_bytes());
+        std::fs::write(&path, v1.repeat(SUPERBLOCK_COPIES)).expect("write");
+
+        let read_only = LocalGroup::open_read_only(&dir, GROUP, MetadataMachine::default)
+            .expect("read-only open")
+            .expect("a group exists");
+        assert_eq!(*read_only.state_machine(), before);
+        drop(read_only);
+        assert_eq!(
+            std::fs::read(&path).expect("read").len(),
+            SUPERBLOCK_COPIES * COPY_SIZE_V1
+        );
+
+        let mut group = open(&dir);
+        assert_eq!(*group.state_machine(), before);
+        assert_eq!(
+            std::fs::read(&path).expect("read").len(),
+            SUPERBLOCK_COPIES * COPY_SIZE
+        );
+        create_streams(&mut group, 20..25);
+        drop(group);
+        assert_eq!(open(&dir).state_machine().state.streams.len(), 25);
     }
 
     /// A torn write of an entry that was never acknowledged (its redundant header never

@@ -183,6 +183,11 @@ impl Shape {
         if self.checkpoint_interval_ops as usize + 2 * self.pipeline_prepares_max >= self.journal_slots {
             return Err("journal_slots must exceed checkpoint_interval_ops + 2 × pipeline_prepares_max");
         }
+        // The durable state keeps the installed log's checksums below its head, the whole
+        // suffix a view change may send (`DurableState::log_suffix`).
+        if self.view_change_headers_max() > crate::durable::LOG_SUFFIX_MAX + 1 {
+            return Err("a view change's headers must fit the durable state's log suffix");
+        }
         if self.view_change_headers_max() >= self.journal_slots {
             return Err("journal_slots must exceed a view change's headers");
         }

@@ -91,7 +91,7 @@
 //! | off | size | field | fault it detects |
 //! |---:|---:|---|---|
 //! | 0 | 4 | `magic` = `"CVSB"` | not a superblock copy at all: a wrong file or offset, another format |
-//! | 4 | 2 | `version` = 1 | another format, whose checksum and fields this build cannot locate |
+//! | 4 | 2 | `version` = 2 | another format, whose checksum and fields this build cannot locate |
 //! | 6 | 2 | reserved, zero | a writer that used the bytes without a version bump, or a writer bug |
 //! | 8 | 8 | `sequence` | a stale copy, left at the previous write by a crash |
 //! | 16 | 16 | `cluster` | a superblock of another cluster: a disk or directory moved between clusters |
@@ -104,9 +104,19 @@
 //! | 73 | 1 | `replica_count` | a state formatted for another group size |
 //! | 74 | 6 | reserved, zero | as above; room for fields without a format break |
 //! | 80 | 8 | `log_head_op` | (state) |
-//! | 88 | 8 | reserved, zero | as above |
+//! | 88 | 2 | `log_suffix` length `n` | (state; at most [`LOG_SUFFIX_MAX`]) |
+//! | 90 | 6 | reserved, zero | as above |
 //! | 96 | 16 | `log_head_checksum` | (state) |
-//! | 112 | 16 | `checksum` | bit flips and torn writes anywhere in bytes 0..112: XXH3-128 of them |
+//! | 112 | 16 × 24 | `log_suffix`: `n` checksums, then zeros | (state) |
+//! | 496 | 16 | `checksum` | bit flips and torn writes anywhere in bytes 0..496: XXH3-128 of them |
+//!
+//! A copy is one 512-byte sector: a device writes it whole or not at all, and a shell that
+//! places copy `i` at `i × COPY_SIZE` gives each copy a sector of its own.
+//!
+//! **Version 1** (until 2026-12-02) was the first 112 bytes of this layout with bytes 88..96
+//! reserved (no suffix), and its checksum at 112, in 128-byte copies. [`decode_copy`] still
+//! reads a version-1 copy handed over as [`COPY_SIZE_V1`] bytes (as a state with an empty
+//! suffix), so a shell can migrate a superblock written before; it writes only version 2.
 //!
 //! Every field is naturally aligned and no byte is unaccounted for (both asserted at compile
 //! time). The state fields are checked by [`DurableState::check`]. A copy that verifies but fails
@@ -116,14 +126,25 @@ use crate::constants::{REPLICAS_MAX, SUPERBLOCK_COPIES};
 use std::mem::size_of;
 use xxhash_rust::xxh3::xxh3_128;
 
-/// Bytes in one copy of the superblock. The shell pads each copy to its own sector(s).
-pub const COPY_SIZE: usize = 128;
+/// Bytes in one copy of the superblock: one sector.
+pub const COPY_SIZE: usize = 512;
+
+/// Bytes in one copy of a version-1 superblock (read for migration only).
+pub const COPY_SIZE_V1: usize = 128;
+
+/// Checksums a durable state keeps of the installed log below its head (see
+/// [`DurableState::log_suffix`]). A group's shape must fit its view-change suffix in it
+/// (`Shape::check`).
+pub const LOG_SUFFIX_MAX: usize = 24;
 
 /// `"CVSB"` (Cairn VSR superblock) read as a little-endian `u32`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"CVSB");
 
 /// The copy format this build writes and reads. Any other value is refused.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
+
+/// The format before the log suffix; [`decode_copy`] reads it for migration.
+pub const VERSION_V1: u16 = 1;
 
 /// The sequence of a format's write (and of a wiped replica's first write): the first write.
 pub const SEQUENCE_FORMATTED: u64 = 1;
@@ -144,16 +165,21 @@ const REPLICA_COUNT_OFFSET: usize = 73;
 const RESERVED_TAIL_OFFSET: usize = 74;
 const RESERVED_TAIL_SIZE: usize = 6;
 const LOG_HEAD_OP_OFFSET: usize = 80;
-const RESERVED_MIDDLE_OFFSET: usize = 88;
-const RESERVED_MIDDLE_SIZE: usize = 8;
+const LOG_SUFFIX_LEN_OFFSET: usize = 88;
+const RESERVED_MIDDLE_OFFSET: usize = 90;
+const RESERVED_MIDDLE_SIZE: usize = 6;
 const LOG_HEAD_CHECKSUM_OFFSET: usize = 96;
-const CHECKSUM_OFFSET: usize = 112;
+const LOG_SUFFIX_OFFSET: usize = 112;
+const LOG_SUFFIX_SIZE: usize = LOG_SUFFIX_MAX * size_of::<u128>();
+const CHECKSUM_OFFSET: usize = LOG_SUFFIX_OFFSET + LOG_SUFFIX_SIZE;
+/// Where a version-1 copy keeps its checksum (of the bytes before it).
+const CHECKSUM_OFFSET_V1: usize = 112;
 const CHECKSUM_SIZE: usize = size_of::<u128>();
 
 /// Every region of a copy in order, as (offset, size, is a field). The const block below asserts
 /// that they tile the copy exactly, so a field moved in one place and not the other fails to
 /// compile, and that every field (reserved regions excepted) is naturally aligned.
-const LAYOUT: [(usize, usize, bool); 17] = [
+const LAYOUT: [(usize, usize, bool); 19] = [
     (MAGIC_OFFSET, size_of::<u32>(), true),
     (VERSION_OFFSET, size_of::<u16>(), true),
     (RESERVED_HEAD_OFFSET, RESERVED_HEAD_SIZE, false),
@@ -168,8 +194,11 @@ const LAYOUT: [(usize, usize, bool); 17] = [
     (REPLICA_COUNT_OFFSET, size_of::<u8>(), true),
     (RESERVED_TAIL_OFFSET, RESERVED_TAIL_SIZE, false),
     (LOG_HEAD_OP_OFFSET, size_of::<u64>(), true),
+    (LOG_SUFFIX_LEN_OFFSET, size_of::<u16>(), true),
     (RESERVED_MIDDLE_OFFSET, RESERVED_MIDDLE_SIZE, false),
     (LOG_HEAD_CHECKSUM_OFFSET, size_of::<u128>(), true),
+    // An array of u128, aligned like one.
+    (LOG_SUFFIX_OFFSET, LOG_SUFFIX_SIZE, false),
     (CHECKSUM_OFFSET, CHECKSUM_SIZE, true),
 ];
 
@@ -187,8 +216,14 @@ const _: () = {
     assert!(end == COPY_SIZE);
     // The checksum is last and covers everything before it.
     assert!(CHECKSUM_OFFSET + CHECKSUM_SIZE == COPY_SIZE);
-    // A copy fits the smallest sector, so the shell can give each copy a sector of its own.
+    // A copy fits the smallest sector, so the shell can give each copy a sector of its own,
+    // and a crash never tears a copy within itself.
     assert!(COPY_SIZE <= 512);
+    assert!(LOG_SUFFIX_OFFSET.is_multiple_of(size_of::<u128>()));
+    assert!(LOG_SUFFIX_MAX <= u16::MAX as usize);
+    // Version 1 is this layout's first 112 bytes, then its checksum.
+    assert!(CHECKSUM_OFFSET_V1 == LOG_SUFFIX_OFFSET);
+    assert!(CHECKSUM_OFFSET_V1 + CHECKSUM_SIZE == COPY_SIZE_V1);
     // Four copies: one torn by a crash and one flipped still leave two that verify.
     assert!(SUPERBLOCK_COPIES >= 4);
     assert!(REPLICAS_MAX <= u8::MAX as usize);
@@ -199,7 +234,7 @@ const _: () = {
 ///
 /// Invariants (see [`DurableState::check`] and the module documentation): the ones on each
 /// field, and across writes the monotone relations that [`plan_write`] enforces.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DurableState {
     /// The cluster this replica was formatted for. It never changes.
     pub cluster: u128,
@@ -230,6 +265,14 @@ pub struct DurableState {
     /// It is the latest install's, so it is not monotone.
     pub log_head_op: u64,
     pub log_head_checksum: u128,
+    /// The installed log below its head: `log_suffix[i]` is the checksum of op
+    /// `log_head_op − 1 − i` in the `log_view` log, as the install named it (a prepare's
+    /// header, or a hole's checksum), contiguous from the head down, at most
+    /// [`LOG_SUFFIX_MAX`] and never below op 1. A restart uses it to tell the `log_view`
+    /// log's copies from stale ones below the head, and to name the ops it lacks there, so its
+    /// DoViewChange can vouch for them whatever the disk kept. Invariant:
+    /// `log_suffix.len() ≤ min(LOG_SUFFIX_MAX, log_head_op − 1)`.
+    pub log_suffix: Vec<u128>,
 }
 
 impl DurableState {
@@ -247,6 +290,7 @@ impl DurableState {
             checkpoint_checksum: 0,
             log_head_op: 0,
             log_head_checksum: 0,
+            log_suffix: Vec::new(),
         }
     }
 
@@ -274,6 +318,14 @@ impl DurableState {
             return Err(DurableError::CheckpointAheadOfCommit {
                 checkpoint_op: self.checkpoint_op,
                 commit_max: self.commit_max,
+            });
+        }
+        if self.log_suffix.len() > LOG_SUFFIX_MAX
+            || self.log_suffix.len() as u64 > self.log_head_op.saturating_sub(1)
+        {
+            return Err(DurableError::LogSuffixTooLong {
+                len: self.log_suffix.len(),
+                log_head_op: self.log_head_op,
             });
         }
         Ok(())
@@ -362,6 +414,10 @@ pub enum DurableError {
     CheckpointOpRegressed { current: u64, next: u64 },
     #[error("checkpoint_checksum would change while checkpoint_op stays {checkpoint_op}")]
     CheckpointChecksumChanged { checkpoint_op: u64 },
+    #[error(
+        "the log suffix holds {len} checksums, more than {LOG_SUFFIX_MAX} or than ops below head {log_head_op}"
+    )]
+    LogSuffixTooLong { len: usize, log_head_op: u64 },
     #[error("the sequence is at its maximum and cannot be incremented")]
     SequenceExhausted,
 }
@@ -393,7 +449,7 @@ pub enum CopyFault {
 }
 
 /// The state to boot from, as chosen by [`choose`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Chosen {
     /// At least one copy verifies.
     Formatted {
@@ -489,10 +545,25 @@ fn put_state(bytes: &mut [u8; COPY_SIZE], state: &DurableState) {
         LOG_HEAD_CHECKSUM_OFFSET,
         state.log_head_checksum.to_le_bytes(),
     );
+    let len = u16::try_from(state.log_suffix.len()).expect("checked: at most LOG_SUFFIX_MAX");
+    put(bytes, LOG_SUFFIX_LEN_OFFSET, len.to_le_bytes());
+    for (index, checksum) in state.log_suffix.iter().enumerate() {
+        put(
+            bytes,
+            LOG_SUFFIX_OFFSET + index * size_of::<u128>(),
+            checksum.to_le_bytes(),
+        );
+    }
 }
 
 /// Decode and verify one copy. Never panics on any input, and reads no byte outside `bytes`.
+///
+/// `bytes` is a version-2 copy of [`COPY_SIZE`] bytes, or a version-1 copy of
+/// [`COPY_SIZE_V1`] bytes (read for migration: its state has an empty `log_suffix`).
 pub fn decode_copy(bytes: &[u8]) -> Result<(DurableState, u64), CopyFault> {
+    if bytes.len() == COPY_SIZE_V1 {
+        return decode_copy_v1(bytes);
+    }
     let Ok(bytes) = <&[u8; COPY_SIZE]>::try_from(bytes) else {
         return Err(CopyFault::WrongSize {
             size_bytes: bytes.len(),
@@ -513,10 +584,70 @@ pub fn decode_copy(bytes: &[u8]) -> Result<(DurableState, u64), CopyFault> {
     if checksum != xxh3_128(&bytes[..CHECKSUM_OFFSET]) {
         return Err(CopyFault::ChecksumMismatch);
     }
+    decode_fields(bytes)
+}
+
+/// A version-1 copy: the first 112 bytes of today's layout (bytes 88..96 reserved), then the
+/// checksum of those bytes.
+fn decode_copy_v1(bytes: &[u8]) -> Result<(DurableState, u64), CopyFault> {
+    debug_assert_eq!(bytes.len(), COPY_SIZE_V1);
+    if bytes.iter().all(|&byte| byte == 0) {
+        return Err(CopyFault::Blank);
+    }
+    // Version 1's fields sit where version 2's do: decode them from a version-2 image whose
+    // suffix is empty.
+    let mut image = [0u8; COPY_SIZE];
+    image[..CHECKSUM_OFFSET_V1].copy_from_slice(&bytes[..CHECKSUM_OFFSET_V1]);
+    let magic = u32::from_le_bytes(get(&image, MAGIC_OFFSET));
+    if magic != MAGIC {
+        return Err(CopyFault::BadMagic { magic });
+    }
+    let version = u16::from_le_bytes(get(&image, VERSION_OFFSET));
+    if version != VERSION_V1 {
+        return Err(CopyFault::BadVersion { version });
+    }
+    let mut checksum = [0u8; CHECKSUM_SIZE];
+    checksum.copy_from_slice(&bytes[CHECKSUM_OFFSET_V1..COPY_SIZE_V1]);
+    if u128::from_le_bytes(checksum) != xxh3_128(&bytes[..CHECKSUM_OFFSET_V1]) {
+        return Err(CopyFault::ChecksumMismatch);
+    }
+    // Version 1 reserved all of bytes 88..96, where version 2 keeps the suffix length.
+    if image[LOG_SUFFIX_LEN_OFFSET..LOG_SUFFIX_LEN_OFFSET + size_of::<u16>()]
+        .iter()
+        .any(|&byte| byte != 0)
+    {
+        return Err(CopyFault::NonZeroReserved);
+    }
+    decode_fields(&image)
+}
+
+/// The state and sequence of a copy whose magic, version and checksum verified.
+fn decode_fields(bytes: &[u8; COPY_SIZE]) -> Result<(DurableState, u64), CopyFault> {
     if !reserved_zero(bytes) {
         return Err(CopyFault::NonZeroReserved);
     }
     let sequence = u64::from_le_bytes(get(bytes, SEQUENCE_OFFSET));
+    let log_head_op = u64::from_le_bytes(get(bytes, LOG_HEAD_OP_OFFSET));
+    let suffix_len = usize::from(u16::from_le_bytes(get(bytes, LOG_SUFFIX_LEN_OFFSET)));
+    if suffix_len > LOG_SUFFIX_MAX {
+        return Err(CopyFault::Invalid(DurableError::LogSuffixTooLong {
+            len: suffix_len,
+            log_head_op,
+        }));
+    }
+    let suffix_bytes = &bytes[LOG_SUFFIX_OFFSET..LOG_SUFFIX_OFFSET + LOG_SUFFIX_SIZE];
+    let (used, unused) = suffix_bytes.split_at(suffix_len * size_of::<u128>());
+    if unused.iter().any(|&byte| byte != 0) {
+        return Err(CopyFault::NonZeroReserved);
+    }
+    let log_suffix = used
+        .chunks_exact(size_of::<u128>())
+        .map(|chunk| {
+            let mut checksum = [0u8; size_of::<u128>()];
+            checksum.copy_from_slice(chunk);
+            u128::from_le_bytes(checksum)
+        })
+        .collect();
     let state = DurableState {
         cluster: u128::from_le_bytes(get(bytes, CLUSTER_OFFSET)),
         replica: u8::from_le_bytes(get(bytes, REPLICA_OFFSET)),
@@ -526,8 +657,9 @@ pub fn decode_copy(bytes: &[u8]) -> Result<(DurableState, u64), CopyFault> {
         commit_max: u64::from_le_bytes(get(bytes, COMMIT_MAX_OFFSET)),
         checkpoint_op: u64::from_le_bytes(get(bytes, CHECKPOINT_OP_OFFSET)),
         checkpoint_checksum: u128::from_le_bytes(get(bytes, CHECKPOINT_CHECKSUM_OFFSET)),
-        log_head_op: u64::from_le_bytes(get(bytes, LOG_HEAD_OP_OFFSET)),
+        log_head_op,
         log_head_checksum: u128::from_le_bytes(get(bytes, LOG_HEAD_CHECKSUM_OFFSET)),
+        log_suffix,
     };
     state.check().map_err(CopyFault::Invalid)?;
     Ok((state, sequence))
@@ -551,7 +683,7 @@ pub fn choose(
     let decoded: [Option<Result<(DurableState, u64), CopyFault>>; SUPERBLOCK_COPIES] =
         std::array::from_fn(|copy| copies[copy].map(decode_copy));
     let valid: [Option<(DurableState, u64)>; SUPERBLOCK_COPIES] =
-        std::array::from_fn(|copy| decoded[copy].and_then(Result::ok));
+        std::array::from_fn(|copy| decoded[copy].clone().and_then(Result::ok));
 
     for (copy, valid_copy) in valid.iter().enumerate() {
         let Some((state, _)) = valid_copy else {
@@ -575,25 +707,28 @@ pub fn choose(
             return Ok(Chosen::Wiped);
         }
         assert!(blank_count < SUPERBLOCK_COPIES);
-        let faults =
-            std::array::from_fn(|copy| decoded[copy].map(|read| read.expect_err("no copy is valid")));
+        let faults = std::array::from_fn(|copy| {
+            decoded[copy]
+                .as_ref()
+                .map(|read| *read.as_ref().expect_err("no copy is valid"))
+        });
         return Err(DurableRefusal::AllCopiesCorrupt { faults });
     };
 
     // Every pair of valid copies: equal sequences must hold equal states, and the state of the
     // higher sequence must be a possible successor of the other. At most 4 · 3 / 2 = 6 pairs.
     for copy_a in 0..SUPERBLOCK_COPIES {
-        let Some((state_a, sequence_a)) = valid[copy_a] else {
+        let Some((state_a, sequence_a)) = &valid[copy_a] else {
             continue;
         };
         for (copy_b, valid_b) in valid.iter().enumerate().skip(copy_a + 1) {
-            let Some((state_b, sequence_b)) = *valid_b else {
+            let Some((state_b, sequence_b)) = valid_b else {
                 continue;
             };
             if sequence_a == sequence_b {
                 if state_a != state_b {
                     return Err(DurableRefusal::Conflict {
-                        sequence: sequence_a,
+                        sequence: *sequence_a,
                         copy_a,
                         copy_b,
                     });
@@ -606,7 +741,7 @@ pub fn choose(
                 (copy_b, state_b, copy_a, state_a)
             };
             state_older
-                .check_successor(&state_newer)
+                .check_successor(state_newer)
                 .map_err(|error| DurableRefusal::NotMonotone {
                     copy_older,
                     copy_newer,
@@ -619,7 +754,7 @@ pub fn choose(
         .iter()
         .flatten()
         .find(|&&(_, copy_sequence)| copy_sequence == sequence)
-        .map(|&(state, _)| state)
+        .map(|(state, _)| state.clone())
         .expect("the maximum is the sequence of some valid copy");
     let copies_to_repair: [bool; SUPERBLOCK_COPIES] = std::array::from_fn(
         |copy| !matches!(valid[copy], Some((_, copy_sequence)) if copy_sequence == sequence),
@@ -666,7 +801,7 @@ pub fn plan_write(
 
     let bytes = encode_copy(next, sequence);
     // Paired with the checks above: what the shell will write reads back as what was planned.
-    assert_eq!(decode_copy(&bytes), Ok((*next, sequence)));
+    assert_eq!(decode_copy(&bytes), Ok((next.clone(), sequence)));
     assert!(sequence > current_sequence);
     Ok((sequence, bytes))
 }
@@ -681,7 +816,7 @@ pub fn plan_write(
 pub fn plan_format(state: &DurableState) -> Result<(u64, [u8; COPY_SIZE]), DurableError> {
     state.check()?;
     let bytes = encode_copy(state, SEQUENCE_FORMATTED);
-    assert_eq!(decode_copy(&bytes), Ok((*state, SEQUENCE_FORMATTED)));
+    assert_eq!(decode_copy(&bytes), Ok((state.clone(), SEQUENCE_FORMATTED)));
     Ok((SEQUENCE_FORMATTED, bytes))
 }
 
@@ -730,6 +865,7 @@ mod tests {
             checkpoint_checksum: 0xaaaa_bbbb_cccc_dddd_eeee_ffff_0000_1111,
             log_head_op: 1_003,
             log_head_checksum: 0x1234_5678_9abc_def0_0fed_cba9_8765_4321,
+            log_suffix: vec![0x0bad_cafe, 0xfeed_f00d_0000_0000_0000_0000_0000_0001],
         }
     }
 
@@ -763,7 +899,7 @@ mod tests {
         let state = state_example();
         for sequence in [0, 1, 2, 0x0102_0304_0506_0708, u64::MAX] {
             let bytes = encode_copy(&state, sequence);
-            assert_eq!(decode_copy(&bytes), Ok((state, sequence)));
+            assert_eq!(decode_copy(&bytes), Ok((state.clone(), sequence)));
         }
     }
 
@@ -772,7 +908,7 @@ mod tests {
         let state = state_example();
         let bytes = encode_copy(&state, 0x0102_0304_0506_0708);
         assert_eq!(&bytes[0..4], b"CVSB");
-        assert_eq!(&bytes[4..6], &[1, 0]);
+        assert_eq!(&bytes[4..6], &[2, 0]);
         assert_eq!(&bytes[6..8], &[0, 0]);
         assert_eq!(&bytes[8..16], &[8, 7, 6, 5, 4, 3, 2, 1]);
         assert_eq!(&bytes[16..32], &CLUSTER.to_le_bytes());
@@ -785,15 +921,19 @@ mod tests {
         assert_eq!(bytes[73], 3);
         assert!(bytes[74..80].iter().all(|&byte| byte == 0));
         assert_eq!(&bytes[80..88], &1_003u64.to_le_bytes());
-        assert!(bytes[88..96].iter().all(|&byte| byte == 0));
+        assert_eq!(&bytes[88..90], &2u16.to_le_bytes());
+        assert!(bytes[90..96].iter().all(|&byte| byte == 0));
         assert_eq!(&bytes[96..112], &state.log_head_checksum.to_le_bytes());
-        assert_eq!(&bytes[112..128], &xxh3_128(&bytes[..112]).to_le_bytes());
+        assert_eq!(&bytes[112..128], &state.log_suffix[0].to_le_bytes());
+        assert_eq!(&bytes[128..144], &state.log_suffix[1].to_le_bytes());
+        assert!(bytes[144..496].iter().all(|&byte| byte == 0));
+        assert_eq!(&bytes[496..512], &xxh3_128(&bytes[..496]).to_le_bytes());
         // Pinned, so that a change to the checksum (a seed, another hash) is a deliberate
         // format change and not an accident.
         assert_eq!(u128::from_le_bytes(get(&bytes, CHECKSUM_OFFSET)), CHECKSUM_PINNED);
     }
 
-    const CHECKSUM_PINNED: u128 = 0xfb70_d498_d690_9175_68ba_1eea_5086_a2fa;
+    const CHECKSUM_PINNED: u128 = 0x4a48_3dbe_fef1_628d_aaea_0c0b_54a2_ee65;
 
     #[test]
     fn fault_wrong_size() {
@@ -835,9 +975,98 @@ mod tests {
     #[test]
     fn fault_bad_version() {
         let mut bytes = encode_copy(&state_example(), 3);
-        put(&mut bytes, VERSION_OFFSET, 2u16.to_le_bytes());
+        put(&mut bytes, VERSION_OFFSET, 3u16.to_le_bytes());
         seal(&mut bytes);
-        assert_eq!(decode_copy(&bytes), Err(CopyFault::BadVersion { version: 2 }));
+        assert_eq!(decode_copy(&bytes), Err(CopyFault::BadVersion { version: 3 }));
+        // A version-1 copy is read only at its own size, never inside a version-2 copy.
+        put(&mut bytes, VERSION_OFFSET, VERSION_V1.to_le_bytes());
+        seal(&mut bytes);
+        assert_eq!(decode_copy(&bytes), Err(CopyFault::BadVersion { version: 1 }));
+    }
+
+    /// The version-1 bytes of `state` (whose suffix must be empty), as a build before
+    /// 2026-12-02 wrote them.
+    fn encode_v1(state: &DurableState, sequence: u64) -> Vec<u8> {
+        assert!(state.log_suffix.is_empty());
+        let bytes = encode_copy(state, sequence);
+        let mut v1 = bytes[..CHECKSUM_OFFSET_V1].to_vec();
+        v1[VERSION_OFFSET..VERSION_OFFSET + 2].copy_from_slice(&VERSION_V1.to_le_bytes());
+        let checksum = xxh3_128(&v1);
+        v1.extend_from_slice(&checksum.to_le_bytes());
+        assert_eq!(v1.len(), COPY_SIZE_V1);
+        v1
+    }
+
+    #[test]
+    fn version_1_copies_are_read_with_an_empty_suffix() {
+        let state = DurableState {
+            log_suffix: Vec::new(),
+            ..state_example()
+        };
+        let v1 = encode_v1(&state, 17);
+        assert_eq!(decode_copy(&v1), Ok((state.clone(), 17)));
+        // choose works on version-1 copies as on today's, so a shell can migrate them.
+        let copies = [Some(&v1[..]), Some(&v1[..]), Some(&v1[..]), Some(&v1[..])];
+        assert_eq!(
+            formatted(choose_from(copies)),
+            (state.clone(), 17, SUPERBLOCK_COPIES, [false; SUPERBLOCK_COPIES])
+        );
+        // Its own faults are still caught: a flip, a version-2 marker, a reserved byte.
+        let mut flipped = v1.clone();
+        flipped[50] ^= 1;
+        assert_eq!(decode_copy(&flipped), Err(CopyFault::ChecksumMismatch));
+        let mut wrong_version = v1.clone();
+        wrong_version[VERSION_OFFSET] = 2;
+        let checksum = xxh3_128(&wrong_version[..CHECKSUM_OFFSET_V1]);
+        wrong_version[CHECKSUM_OFFSET_V1..].copy_from_slice(&checksum.to_le_bytes());
+        assert_eq!(
+            decode_copy(&wrong_version),
+            Err(CopyFault::BadVersion { version: 2 })
+        );
+        let mut reserved = v1;
+        reserved[LOG_SUFFIX_LEN_OFFSET] = 1;
+        let checksum = xxh3_128(&reserved[..CHECKSUM_OFFSET_V1]);
+        reserved[CHECKSUM_OFFSET_V1..].copy_from_slice(&checksum.to_le_bytes());
+        assert_eq!(decode_copy(&reserved), Err(CopyFault::NonZeroReserved));
+    }
+
+    #[test]
+    fn the_log_suffix_is_bounded_and_its_unused_room_is_zero() {
+        let mut bytes = encode_copy(&state_example(), 3);
+        // A checksum past the suffix's length: reserved.
+        put(&mut bytes, LOG_SUFFIX_OFFSET + 5 * 16, 7u128.to_le_bytes());
+        seal(&mut bytes);
+        assert_eq!(decode_copy(&bytes), Err(CopyFault::NonZeroReserved));
+        // A length beyond the room.
+        let mut bytes = encode_copy(&state_example(), 3);
+        put(
+            &mut bytes,
+            LOG_SUFFIX_LEN_OFFSET,
+            (LOG_SUFFIX_MAX as u16 + 1).to_le_bytes(),
+        );
+        seal(&mut bytes);
+        assert!(matches!(
+            decode_copy(&bytes),
+            Err(CopyFault::Invalid(DurableError::LogSuffixTooLong { .. }))
+        ));
+        // More checksums than ops below the head.
+        let state = DurableState {
+            log_head_op: 2,
+            ..state_example()
+        };
+        assert_eq!(
+            state.check(),
+            Err(DurableError::LogSuffixTooLong {
+                len: 2,
+                log_head_op: 2
+            })
+        );
+        // A full suffix round-trips.
+        let state = DurableState {
+            log_suffix: (0..LOG_SUFFIX_MAX as u128).map(|index| index * 3 + 1).collect(),
+            ..state_example()
+        };
+        assert_eq!(decode_copy(&encode_copy(&state, 9)), Ok((state, 9)));
     }
 
     #[test]
@@ -1143,7 +1372,10 @@ mod tests {
     #[test]
     fn choose_takes_the_highest_sequence_wherever_it_is() {
         let older = state_example();
-        let newer = DurableState { view: 8, ..older };
+        let newer = DurableState {
+            view: 8,
+            ..older.clone()
+        };
         let older_bytes = encode_copy(&older, 9);
         let newer_bytes = encode_copy(&newer, 10);
         for position in 0..SUPERBLOCK_COPIES {
@@ -1151,14 +1383,17 @@ mod tests {
             copies[position] = Some(&newer_bytes);
             let mut copies_to_repair = [true; 4];
             copies_to_repair[position] = false;
-            assert_eq!(formatted(choose_from(copies)), (newer, 10, 1, copies_to_repair));
+            assert_eq!(
+                formatted(choose_from(copies)),
+                (newer.clone(), 10, 1, copies_to_repair)
+            );
 
             // And the other way round: one old copy among new ones.
             let mut copies: [Option<&[u8]>; 4] = [Some(&newer_bytes); 4];
             copies[position] = Some(&older_bytes);
             assert_eq!(
                 formatted(choose_from(copies)),
-                (newer, 10, 3, copies_to_repair.map(|r| !r))
+                (newer.clone(), 10, 3, copies_to_repair.map(|r| !r))
             );
         }
     }
@@ -1186,7 +1421,7 @@ mod tests {
         let current = state_example();
         let (sequence, bytes) = plan_write(&current, 41, &current).unwrap();
         assert_eq!(sequence, 42);
-        assert_eq!(decode_copy(&bytes), Ok((current, 42)));
+        assert_eq!(decode_copy(&bytes), Ok((current.clone(), 42)));
 
         let next = DurableState {
             view: 9,
@@ -1194,7 +1429,7 @@ mod tests {
             commit_max: 2_000,
             checkpoint_op: 1_920,
             checkpoint_checksum: 5,
-            ..current
+            ..current.clone()
         };
         let (sequence, bytes) = plan_write(&current, 42, &next).unwrap();
         assert_eq!(sequence, 43);
@@ -1208,21 +1443,21 @@ mod tests {
             (
                 DurableState {
                     cluster: CLUSTER ^ 1,
-                    ..current
+                    ..current.clone()
                 },
                 DurableError::ClusterChanged,
             ),
             (
                 DurableState {
                     replica: 0,
-                    ..current
+                    ..current.clone()
                 },
                 DurableError::ReplicaChanged { current: 1, next: 0 },
             ),
             (
                 DurableState {
                     replica_count: 5,
-                    ..current
+                    ..current.clone()
                 },
                 DurableError::ReplicaCountChanged { current: 3, next: 5 },
             ),
@@ -1230,21 +1465,21 @@ mod tests {
                 DurableState {
                     view: 6,
                     log_view: 5,
-                    ..current
+                    ..current.clone()
                 },
                 DurableError::ViewRegressed { current: 7, next: 6 },
             ),
             (
                 DurableState {
                     log_view: 4,
-                    ..current
+                    ..current.clone()
                 },
                 DurableError::LogViewRegressed { current: 5, next: 4 },
             ),
             (
                 DurableState {
                     commit_max: 999,
-                    ..current
+                    ..current.clone()
                 },
                 DurableError::CommitMaxRegressed {
                     current: 1_000,
@@ -1254,7 +1489,7 @@ mod tests {
             (
                 DurableState {
                     checkpoint_op: 959,
-                    ..current
+                    ..current.clone()
                 },
                 DurableError::CheckpointOpRegressed {
                     current: 960,
@@ -1264,7 +1499,7 @@ mod tests {
             (
                 DurableState {
                     checkpoint_checksum: 1,
-                    ..current
+                    ..current.clone()
                 },
                 DurableError::CheckpointChecksumChanged { checkpoint_op: 960 },
             ),
@@ -1273,14 +1508,14 @@ mod tests {
                 DurableState {
                     view: 8,
                     log_view: 9,
-                    ..current
+                    ..current.clone()
                 },
                 DurableError::LogViewAheadOfView { log_view: 9, view: 8 },
             ),
             (
                 DurableState {
                     checkpoint_op: 1_001,
-                    ..current
+                    ..current.clone()
                 },
                 DurableError::CheckpointAheadOfCommit {
                     checkpoint_op: 1_001,
@@ -1290,7 +1525,7 @@ mod tests {
             (
                 DurableState {
                     replica: 3,
-                    ..current
+                    ..current.clone()
                 },
                 DurableError::ReplicaInvalid {
                     replica: 3,
@@ -1307,7 +1542,7 @@ mod tests {
         );
         let invalid_current = DurableState {
             log_view: 8,
-            ..current
+            ..current.clone()
         };
         assert_eq!(
             plan_write(&invalid_current, 5, &current),
@@ -1340,15 +1575,15 @@ mod tests {
     #[test]
     fn acting_before_repair_can_roll_back() {
         let a = state_example();
-        let b = DurableState { view: 8, ..a };
-        let c = DurableState { view: 9, ..a };
+        let b = DurableState { view: 8, ..a.clone() };
+        let c = DurableState { view: 9, ..a.clone() };
         let (sequence_a, bytes_a) = plan_write(&a, 4, &a).unwrap();
         let (sequence_b, bytes_b) = plan_write(&a, sequence_a, &b).unwrap();
 
         let mut copies = [bytes_b, bytes_a, bytes_a, bytes_a];
         let read = |copies: &[[u8; COPY_SIZE]; 4]| choose_from(copies.each_ref().map(|copy| Some(&copy[..])));
         let (state, sequence, copies_valid, copies_to_repair) = formatted(read(&copies));
-        assert_eq!((state, sequence, copies_valid), (b, sequence_b, 1));
+        assert_eq!((&state, sequence, copies_valid), (&b, sequence_b, 1));
 
         // Without repair: the next write tears copy 0 and the adopted state is lost.
         let (_, bytes_c) = plan_write(&b, sequence_b, &c).unwrap();
@@ -1363,7 +1598,7 @@ mod tests {
                 *bytes = repair;
             }
         }
-        assert_eq!(formatted(read(&copies)), (b, sequence_b, 4, [false; 4]));
+        assert_eq!(formatted(read(&copies)), (b.clone(), sequence_b, 4, [false; 4]));
         copies[0][..70].copy_from_slice(&bytes_c[..70]);
         assert_eq!(
             formatted(read(&copies)),

@@ -139,7 +139,7 @@ impl<S: StateMachine> Node<S> {
     pub fn on_durable_written(&mut self, written: &[(u64, DurableState)]) -> NodeOutputs {
         for (group, state) in written {
             if let Some(replica) = self.groups.get_mut(group) {
-                replica.on_durable_written(*state);
+                replica.on_durable_written(state.clone());
             }
         }
         self.collect()

@@ -24,7 +24,7 @@ use crate::constants::{
     STATE_MACHINE_SNAPSHOT_MAX, STATE_TRANSFER_TIMEOUT_TICKS, Shape, TIMEOUT_JITTER_TICKS_MAX,
     VIEW_CHANGE_RETRY_TICKS, VIEW_CHANGE_TIMEOUT_TICKS,
 };
-use crate::durable::DurableState;
+use crate::durable::{DurableState, LOG_SUFFIX_MAX};
 use crate::header::{Command, Header, Message, root_checksum};
 use crate::journal::{SlotState, slot_of};
 use std::collections::VecDeque;
@@ -416,6 +416,9 @@ pub struct Replica<S: StateMachine> {
     /// The head (op, checksum) of the log installed when `log_view` was last set: persisted
     /// with it, so a restart can tell the `log_view` log from stale slots. (0, 0) is the root.
     log_head: (u64, u128),
+    /// The installed log below `log_head`, persisted with it (`DurableState::log_suffix`):
+    /// checksums of ops `log_head − 1` down, as the install named them.
+    log_suffix: Vec<u128>,
     /// Set while status is recovering.
     recovery: Option<Recovery>,
     /// Reads asked of the shell and not yet reported ([`Output::ReadPrepare`]), by op and
@@ -499,6 +502,7 @@ impl<S: StateMachine> Replica<S> {
             merged: false,
             view_start_op: 0,
             log_head: (0, 0),
+            log_suffix: Vec::new(),
             recovery: None,
             reads_in_flight: std::collections::BTreeSet::new(),
             log_unsound: false,
@@ -546,10 +550,10 @@ impl<S: StateMachine> Replica<S> {
             {
                 return Err(RecoveryError::Foreign);
             }
-            replica.durable = durable;
             replica.view = durable.view;
             replica.log_view = durable.log_view;
             replica.commit_max = durable.commit_max;
+            replica.durable = durable;
         }
         match (replica.durable.checkpoint_op, recovered.checkpoint) {
             (0, None) => {}
@@ -613,6 +617,7 @@ impl<S: StateMachine> Replica<S> {
             replica.faulty_slots.fill(Some(FaultyOp::Any));
         } else {
             replica.log_head = (replica.durable.log_head_op, replica.durable.log_head_checksum);
+            replica.log_suffix = replica.durable.log_suffix.clone();
             replica.rebuild_log_view_log();
         }
         replica.recover_log_end();
@@ -674,6 +679,24 @@ impl<S: StateMachine> Replica<S> {
         {
             self.set_hole(head_op, head_checksum, None);
         }
+        // Below the head, the install named each op of its suffix: a copy that matches is that
+        // log's; anything else there (a stale copy a view change replaced in memory only, or
+        // nothing) is a hole with the named checksum. Without this, a hole low in the log
+        // would leave everything below it unverified, and a view change whose nack cut lands
+        // there could find no DoViewChange naming its head.
+        if !self.config.bugs.recovery_ignores_log_head {
+            for (index, &checksum) in self.log_suffix.clone().iter().enumerate() {
+                let op = head_op - 1 - index as u64;
+                if op <= floor {
+                    break;
+                }
+                match self.slot_mut(op) {
+                    Some(slot) if slot.checksum == checksum => slot.verified = true,
+                    _ => self.set_hole(op, checksum, None),
+                }
+            }
+        }
+        let suffix_floor = head_op.saturating_sub(self.log_suffix.len() as u64);
         // Down the chain from the top: each verified header names its parent.
         let mut op = top;
         while op > floor + 1 {
@@ -690,6 +713,10 @@ impl<S: StateMachine> Replica<S> {
                     }
                 }
                 Some(parent) => {
+                    debug_assert!(
+                        below < suffix_floor || below >= head_op,
+                        "the chain below op {op} contradicts the persisted suffix at op {below}"
+                    );
                     self.set_hole(below, parent, None);
                 }
                 None => {}
@@ -1792,7 +1819,7 @@ impl<S: StateMachine> Replica<S> {
         self.merged = true;
         self.pipeline.clear();
         self.install_log(header.op, &entries);
-        self.log_head = (self.op, self.head_checksum());
+        self.set_log_head(&entries);
         self.advance_commit_max(header.commit);
         self.primary_heard_tick = self.ticks;
         self.want_durable();
@@ -2076,7 +2103,7 @@ impl<S: StateMachine> Replica<S> {
         // persisted head, as it does after a StartView, whose log_view is also set before its
         // prepares are all durable.
         self.log_view = self.view;
-        self.log_head = (self.op, self.head_checksum());
+        self.set_log_head(&entries);
         self.want_durable();
         self.advance_commit_max(commit.min(self.op));
         self.merged = true;
@@ -2201,6 +2228,26 @@ impl<S: StateMachine> Replica<S> {
             op -= 1;
         }
         merged
+    }
+
+    /// Remember the log just installed (from `entries`, head first) as the `log_view` log:
+    /// its head, and the checksums it names below the head, contiguous and at most
+    /// [`LOG_SUFFIX_MAX`]. Both are persisted with `log_view`, so a restart can tell that
+    /// log's copies from stale ones and name the ops it lacks, all the way down the suffix.
+    fn set_log_head(&mut self, entries: &[Entry]) {
+        self.log_head = (self.op, self.head_checksum());
+        let below_head = entries
+            .iter()
+            .skip_while(|entry| entry.op() >= self.op)
+            .take_while(|entry| entry.op() >= 1);
+        self.log_suffix.clear();
+        for (index, entry) in below_head.enumerate() {
+            if index == LOG_SUFFIX_MAX || entry.op() != self.op - 1 - index as u64 {
+                break;
+            }
+            debug_assert!(!matches!(entry, Entry::Unknown { .. }));
+            self.log_suffix.push(entry.checksum());
+        }
     }
 
     /// Make the journal hold the log whose head is `head` and whose suffix is `entries`
@@ -2420,10 +2467,11 @@ impl<S: StateMachine> Replica<S> {
             log_view: self.log_view,
             log_head_op: self.log_head.0,
             log_head_checksum: self.log_head.1,
+            log_suffix: self.log_suffix.clone(),
             commit_max: self.commit_max.max(self.durable.commit_max).max(checkpoint_op),
             checkpoint_op,
             checkpoint_checksum,
-            ..self.durable
+            ..self.durable.clone()
         };
         if self.durable_writing {
             self.durable_next = Some(next);

@@ -30,18 +30,30 @@ struct Step {
     commit_delta: u64,
     checkpoint_pick: u64,
     checkpoint_checksum: u128,
+    /// Checksums kept below the log head (the head sits just above them).
+    log_suffix_len: u64,
+    log_checksum_seed: u128,
 }
 
 fn step() -> impl Strategy<Value = Step> {
-    (0..3u32, any::<u32>(), 0..5u64, any::<u64>(), any::<u128>()).prop_map(
-        |(view_delta, log_view_pick, commit_delta, checkpoint_pick, checkpoint_checksum)| Step {
-            view_delta,
-            log_view_pick,
-            commit_delta,
-            checkpoint_pick,
-            checkpoint_checksum,
-        },
+    (
+        (0..3u32, any::<u32>(), 0..5u64, any::<u64>(), any::<u128>()),
+        (0..6u64, any::<u128>()),
     )
+        .prop_map(
+            |(
+                (view_delta, log_view_pick, commit_delta, checkpoint_pick, checkpoint_checksum),
+                (log_suffix_len, log_checksum_seed),
+            )| Step {
+                view_delta,
+                log_view_pick,
+                log_suffix_len,
+                log_checksum_seed,
+                commit_delta,
+                checkpoint_pick,
+                checkpoint_checksum,
+            },
+        )
 }
 
 fn successor(current: &DurableState, step: &Step) -> DurableState {
@@ -61,7 +73,12 @@ fn successor(current: &DurableState, step: &Step) -> DurableState {
         commit_max,
         checkpoint_op,
         checkpoint_checksum,
-        ..*current
+        log_head_op: commit_max + step.log_suffix_len + 1,
+        log_head_checksum: step.log_checksum_seed,
+        log_suffix: (0..step.log_suffix_len)
+            .map(|index| step.log_checksum_seed ^ u128::from(index + 1))
+            .collect(),
+        ..current.clone()
     }
 }
 
@@ -148,7 +165,7 @@ proptest! {
     ) {
         let formatted = DurableState::formatted(cluster, replica, replica_count);
         let (mut sequence, mut bytes) = plan_format(&formatted).unwrap();
-        let mut state = formatted;
+        let mut state = formatted.clone();
         let mut copies: Copies = [bytes; SUPERBLOCK_COPIES];
 
         // Every write but the last completes: every copy holds it.
@@ -158,7 +175,7 @@ proptest! {
             state = next;
             copies = [bytes; SUPERBLOCK_COPIES];
         }
-        let (completed_state, completed_sequence, completed_bytes) = (state, sequence, bytes);
+        let (completed_state, completed_sequence, completed_bytes) = (state.clone(), sequence, bytes);
 
         // The last write crashes while writing copy `crash_copy` (none, if it is
         // SUPERBLOCK_COPIES: then the write completed).
@@ -199,7 +216,7 @@ proptest! {
         let expected_copies_to_repair = holds.map(|held| held != Some(expected_sequence));
         let expected_copies_valid = expected_copies_to_repair.iter().filter(|&&repair| !repair).count();
         prop_assert_eq!(chosen, Ok(Chosen::Formatted {
-            state: expected_state,
+            state: expected_state.clone(),
             sequence: expected_sequence,
             copies_valid: expected_copies_valid,
             copies_to_repair: expected_copies_to_repair,
@@ -261,7 +278,7 @@ proptest! {
             disk.flip(flip_before_write);
 
             // The replica writes its next state; the write may crash and tear one copy.
-            let (current, current_sequence) = acted;
+            let (current, current_sequence) = acted.clone();
             let next = successor(&current, &step);
             let (next_sequence, next_bytes) = plan_write(&current, current_sequence, &next).unwrap();
             let order: Vec<usize> = (0..SUPERBLOCK_COPIES).collect();
@@ -284,7 +301,7 @@ proptest! {
                 prop_assert!(sequence <= next_sequence);
                 prop_assert!(follows(&acted.0, &state));
                 if sequence == acted.1 {
-                    prop_assert_eq!(state, acted.0);
+                    prop_assert_eq!(&state, &acted.0);
                 }
 
                 // Repair: rewrite each copy that does not hold the chosen bytes, in ascending
