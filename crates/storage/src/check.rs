@@ -1071,7 +1071,7 @@ pub fn highest_end_offset(bytes: &[u8], partition_id: u32) -> Option<u64> {
             if let Ok(header) = record::verify_envelope(rest) {
                 let end = match header.kind {
                     RecordKind::Batch => header.base_offset.saturating_add(u64::from(header.message_count)),
-                    RecordKind::Gap => header.base_offset,
+                    RecordKind::Gap | RecordKind::Op => header.base_offset,
                 };
                 highest = highest.max(Some(end));
                 // A verified record is whole: skip it.

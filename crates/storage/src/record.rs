@@ -17,12 +17,12 @@
 //! |-----|------|-------------------|------------------|
 //! | 0   | 4    | `magic` = `"CRNR"`| a position that is not a record start (misdirected read, garbage, zeros) |
 //! | 4   | 1    | `version` = 1     | a file written by an incompatible format version |
-//! | 5   | 1    | `kind`            | an unknown record kind: 1 = batch, 2 = gap (see below) |
+//! | 5   | 1    | `kind`            | an unknown record kind: 1 = batch, 2 = gap, 3 = op (see below) |
 //! | 6   | 2    | reserved, zero    | garbage in the header; room for later flags |
 //! | 8   | 8    | `checksum`        | torn write and bit flips anywhere in header bytes 16..64 or the batch: XXH3-64 (seed 0) over header bytes 16..64, then the batch bytes |
 //! | 16  | 8    | `parent_checksum` | a lost, duplicated or reordered record: the `checksum` of the previous record of this partition (0 before the first record; across segments, the last checksum of the previous segment) |
-//! | 24  | 8    | `op`              | a lost or replayed record: per-partition record sequence number, 1 for the first record, +1 per record (a later replication issue puts the VSR op here) |
-//! | 32  | 4    | `view`            | (replication) the view the record was written in; 0 for now |
+//! | 24  | 8    | `op`              | a lost or replayed record: per-partition record sequence number, 1 for the first record, +1 per record; in a journal log, the VSR op (see "Journal logs") |
+//! | 32  | 4    | `view`            | (replication) the view of the prepare the record belongs to; 0 outside a journal log |
 //! | 36  | 4    | `partition_id`    | a foreign record: a checksum-valid record of another partition (misdirected write, files copied between directories) |
 //! | 40  | 8    | `base_offset`     | a lost or reordered record: must equal the previous record's `base_offset + message_count` |
 //! | 48  | 4    | `message_count`   | offset continuity (with `base_offset`); must match the batch header; 0 exactly for a gap |
@@ -50,6 +50,19 @@
 //! (next base = previous chain end) tells an intended gap (a verified gap record says so) from
 //! a lost segment (nothing does). A checksum-valid record after a gap in the same segment is
 //! damage.
+//!
+//! # Journal logs and op records (kind 3)
+//!
+//! A partition group's segment log is its VSR journal ([`OpRule::PerPrepare`]): `op` is the
+//! VSR op of the prepare a record belongs to, and every op writes at least one record. An
+//! append writes one batch record per batch, all with its op; any other op (an offset store,
+//! a purge, ...) writes one *op record*: `kind` = 3, `message_count` = 0, `base_offset` = the
+//! chain's next offset (it moves no offset), `timestamp_us` = the prepare's timestamp, and
+//! the op's body as it is (at most [`BATCH_BYTES_MAX`] bytes) instead of a batch. The op rule
+//! becomes: a record's op is the chain's next op (a new prepare), or, for a batch record, the
+//! op before it (the same prepare's next batch). Polls and the index skip op records. A
+//! record log ([`OpRule::PerRecord`], every log written before replication) holds no op
+//! records: one there is damage.
 //!
 //! # Scan classification
 //!
@@ -108,6 +121,8 @@ pub const RECORD_VERSION: u8 = 1;
 pub const RECORD_KIND_BATCH: u8 = 1;
 /// The record declares an intended offset gap and seals its segment (see the module doc).
 pub const RECORD_KIND_GAP: u8 = 2;
+/// The record holds one VSR op's body that is not an append (journal logs only).
+pub const RECORD_KIND_OP: u8 = 3;
 /// Size of a gap record's body: `previous_end_offset u64`, 8 reserved zero bytes.
 pub const GAP_BODY_SIZE: usize = 16;
 
@@ -162,6 +177,17 @@ pub enum RecordKind {
     Batch,
     /// An intended offset gap (`message_count` = 0); seals its segment.
     Gap,
+    /// A VSR op's body that is not an append (`message_count` = 0; journal logs only).
+    Op,
+}
+
+/// What the `op` field of a log's records counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpRule {
+    /// Records: +1 per record (every log written before replication).
+    PerRecord,
+    /// VSR ops: a new prepare's records carry the next op, its later batches the same op.
+    PerPrepare,
 }
 
 impl RecordKind {
@@ -169,6 +195,7 @@ impl RecordKind {
         match self {
             RecordKind::Batch => RECORD_KIND_BATCH,
             RecordKind::Gap => RECORD_KIND_GAP,
+            RecordKind::Op => RECORD_KIND_OP,
         }
     }
 
@@ -176,6 +203,7 @@ impl RecordKind {
         match byte {
             RECORD_KIND_BATCH => Some(RecordKind::Batch),
             RECORD_KIND_GAP => Some(RecordKind::Gap),
+            RECORD_KIND_OP => Some(RecordKind::Op),
             _ => None,
         }
     }
@@ -329,6 +357,12 @@ impl Chain {
     /// `next_offset`, or a gap that jumps `next_offset` forward to its `base_offset`.
     pub fn advance(&self, header: &RecordHeader) -> Chain {
         debug_assert_eq!(header.op, self.next_op);
+        self.advance_by(header, OpRule::PerRecord)
+    }
+
+    /// [`Chain::advance`] under `rule`: in a journal log the next op is the record's op + 1.
+    pub fn advance_by(&self, header: &RecordHeader, rule: OpRule) -> Chain {
+        debug_assert!(self.op_fits(header, rule));
         let next_offset = match header.kind {
             RecordKind::Batch => {
                 debug_assert_eq!(header.base_offset, self.next_offset);
@@ -340,12 +374,32 @@ impl Chain {
                 debug_assert_eq!(header.message_count, 0);
                 header.base_offset
             }
+            RecordKind::Op => {
+                debug_assert_eq!(header.base_offset, self.next_offset);
+                debug_assert_eq!(header.message_count, 0);
+                self.next_offset
+            }
+        };
+        let next_op = match rule {
+            OpRule::PerRecord => self.next_op + 1,
+            OpRule::PerPrepare => header.op + 1,
         };
         Chain {
             partition_id: self.partition_id,
             next_offset,
             parent_checksum: header.checksum,
-            next_op: self.next_op + 1,
+            next_op,
+        }
+    }
+
+    /// Whether `header`'s op may follow this chain under `rule` (see the module doc).
+    pub fn op_fits(&self, header: &RecordHeader, rule: OpRule) -> bool {
+        match rule {
+            OpRule::PerRecord => header.op == self.next_op,
+            OpRule::PerPrepare => {
+                header.op == self.next_op
+                    || (header.kind == RecordKind::Batch && header.op >= 1 && header.op + 1 == self.next_op)
+            }
         }
     }
 }
@@ -398,6 +452,9 @@ pub enum Fault {
     GapWithMessages,
     /// A checksum-valid record after the gap record that sealed its segment.
     RecordAfterGap,
+    /// A checksum-valid op record that does not continue the chain where it stands (it must
+    /// not move the offset), or one in a log that is not a journal.
+    OpRecordMisplaced,
     /// Below the durable frontier the input ends, or a record straddles the frontier.
     FrontierBoundary,
 }
@@ -418,6 +475,7 @@ impl Fault {
                 | Fault::GapBodyMismatch
                 | Fault::GapWithMessages
                 | Fault::RecordAfterGap
+                | Fault::OpRecordMisplaced
         )
     }
 }
@@ -466,6 +524,10 @@ impl fmt::Display for Fault {
             Fault::GapWithMessages => write!(f, "gap record claims messages"),
             Fault::RecordAfterGap => write!(f, "record after the gap record that sealed its segment"),
             Fault::FrontierBoundary => write!(f, "record boundary does not meet the durable frontier"),
+            Fault::OpRecordMisplaced => write!(
+                f,
+                "op record out of place (in a record log, or moving the offset)"
+            ),
         }
     }
 }
@@ -479,6 +541,22 @@ pub struct ScannedRecord {
     pub message_count: u32,
     pub timestamp_us: u64,
     /// Header + batch.
+    pub size_bytes: u64,
+    /// The record's op: its sequence number in a record log, its VSR op in a journal log.
+    pub op: u64,
+    /// The view of the record's prepare (journal logs; 0 otherwise).
+    pub view: u32,
+}
+
+/// One verified op record (journal logs), as found by [`scan`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScannedOpRecord {
+    /// Byte position of the record header in the scanned input.
+    pub position_bytes: u64,
+    pub op: u64,
+    pub view: u32,
+    pub timestamp_us: u64,
+    /// Header + body.
     pub size_bytes: u64,
 }
 
@@ -512,6 +590,8 @@ pub struct ScanResult {
     pub valid_len_bytes: u64,
     /// Every batch record of the valid prefix, in order.
     pub records: Vec<ScannedRecord>,
+    /// Every op record of the valid prefix, in order (journal logs only).
+    pub op_records: Vec<ScannedOpRecord>,
     /// The gap record ending the valid prefix, if one sealed the segment.
     ///
     /// Invariant: `Some` ⇒ it is the last record of the valid prefix
@@ -535,7 +615,13 @@ pub fn scan(bytes: &[u8], start: Chain) -> ScanResult {
 /// [`scan`] with a durable frontier at byte `durable_len_bytes`: a failure below it (or an
 /// input ending before it, or a record straddling it) is [`Tail::Damaged`], never torn.
 pub fn scan_from(bytes: &[u8], start: Chain, durable_len_bytes: u64) -> ScanResult {
+    scan_with(bytes, start, durable_len_bytes, OpRule::PerRecord)
+}
+
+/// [`scan_from`] under `rule`: [`OpRule::PerPrepare`] for a journal log.
+pub fn scan_with(bytes: &[u8], start: Chain, durable_len_bytes: u64, rule: OpRule) -> ScanResult {
     let mut records = Vec::new();
+    let mut op_records = Vec::new();
     let mut gap: Option<ScannedGap> = None;
     let mut chain = start;
     let mut durable_end = (durable_len_bytes == 0).then_some(start);
@@ -552,7 +638,7 @@ pub fn scan_from(bytes: &[u8], start: Chain, durable_len_bytes: u64) -> ScanResu
         if rest.is_empty() {
             break Tail::Clean;
         }
-        let verified = verify(rest, &chain).and_then(|header| {
+        let verified = verify_with(rest, &chain, rule).and_then(|header| {
             // A gap seals its segment: nothing may verify after it.
             if gap.is_some() {
                 Err(Fault::RecordAfterGap)
@@ -574,6 +660,15 @@ pub fn scan_from(bytes: &[u8], start: Chain, durable_len_bytes: u64) -> ScanResu
                         message_count: header.message_count,
                         timestamp_us: header.timestamp_us,
                         size_bytes,
+                        op: header.op,
+                        view: header.view,
+                    }),
+                    RecordKind::Op => op_records.push(ScannedOpRecord {
+                        position_bytes: position as u64,
+                        op: header.op,
+                        view: header.view,
+                        timestamp_us: header.timestamp_us,
+                        size_bytes,
                     }),
                     RecordKind::Gap => {
                         gap = Some(ScannedGap {
@@ -584,7 +679,7 @@ pub fn scan_from(bytes: &[u8], start: Chain, durable_len_bytes: u64) -> ScanResu
                         })
                     }
                 }
-                chain = chain.advance(&header);
+                chain = chain.advance_by(&header, rule);
                 // `verify` bounded the record by `rest`, so this stays within `bytes`.
                 position += size_bytes as usize;
                 if position as u64 == durable_len_bytes {
@@ -619,6 +714,7 @@ pub fn scan_from(bytes: &[u8], start: Chain, durable_len_bytes: u64) -> ScanResu
     ScanResult {
         valid_len_bytes: position as u64,
         records,
+        op_records,
         gap,
         end: chain,
         durable_end,
@@ -636,19 +732,29 @@ pub fn probe_budget_bytes(len_bytes: u64, position_bytes: u64) -> u64 {
 /// Verify the record at the start of `rest` as the next record of `chain`. Returns the header;
 /// the record spans `header.record_size_bytes()` bytes of `rest`.
 pub fn verify(rest: &[u8], chain: &Chain) -> Result<RecordHeader, Fault> {
+    verify_with(rest, chain, OpRule::PerRecord)
+}
+
+/// [`verify`] under `rule`.
+pub fn verify_with(rest: &[u8], chain: &Chain, rule: OpRule) -> Result<RecordHeader, Fault> {
     let header = verify_envelope(rest)?;
     let body = &rest[RECORD_HEADER_SIZE..header.record_size_bytes() as usize];
-    match header.kind {
-        RecordKind::Batch => verify_chain(&header, body, chain)?,
-        RecordKind::Gap => verify_gap(&header, body, chain)?,
-    }
+    verify_in_chain(&header, body, chain, rule)?;
     Ok(header)
 }
 
-/// The checks on a checksum-valid gap record: chained like any record, jumping forward from
-/// exactly where the chain ends.
-fn verify_gap(header: &RecordHeader, body: &[u8], chain: &Chain) -> Result<(), Fault> {
-    debug_assert_eq!(header.kind, RecordKind::Gap);
+/// The chain checks on a record whose envelope verified: it must be the next record of
+/// `chain` under `rule`.
+pub fn verify_in_chain(header: &RecordHeader, body: &[u8], chain: &Chain, rule: OpRule) -> Result<(), Fault> {
+    match header.kind {
+        RecordKind::Batch => verify_chain(header, body, chain, rule),
+        RecordKind::Gap => verify_gap(header, body, chain, rule),
+        RecordKind::Op => verify_op_record(header, chain, rule),
+    }
+}
+
+/// The place of a record in the chain: its partition, its parent and its op.
+fn verify_link(header: &RecordHeader, chain: &Chain, rule: OpRule) -> Result<(), Fault> {
     if header.partition_id != chain.partition_id {
         return Err(Fault::ForeignPartition {
             found: header.partition_id,
@@ -661,12 +767,31 @@ fn verify_gap(header: &RecordHeader, body: &[u8], chain: &Chain) -> Result<(), F
             expected: chain.parent_checksum,
         });
     }
-    if header.op != chain.next_op {
+    if !chain.op_fits(header, rule) {
         return Err(Fault::OpMismatch {
             found: header.op,
             expected: chain.next_op,
         });
     }
+    Ok(())
+}
+
+/// The checks on a checksum-valid op record: chained like any record, in a journal log, at the
+/// chain's next offset and moving no offset.
+fn verify_op_record(header: &RecordHeader, chain: &Chain, rule: OpRule) -> Result<(), Fault> {
+    debug_assert_eq!(header.kind, RecordKind::Op);
+    verify_link(header, chain, rule)?;
+    if rule != OpRule::PerPrepare || header.message_count != 0 || header.base_offset != chain.next_offset {
+        return Err(Fault::OpRecordMisplaced);
+    }
+    Ok(())
+}
+
+/// The checks on a checksum-valid gap record: chained like any record, jumping forward from
+/// exactly where the chain ends.
+fn verify_gap(header: &RecordHeader, body: &[u8], chain: &Chain, rule: OpRule) -> Result<(), Fault> {
+    debug_assert_eq!(header.kind, RecordKind::Gap);
+    verify_link(header, chain, rule)?;
     if header.message_count != 0 {
         return Err(Fault::GapWithMessages);
     }
@@ -755,6 +880,7 @@ fn bounded_record_size(header: &RecordHeader, remaining_bytes: u64) -> Result<u6
     let plausible = match header.kind {
         RecordKind::Batch => (batch_length as usize) >= BATCH_HEADER_SIZE && batch_length <= BATCH_BYTES_MAX,
         RecordKind::Gap => batch_length as usize == GAP_BODY_SIZE,
+        RecordKind::Op => batch_length <= BATCH_BYTES_MAX,
     };
     if !plausible {
         return Err(Fault::ImplausibleLength(batch_length));
@@ -771,7 +897,7 @@ fn bounded_record_size(header: &RecordHeader, remaining_bytes: u64) -> Result<u6
 
 /// The checks on a checksum-valid record: it must be the next record of `chain`, and its batch
 /// header must agree with the envelope.
-fn verify_chain(header: &RecordHeader, batch_bytes: &[u8], chain: &Chain) -> Result<(), Fault> {
+fn verify_chain(header: &RecordHeader, batch_bytes: &[u8], chain: &Chain, rule: OpRule) -> Result<(), Fault> {
     debug_assert_eq!(header.kind, RecordKind::Batch);
     if header.partition_id != chain.partition_id {
         return Err(Fault::ForeignPartition {
@@ -791,7 +917,7 @@ fn verify_chain(header: &RecordHeader, batch_bytes: &[u8], chain: &Chain) -> Res
             expected: chain.parent_checksum,
         });
     }
-    if header.op != chain.next_op {
+    if !chain.op_fits(header, rule) {
         return Err(Fault::OpMismatch {
             found: header.op,
             expected: chain.next_op,
@@ -888,10 +1014,13 @@ fn probe(bytes: &[u8], failure_position: usize, chain: &Chain) -> Probe {
 /// this partition that belongs after `chain` and fits in the input.
 fn plausible_candidate(candidate: &[u8], chain: &Chain) -> Option<u64> {
     let header = decode(candidate).ok()?;
-    if header.partition_id != chain.partition_id
-        || header.base_offset < chain.next_offset
-        || header.message_count == 0
-    {
+    let could_follow = match header.kind {
+        RecordKind::Batch => header.message_count > 0,
+        // An op record moves no offset: one after a failure is damage as surely as a batch.
+        RecordKind::Op => header.message_count == 0,
+        RecordKind::Gap => false,
+    };
+    if header.partition_id != chain.partition_id || header.base_offset < chain.next_offset || !could_follow {
         return None;
     }
     bounded_record_size(&header, candidate.len() as u64).ok()
@@ -970,6 +1099,166 @@ mod tests {
         log.extend_from_slice(&batch);
         *chain = chain.advance(&header);
         header
+    }
+
+    /// Append to a journal log a record of `kind` with op `op`: a batch of `count` messages, or
+    /// an op record with `body`. No chain check: the scan decides.
+    fn push_journal(
+        log: &mut Vec<u8>,
+        chain: &mut Chain,
+        kind: RecordKind,
+        op: u64,
+        count: u32,
+        body: &[u8],
+    ) {
+        let timestamp_us = 5_000 + op;
+        let payload = match kind {
+            RecordKind::Batch => fake_batch(chain.partition_id, chain.next_offset, count, timestamp_us, 10),
+            _ => body.to_vec(),
+        };
+        let mut header = RecordHeader {
+            kind,
+            checksum: 0,
+            parent_checksum: chain.parent_checksum,
+            op,
+            view: 3,
+            partition_id: chain.partition_id,
+            base_offset: chain.next_offset,
+            message_count: if kind == RecordKind::Batch { count } else { 0 },
+            batch_length_bytes: payload.len() as u32,
+            timestamp_us,
+        };
+        log.extend_from_slice(&header.seal(&payload));
+        log.extend_from_slice(&payload);
+        *chain = Chain {
+            partition_id: chain.partition_id,
+            next_offset: chain.next_offset + u64::from(header.message_count),
+            parent_checksum: header.checksum,
+            next_op: op + 1,
+        };
+    }
+
+    /// A journal log: op 1 an append of two batches, op 2 an op record, op 3 one batch, op 4
+    /// an op record with an empty body.
+    fn journal_sample() -> (Vec<u8>, Chain) {
+        let mut log = Vec::new();
+        let mut chain = Chain::genesis(7);
+        push_journal(&mut log, &mut chain, RecordKind::Batch, 1, 3, &[]);
+        push_journal(&mut log, &mut chain, RecordKind::Batch, 1, 2, &[]);
+        push_journal(&mut log, &mut chain, RecordKind::Op, 2, 0, b"store offset 4");
+        push_journal(&mut log, &mut chain, RecordKind::Batch, 3, 1, &[]);
+        push_journal(&mut log, &mut chain, RecordKind::Op, 4, 0, &[]);
+        (log, chain)
+    }
+
+    #[test]
+    fn a_journal_log_groups_records_by_op_and_keeps_op_records_apart() {
+        let (log, end) = journal_sample();
+        let result = scan_with(&log, Chain::genesis(7), 0, OpRule::PerPrepare);
+        assert_eq!(result.tail, Tail::Clean);
+        assert_eq!(result.end, end);
+        assert_eq!(result.end.next_op, 5);
+        assert_eq!(result.end.next_offset, 6);
+        let batch_ops: Vec<(u64, u64, u32)> = result
+            .records
+            .iter()
+            .map(|record| (record.op, record.base_offset, record.view))
+            .collect();
+        assert_eq!(batch_ops, vec![(1, 0, 3), (1, 3, 3), (3, 5, 3)]);
+        let op_records: Vec<u64> = result.op_records.iter().map(|record| record.op).collect();
+        assert_eq!(op_records, vec![2, 4]);
+        // Every cut at a record boundary is a clean journal; every cut inside one is torn.
+        let mut boundaries: Vec<u64> = result
+            .records
+            .iter()
+            .map(|record| record.position_bytes)
+            .chain(result.op_records.iter().map(|record| record.position_bytes))
+            .collect();
+        boundaries.sort_unstable();
+        for cut in 1..log.len() {
+            let scanned = scan_with(&log[..cut], Chain::genesis(7), 0, OpRule::PerPrepare);
+            if boundaries.contains(&(cut as u64)) {
+                assert_eq!(scanned.tail, Tail::Clean, "cut at {cut}");
+            } else {
+                assert!(
+                    matches!(scanned.tail, Tail::Torn { .. }),
+                    "cut at {cut}: {:?}",
+                    scanned.tail
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn journal_records_out_of_op_order_or_place_are_damage() {
+        let damaged = |build: &dyn Fn(&mut Vec<u8>, &mut Chain)| {
+            let (mut log, mut chain) = journal_sample();
+            build(&mut log, &mut chain);
+            scan_with(&log, Chain::genesis(7), 0, OpRule::PerPrepare).tail
+        };
+        // An op skipped.
+        let tail = damaged(&|log, chain| push_journal(log, chain, RecordKind::Batch, 6, 1, &[]));
+        assert!(
+            matches!(tail, Tail::Damaged { ref reason, .. } if reason.contains("record op 6")),
+            "{tail:?}"
+        );
+        // An op record continuing the op before it (only a batch may).
+        let tail = damaged(&|log, chain| push_journal(log, chain, RecordKind::Op, 4, 0, b"x"));
+        assert!(
+            matches!(tail, Tail::Damaged { ref reason, .. } if reason.contains("record op 4")),
+            "{tail:?}"
+        );
+        // A batch going back two ops.
+        let tail = damaged(&|log, chain| push_journal(log, chain, RecordKind::Batch, 3, 1, &[]));
+        assert!(
+            matches!(tail, Tail::Damaged { ref reason, .. } if reason.contains("record op 3")),
+            "{tail:?}"
+        );
+        // An op record that moves the offset.
+        let tail = damaged(&|log, chain| {
+            chain.next_offset += 1;
+            push_journal(log, chain, RecordKind::Op, 5, 0, b"x")
+        });
+        assert!(
+            matches!(tail, Tail::Damaged { ref reason, .. } if reason.contains("op record")),
+            "{tail:?}"
+        );
+        // A batch continuing its op is fine.
+        let (mut log, mut chain) = journal_sample();
+        push_journal(&mut log, &mut chain, RecordKind::Batch, 5, 1, &[]);
+        push_journal(&mut log, &mut chain, RecordKind::Batch, 5, 1, &[]);
+        assert_eq!(
+            scan_with(&log, Chain::genesis(7), 0, OpRule::PerPrepare).tail,
+            Tail::Clean
+        );
+    }
+
+    #[test]
+    fn a_record_log_refuses_op_records_and_a_flip_before_an_op_record_is_damage() {
+        let (log, _) = journal_sample();
+        // Read as a record log, op 1's second batch breaks the +1 rule: damage, never a cut.
+        assert!(matches!(scan(&log, Chain::genesis(7)).tail, Tail::Damaged { .. }));
+        let mut log = Vec::new();
+        let mut chain = Chain::genesis(7);
+        push_journal(&mut log, &mut chain, RecordKind::Batch, 1, 1, &[]);
+        push_journal(&mut log, &mut chain, RecordKind::Op, 2, 0, b"x");
+        let tail = scan(&log, Chain::genesis(7)).tail;
+        assert!(
+            matches!(tail, Tail::Damaged { ref reason, .. } if reason.contains("op record")),
+            "{tail:?}"
+        );
+
+        // A flip in a journal's middle record, with only an op record after it: the probe finds
+        // the op record, so it is damage, not a torn tail to cut.
+        let mut log = Vec::new();
+        let mut chain = Chain::genesis(7);
+        push_journal(&mut log, &mut chain, RecordKind::Batch, 1, 1, &[]);
+        let middle = log.len();
+        push_journal(&mut log, &mut chain, RecordKind::Batch, 2, 1, &[]);
+        push_journal(&mut log, &mut chain, RecordKind::Op, 3, 0, b"acknowledged");
+        log[middle + RECORD_HEADER_SIZE + 3] ^= 0x10;
+        let tail = scan_with(&log, Chain::genesis(7), 0, OpRule::PerPrepare).tail;
+        assert!(matches!(tail, Tail::Damaged { .. }), "{tail:?}");
     }
 
     /// Feed a record to [`EnvelopeInPieces`] in pieces of `piece` bytes.
@@ -1366,6 +1655,29 @@ mod tests {
         fn scan_never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
             let result = scan(&bytes, Chain::genesis(0));
             prop_assert!(result.valid_len_bytes <= bytes.len() as u64);
+            let result = scan_with(&bytes, Chain::genesis(0), 0, OpRule::PerPrepare);
+            prop_assert!(result.valid_len_bytes <= bytes.len() as u64);
+        }
+
+        #[test]
+        fn a_mutated_journal_scan_accounts_for_every_valid_byte(
+            cut in 0usize..1024,
+            flips in proptest::collection::vec((0usize..1024, any::<u8>()), 0..4),
+            garbage in proptest::collection::vec(any::<u8>(), 0..256),
+        ) {
+            let (mut log, _) = journal_sample();
+            for (position, mask) in flips {
+                let len = log.len();
+                log[position % len] ^= mask;
+            }
+            log.truncate(cut.min(log.len()));
+            log.extend_from_slice(&garbage);
+            let result = scan_with(&log, Chain::genesis(7), 0, OpRule::PerPrepare);
+            prop_assert!(result.valid_len_bytes <= log.len() as u64);
+            let records_bytes: u64 = result.records.iter().map(|r| r.size_bytes).sum::<u64>()
+                + result.op_records.iter().map(|r| r.size_bytes).sum::<u64>()
+                + result.gap.map_or(0, |gap| gap.size_bytes);
+            prop_assert_eq!(records_bytes, result.valid_len_bytes);
         }
 
         #[test]
