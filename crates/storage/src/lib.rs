@@ -3,6 +3,8 @@
 //! Layout:
 //! - [`log`]: [`log::PartitionLog`], one partition's append-only log of record-framed batches in
 //!   segment files (`<base offset, 20 digits>.log` + `.index`), with open-time recovery.
+//! - [`journal`]: [`journal::JournalLog`], a partition group's segment log as its VSR journal:
+//!   records by VSR op, written in op order, cut back at an op, recovered op by op.
 //! - [`record`]: the on-disk record envelope around each batch and the pure recovery scan that
 //!   decides where the valid data in a `.log` ends (no file calls).
 //! - [`index`]: the per-segment index (offset/timestamp -> file position).
@@ -36,6 +38,7 @@ pub mod atomic_file;
 pub mod check;
 pub mod index;
 pub mod io;
+pub mod journal;
 pub mod lock;
 pub mod log;
 pub mod offsets;

@@ -546,6 +546,8 @@ pub struct ScannedRecord {
     pub op: u64,
     /// The view of the record's prepare (journal logs; 0 otherwise).
     pub view: u32,
+    /// The record's checksum: the next record's parent.
+    pub checksum: u64,
 }
 
 /// One verified op record (journal logs), as found by [`scan`].
@@ -558,6 +560,8 @@ pub struct ScannedOpRecord {
     pub timestamp_us: u64,
     /// Header + body.
     pub size_bytes: u64,
+    /// The record's checksum: the next record's parent.
+    pub checksum: u64,
 }
 
 /// The verified gap record that sealed the scanned segment, as found by [`scan`].
@@ -662,6 +666,7 @@ pub fn scan_with(bytes: &[u8], start: Chain, durable_len_bytes: u64, rule: OpRul
                         size_bytes,
                         op: header.op,
                         view: header.view,
+                        checksum: header.checksum,
                     }),
                     RecordKind::Op => op_records.push(ScannedOpRecord {
                         position_bytes: position as u64,
@@ -669,6 +674,7 @@ pub fn scan_with(bytes: &[u8], start: Chain, durable_len_bytes: u64, rule: OpRul
                         view: header.view,
                         timestamp_us: header.timestamp_us,
                         size_bytes,
+                        checksum: header.checksum,
                     }),
                     RecordKind::Gap => {
                         gap = Some(ScannedGap {

@@ -1,0 +1,892 @@
+//! A partition group's segment log as its VSR journal: records written once, by op, cut back
+//! at an op when a view change replaces a prepare (design: `docs/replication.md`, "The
+//! partition group: the plan").
+//!
+//! # What it is
+//!
+//! The same record-framed segment files as [`crate::log`], read as a *journal log*
+//! ([`OpRule::PerPrepare`]): every record carries the VSR op of its prepare and that
+//! prepare's view. An append op is one batch record per batch, stamped here with the chain's
+//! offsets and the prepare's timestamp (so every replica writes the same bytes for the same
+//! op); any other op is one op record holding its body. Ops are written in op order with no
+//! gap, which is what the core's log journal asks of its shell (`Shape::log_journal`).
+//!
+//! # Directory layout
+//!
+//! ```text
+//! <dir>/journal.start               where the journal begins (atomic file): next_offset,
+//!                                   parent_checksum, next_op (u64 each, little-endian)
+//! <dir>/00000000000000000000.log    records, named by the base offset of their first record
+//! <dir>/state                       the durable frontier (see `state`; its reservation is
+//!                                   the frontier itself: a journal mints no offsets)
+//! ```
+//!
+//! A segment is started only at an op boundary, once the active one is full *and* the chain's
+//! next offset lies above the active segment's base (op records move no offset), so base
+//! offsets strictly increase and an op never spans two segments.
+//!
+//! # Durability
+//!
+//! [`JournalLog::write_op`] writes without a barrier; [`JournalLog::sync`] issues one
+//! fdatasync of the active segment and publishes the frontier, and returns the op it covers:
+//! only then may the core count those ops durable (and acknowledge them). At open, everything
+//! below the frontier must verify (damage is refused, never cut), and everything above it is
+//! dropped: it was never reported durable, and it may hold an op only partly written (its
+//! records are one write, and a crash can keep a prefix of it). A failed write or barrier
+//! stops the journal until it is reopened.
+//!
+//! # Cutting back (a view change replaced a prepare)
+//!
+//! [`JournalLog::cut`] removes an op and everything after it. Order, so that a crash at any
+//! point leaves a log recovery accepts: publish the lower frontier first (a frontier beyond
+//! the log is damage), then remove the segments above the cut (newest first), then truncate
+//! the cut segment and sync it, then sync the directory. A crash before the truncation is
+//! durable leaves the cut records above the frontier, and the next open drops them. The core
+//! never cuts an applied op; the journal refuses a cut below its start.
+
+use crate::StorageError;
+use crate::atomic_file;
+use crate::io::{Disk, WriteFile};
+use crate::log::{EntryName, parse_entry_name, segment_log_name};
+use crate::record::{
+    self, BATCH_BYTES_MAX, Chain, OpRule, RECORD_HEADER_SIZE, RecordHeader, RecordKind, Tail,
+};
+use crate::state::{self, Frontier, PartitionState, STATE_FILE_NAME, STATE_FILE_SIZE_BYTES, StateFile};
+use cairn_wire::batch::{self, BATCH_HEADER_SIZE};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Name of the file that marks a journal log and says where it begins.
+pub const JOURNAL_START_FILE: &str = "journal.start";
+const JOURNAL_START_SIZE: usize = 24;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JournalConfig {
+    /// A new segment is started at the first op boundary once the active one reaches this.
+    pub segment_size_bytes: u64,
+}
+
+/// What one op writes.
+#[derive(Debug, Clone, Copy)]
+pub enum OpContent<'a> {
+    /// An append: client batches (each with its 256-byte header and frames), stamped here.
+    Batches(&'a [&'a [u8]]),
+    /// Any other op: its body, as one op record.
+    Body(&'a [u8]),
+}
+
+/// Where one op's records lie, and the chain before them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpExtent {
+    pub op: u64,
+    pub view: u32,
+    pub timestamp_us: u64,
+    /// Whether the op is an append (batch records) or an op record.
+    pub append: bool,
+    pub segment_base_offset: u64,
+    pub position_bytes: u64,
+    pub len_bytes: u64,
+    /// The chain at the op's first record: where a cut at this op leaves the log.
+    pub chain_before: Chain,
+    /// Messages the op appended (0 for an op record).
+    pub message_count: u64,
+}
+
+/// One op read back: the bytes of its records, verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredOp {
+    pub op: u64,
+    pub view: u32,
+    pub timestamp_us: u64,
+    /// For an append, each stamped batch; for another op, its body (one element).
+    pub payloads: Vec<Vec<u8>>,
+    pub append: bool,
+}
+
+/// A verified record of either kind, as recovery groups them into ops.
+struct ListedRecord {
+    position_bytes: u64,
+    op: u64,
+    size_bytes: u64,
+    view: u32,
+    timestamp_us: u64,
+    append: bool,
+    message_count: u64,
+    checksum: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Segment {
+    base_offset: u64,
+    len_bytes: u64,
+}
+
+/// One partition's journal log (see the module doc). One writer: every write takes `&mut self`.
+#[derive(Debug)]
+pub struct JournalLog {
+    disk: Arc<dyn Disk>,
+    dir: PathBuf,
+    partition_id: u32,
+    config: JournalConfig,
+    /// Where the journal begins: ops from `start.next_op` on are in it.
+    start: Chain,
+    /// Invariant: at least one; base offsets strictly increasing; the last is active.
+    segments: Vec<Segment>,
+    active: Box<dyn WriteFile>,
+    /// The chain after the last record written.
+    chain: Chain,
+    /// Every op in the journal, by op. Invariant: contiguous from `start.next_op` to
+    /// `chain.next_op - 1`.
+    ops: BTreeMap<u64, OpExtent>,
+    state: StateFile,
+    /// Set by a failed write or barrier: nothing more is written until a reopen.
+    stopped: Option<String>,
+}
+
+/// What [`JournalLog::open_on`] found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalRecovery {
+    /// Bytes above the durable frontier that were dropped (never reported durable: an
+    /// unsynced write, a partly written op, or what a cut had removed).
+    pub dropped_bytes: u64,
+    /// The last op at or below the published frontier (`start.next_op - 1` if none).
+    pub durable_op: u64,
+}
+
+impl JournalLog {
+    /// Create an empty journal in `dir` beginning at `start` (the chain after the checkpoint
+    /// it continues; [`Chain::genesis`] for a new partition).
+    pub fn create_on(
+        disk: Arc<dyn Disk>,
+        dir: &Path,
+        partition_id: u32,
+        config: JournalConfig,
+        start: Chain,
+    ) -> Result<JournalLog, StorageError> {
+        check_config(&config)?;
+        assert_eq!(start.partition_id, partition_id);
+        disk.create_dir_all(dir)?;
+        atomic_file::write_on(
+            disk.as_ref(),
+            &dir.join(JOURNAL_START_FILE),
+            &encode_start(&start),
+        )?;
+        let segment = Segment {
+            base_offset: start.next_offset,
+            len_bytes: 0,
+        };
+        let active = disk.create_new(&dir.join(segment_log_name(segment.base_offset)))?;
+        let state = StateFile::create(
+            disk.as_ref(),
+            &dir.join(STATE_FILE_NAME),
+            journal_state(frontier_at(&segment, start)),
+        )?;
+        disk.sync_dir(dir)?;
+        Ok(JournalLog {
+            disk,
+            dir: dir.to_path_buf(),
+            partition_id,
+            config,
+            start,
+            segments: vec![segment],
+            active,
+            chain: start,
+            ops: BTreeMap::new(),
+            state,
+            stopped: None,
+        })
+    }
+
+    /// Open the journal in `dir`: verify everything below the durable frontier (damage there
+    /// is refused before a byte changes), drop everything above it, and index every op.
+    pub fn open_on(
+        disk: Arc<dyn Disk>,
+        dir: &Path,
+        partition_id: u32,
+        config: JournalConfig,
+    ) -> Result<(JournalLog, JournalRecovery), StorageError> {
+        check_config(&config)?;
+        let damaged = |path: PathBuf, position: u64, reason: String| StorageError::Damaged {
+            path,
+            position,
+            reason,
+        };
+        let start_path = dir.join(JOURNAL_START_FILE);
+        let start_bytes = atomic_file::read_verified_on(disk.as_ref(), &start_path)?
+            .ok_or_else(|| damaged(start_path.clone(), 0, "the journal start file is missing".into()))?;
+        let start = decode_start(&start_bytes, partition_id).ok_or_else(|| {
+            damaged(
+                start_path.clone(),
+                0,
+                "the journal start file is malformed".into(),
+            )
+        })?;
+        let state_path = dir.join(STATE_FILE_NAME);
+        let state_bytes = disk
+            .read_all(&state_path, STATE_FILE_SIZE_BYTES)?
+            .ok_or_else(|| damaged(state_path.clone(), 0, "the state file is missing".into()))?;
+        let loaded = state::load(&state_bytes, partition_id)
+            .map_err(|(position, reason)| damaged(state_path.clone(), position, reason))?;
+        let frontier = loaded.frontier;
+
+        let mut bases: Vec<u64> = Vec::new();
+        for name in disk.list_dir(dir)? {
+            if let EntryName::Log(base) = parse_entry_name(&name) {
+                bases.push(base);
+            }
+        }
+        bases.sort_unstable();
+        if bases.first() != Some(&start.next_offset) {
+            return Err(damaged(
+                dir.to_path_buf(),
+                0,
+                format!(
+                    "the journal's first segment must be named {} (its start), found {:?}",
+                    start.next_offset,
+                    bases.first()
+                ),
+            ));
+        }
+        if !bases.contains(&frontier.segment_base_offset) {
+            // A frontier beyond the log: what it vouched for is gone.
+            return Err(damaged(
+                state_path,
+                0,
+                format!(
+                    "the frontier lies in segment {}, which does not exist",
+                    frontier.segment_base_offset
+                ),
+            ));
+        }
+
+        // Everything above the frontier was never reported durable (a sync publishes the
+        // frontier only after its data barrier): it is dropped, whatever it holds. That covers
+        // an op whose records were only partly written, segments started after the last sync,
+        // and ops a cut had removed before its truncation was durable.
+        let kept: Vec<u64> = bases
+            .iter()
+            .copied()
+            .filter(|&base| base <= frontier.segment_base_offset)
+            .collect();
+        let above: Vec<u64> = bases
+            .iter()
+            .copied()
+            .filter(|&base| base > frontier.segment_base_offset)
+            .collect();
+        let mut chain = start;
+        let mut segments = Vec::with_capacity(kept.len());
+        let mut ops: BTreeMap<u64, OpExtent> = BTreeMap::new();
+        let mut dropped_bytes = 0u64;
+        for (index, &base_offset) in kept.iter().enumerate() {
+            let path = dir.join(segment_log_name(base_offset));
+            if index > 0 && base_offset != chain.next_offset {
+                return Err(damaged(
+                    path,
+                    0,
+                    format!(
+                        "segment starts at offset {base_offset}, the chain before it ends at {}",
+                        chain.next_offset
+                    ),
+                ));
+            }
+            let bytes = disk
+                .read_all(&path, u64::MAX)?
+                .ok_or_else(|| damaged(path.clone(), 0, "the segment vanished while opening".into()))?;
+            let durable_len = if base_offset == frontier.segment_base_offset {
+                frontier.segment_len_bytes
+            } else {
+                bytes.len() as u64
+            };
+            if (bytes.len() as u64) < durable_len {
+                return Err(damaged(
+                    path,
+                    bytes.len() as u64,
+                    format!(
+                        "the segment ends at byte {}, below its durable frontier at byte {durable_len}",
+                        bytes.len()
+                    ),
+                ));
+            }
+            dropped_bytes += bytes.len() as u64 - durable_len;
+            let durable = &bytes[..durable_len as usize];
+            let scanned = record::scan_with(durable, chain, durable_len, OpRule::PerPrepare);
+            match &scanned.tail {
+                Tail::Clean => {}
+                Tail::Torn { fault } => {
+                    return Err(damaged(
+                        path,
+                        scanned.valid_len_bytes,
+                        format!("below the frontier: {fault}"),
+                    ));
+                }
+                Tail::Damaged {
+                    position_bytes,
+                    reason,
+                } => return Err(damaged(path, *position_bytes, reason.clone())),
+            }
+            if scanned.gap.is_some() {
+                return Err(damaged(
+                    path,
+                    0,
+                    "a gap record in a journal log (a journal mints no offsets)".into(),
+                ));
+            }
+            // Group the records by op, in log order.
+            let mut listed: Vec<ListedRecord> = scanned
+                .records
+                .iter()
+                .map(|r| ListedRecord {
+                    position_bytes: r.position_bytes,
+                    op: r.op,
+                    size_bytes: r.size_bytes,
+                    view: r.view,
+                    timestamp_us: r.timestamp_us,
+                    append: true,
+                    message_count: u64::from(r.message_count),
+                    checksum: r.checksum,
+                })
+                .chain(scanned.op_records.iter().map(|r| ListedRecord {
+                    position_bytes: r.position_bytes,
+                    op: r.op,
+                    size_bytes: r.size_bytes,
+                    view: r.view,
+                    timestamp_us: r.timestamp_us,
+                    append: false,
+                    message_count: 0,
+                    checksum: r.checksum,
+                }))
+                .collect();
+            listed.sort_unstable_by_key(|record| record.position_bytes);
+            let mut walk = chain;
+            for ListedRecord {
+                position_bytes,
+                op,
+                size_bytes,
+                view,
+                timestamp_us,
+                append,
+                message_count,
+                checksum,
+            } in listed
+            {
+                match ops.get_mut(&op) {
+                    Some(extent) => {
+                        // The same prepare's next batch (rotation never splits an op).
+                        if extent.segment_base_offset != base_offset {
+                            return Err(damaged(
+                                path,
+                                position_bytes,
+                                format!("op {op} continues from an earlier segment"),
+                            ));
+                        }
+                        extent.len_bytes += size_bytes;
+                        extent.message_count += message_count;
+                    }
+                    None => {
+                        ops.insert(
+                            op,
+                            OpExtent {
+                                op,
+                                view,
+                                timestamp_us,
+                                append,
+                                segment_base_offset: base_offset,
+                                position_bytes,
+                                len_bytes: size_bytes,
+                                chain_before: Chain { next_op: op, ..walk },
+                                message_count,
+                            },
+                        );
+                    }
+                }
+                walk = Chain {
+                    partition_id,
+                    next_offset: walk.next_offset + message_count,
+                    parent_checksum: checksum,
+                    next_op: op + 1,
+                };
+            }
+            debug_assert_eq!(walk, scanned.end);
+            chain = scanned.end;
+            segments.push(Segment {
+                base_offset,
+                len_bytes: durable_len,
+            });
+        }
+        if chain != frontier.chain {
+            return Err(damaged(
+                dir.join(segment_log_name(frontier.segment_base_offset)),
+                frontier.segment_len_bytes,
+                "the log below the frontier does not end with the frontier's chain".into(),
+            ));
+        }
+        // Only now, with everything kept verified: drop what lies above the frontier.
+        for &base in above.iter().rev() {
+            let path = dir.join(segment_log_name(base));
+            dropped_bytes += disk.file_len(&path)?.unwrap_or(0);
+            disk.remove_file(&path)?;
+        }
+        let active_path = dir.join(segment_log_name(frontier.segment_base_offset));
+        let mut active = disk.open_write(&active_path)?;
+        if dropped_bytes > 0 {
+            active.set_len(frontier.segment_len_bytes)?;
+            active.sync_data()?;
+            disk.sync_dir(dir)?;
+        }
+        let journal = JournalLog {
+            active,
+            state: StateFile::open(disk.as_ref(), &dir.join(STATE_FILE_NAME), loaded)?,
+            disk,
+            dir: dir.to_path_buf(),
+            partition_id,
+            config,
+            start,
+            segments,
+            chain,
+            ops,
+            stopped: None,
+        };
+        journal.check_invariants();
+        let durable_op = journal.durable_op();
+        Ok((
+            journal,
+            JournalRecovery {
+                dropped_bytes,
+                durable_op,
+            },
+        ))
+    }
+
+    /// The op of the last record, or `start.next_op - 1` when the journal holds none.
+    pub fn last_op(&self) -> u64 {
+        self.chain.next_op - 1
+    }
+
+    /// The first op the journal can hold.
+    pub fn first_op(&self) -> u64 {
+        self.start.next_op
+    }
+
+    /// The last op at or below the published frontier.
+    pub fn durable_op(&self) -> u64 {
+        let frontier = &self.state.current().frontier;
+        frontier.chain.next_op - 1
+    }
+
+    /// The chain after the last record.
+    pub fn chain(&self) -> Chain {
+        self.chain
+    }
+
+    pub fn extent(&self, op: u64) -> Option<&OpExtent> {
+        self.ops.get(&op)
+    }
+
+    /// Every op in the journal, in order.
+    pub fn extents(&self) -> impl Iterator<Item = &OpExtent> {
+        self.ops.values()
+    }
+
+    pub fn stopped_reason(&self) -> Option<&str> {
+        self.stopped.as_deref()
+    }
+
+    /// Write op `op` (with its prepare's `view` and `timestamp_us`) after the last one. An op
+    /// at or below the last is a rewrite: the journal is cut there first. No barrier: see
+    /// [`JournalLog::sync`].
+    pub fn write_op(
+        &mut self,
+        op: u64,
+        view: u32,
+        timestamp_us: u64,
+        content: OpContent<'_>,
+    ) -> Result<(), StorageError> {
+        self.check_not_stopped()?;
+        if op < self.start.next_op || op > self.chain.next_op {
+            return Err(StorageError::Invalid(format!(
+                "op {op} is outside the journal's next writable range {}..={}",
+                self.start.next_op, self.chain.next_op
+            )));
+        }
+        check_content(&content)?;
+        if op < self.chain.next_op {
+            self.cut(op)?;
+        }
+        debug_assert_eq!(op, self.chain.next_op);
+        self.rotate_if_full()?;
+        let segment_base_offset = self.segments.last().expect("one segment").base_offset;
+        let position_bytes = self.segments.last().expect("one segment").len_bytes;
+        let chain_before = self.chain;
+        let mut pieces: Vec<Vec<u8>> = Vec::new();
+        let mut chain = self.chain;
+        let mut message_count = 0u64;
+        let append = matches!(content, OpContent::Batches(_));
+        match content {
+            OpContent::Batches(batches) => {
+                for batch in batches {
+                    let count = batch::header(batch).map_or(0, |header| header.message_count);
+                    let stamped_head = batch::stamped_header(
+                        batch,
+                        u64::from(self.partition_id),
+                        chain.next_offset,
+                        timestamp_us,
+                    )
+                    .ok_or_else(|| StorageError::Invalid("batch shorter than its header".into()))?;
+                    let frames = &batch[BATCH_HEADER_SIZE..];
+                    let mut header = RecordHeader {
+                        kind: RecordKind::Batch,
+                        checksum: 0,
+                        parent_checksum: chain.parent_checksum,
+                        op,
+                        view,
+                        partition_id: self.partition_id,
+                        base_offset: chain.next_offset,
+                        message_count: count,
+                        batch_length_bytes: batch.len() as u32,
+                        timestamp_us,
+                    };
+                    let header_bytes = header.seal_parts(&[&stamped_head, frames]);
+                    let record_bytes = [&header_bytes[..], &stamped_head[..], frames].concat();
+                    debug_assert_eq!(
+                        record::verify_with(&record_bytes, &chain, OpRule::PerPrepare),
+                        Ok(header)
+                    );
+                    chain = chain.advance_by(&header, OpRule::PerPrepare);
+                    message_count += u64::from(count);
+                    pieces.push(record_bytes);
+                }
+            }
+            OpContent::Body(body) => {
+                let mut header = RecordHeader {
+                    kind: RecordKind::Op,
+                    checksum: 0,
+                    parent_checksum: chain.parent_checksum,
+                    op,
+                    view,
+                    partition_id: self.partition_id,
+                    base_offset: chain.next_offset,
+                    message_count: 0,
+                    batch_length_bytes: body.len() as u32,
+                    timestamp_us,
+                };
+                let header_bytes = header.seal(body);
+                let record_bytes = [&header_bytes[..], body].concat();
+                debug_assert_eq!(
+                    record::verify_with(&record_bytes, &chain, OpRule::PerPrepare),
+                    Ok(header)
+                );
+                chain = chain.advance_by(&header, OpRule::PerPrepare);
+                pieces.push(record_bytes);
+            }
+        }
+        let parts: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
+        let len_bytes: u64 = parts.iter().map(|part| part.len() as u64).sum();
+        if let Err(error) = self.active.write_all_vectored_at(position_bytes, &parts) {
+            // Cut a partial write back so the file ends at the last whole op again.
+            if let Err(cut_error) = self.active.set_len(position_bytes) {
+                self.stopped = Some(format!("cannot cut back a failed write: {cut_error}"));
+            }
+            return Err(error);
+        }
+        self.segments.last_mut().expect("one segment").len_bytes += len_bytes;
+        self.chain = chain;
+        self.ops.insert(
+            op,
+            OpExtent {
+                op,
+                view,
+                timestamp_us,
+                append,
+                segment_base_offset,
+                position_bytes,
+                len_bytes,
+                chain_before,
+                message_count,
+            },
+        );
+        self.check_invariants();
+        Ok(())
+    }
+
+    /// Make every op written so far durable: one fdatasync of the active segment, then the
+    /// frontier published. Returns the last op it covers.
+    pub fn sync(&mut self) -> Result<u64, StorageError> {
+        self.check_not_stopped()?;
+        let segment = *self.segments.last().expect("one segment");
+        let frontier = frontier_at(&segment, self.chain);
+        if self.state.current().frontier == frontier {
+            return Ok(self.last_op());
+        }
+        if let Err(error) = self.active.sync_data() {
+            self.stopped = Some(format!("a data barrier failed: {error}"));
+            return Err(error);
+        }
+        if let Err(error) = self.state.publish(journal_state(frontier)) {
+            self.stopped = Some(format!("publishing the frontier failed: {error}"));
+            return Err(error);
+        }
+        Ok(self.last_op())
+    }
+
+    /// Remove op `op` and every op after it (see the module doc for the order of the steps).
+    pub fn cut(&mut self, op: u64) -> Result<(), StorageError> {
+        self.check_not_stopped()?;
+        let Some(extent) = self.ops.get(&op).copied() else {
+            return Err(StorageError::Invalid(format!(
+                "no op {op} to cut at (the journal holds {}..={})",
+                self.start.next_op,
+                self.last_op()
+            )));
+        };
+        let result = self.cut_steps(&extent);
+        if let Err(error) = &result {
+            self.stopped = Some(format!("a cut at op {op} failed: {error}"));
+        }
+        result
+    }
+
+    fn cut_steps(&mut self, extent: &OpExtent) -> Result<(), StorageError> {
+        let segment_index = self
+            .segments
+            .iter()
+            .position(|segment| segment.base_offset == extent.segment_base_offset)
+            .expect("an op's segment is in the journal");
+        let cut_segment = Segment {
+            base_offset: extent.segment_base_offset,
+            len_bytes: extent.position_bytes,
+        };
+        // 1. The frontier first, if the cut reaches below it.
+        if self.durable_op() >= extent.op {
+            self.state
+                .publish(journal_state(frontier_at(&cut_segment, extent.chain_before)))?;
+        }
+        // 2. Segments above the cut, newest first.
+        let removed_any = segment_index + 1 < self.segments.len();
+        while self.segments.len() > segment_index + 1 {
+            let segment = self.segments.pop().expect("above the cut");
+            self.disk
+                .remove_file(&self.dir.join(segment_log_name(segment.base_offset)))?;
+        }
+        // 3. Truncate the cut segment and sync it.
+        if removed_any {
+            self.active = self
+                .disk
+                .open_write(&self.dir.join(segment_log_name(cut_segment.base_offset)))?;
+        }
+        self.active.set_len(cut_segment.len_bytes)?;
+        self.active.sync_data()?;
+        if removed_any {
+            self.disk.sync_dir(&self.dir)?;
+        }
+        *self.segments.last_mut().expect("the cut segment") = cut_segment;
+        self.chain = extent.chain_before;
+        self.ops.split_off(&extent.op);
+        self.check_invariants();
+        Ok(())
+    }
+
+    /// Read op `op` back, verifying every record against the chain before it.
+    pub fn read_op(&self, op: u64) -> Result<StoredOp, StorageError> {
+        let extent = self
+            .ops
+            .get(&op)
+            .ok_or_else(|| StorageError::Invalid(format!("no op {op} in the journal")))?;
+        let path = self.dir.join(segment_log_name(extent.segment_base_offset));
+        let file = self.disk.open_read(&path)?;
+        let mut bytes = vec![0u8; extent.len_bytes as usize];
+        file.read_exact_at(extent.position_bytes, &mut bytes)?;
+        let mut chain = extent.chain_before;
+        let mut payloads = Vec::new();
+        let mut position = 0usize;
+        while position < bytes.len() {
+            let header =
+                record::verify_with(&bytes[position..], &chain, OpRule::PerPrepare).map_err(|fault| {
+                    StorageError::Damaged {
+                        path: path.clone(),
+                        position: extent.position_bytes + position as u64,
+                        reason: format!("op {op} does not verify on read: {fault}"),
+                    }
+                })?;
+            if header.op != op {
+                return Err(StorageError::Damaged {
+                    path,
+                    position: extent.position_bytes + position as u64,
+                    reason: format!("op {op}'s extent holds a record of op {}", header.op),
+                });
+            }
+            let size = header.record_size_bytes() as usize;
+            payloads.push(bytes[position + RECORD_HEADER_SIZE..position + size].to_vec());
+            chain = chain.advance_by(&header, OpRule::PerPrepare);
+            position += size;
+        }
+        Ok(StoredOp {
+            op,
+            view: extent.view,
+            timestamp_us: extent.timestamp_us,
+            payloads,
+            append: extent.append,
+        })
+    }
+
+    fn rotate_if_full(&mut self) -> Result<(), StorageError> {
+        let active = *self.segments.last().expect("one segment");
+        if active.len_bytes < self.config.segment_size_bytes || self.chain.next_offset <= active.base_offset {
+            return Ok(());
+        }
+        // Seal the full segment, then start the next one at the chain's next offset.
+        if let Err(error) = self.active.sync_data() {
+            self.stopped = Some(format!("sealing a segment failed: {error}"));
+            return Err(error);
+        }
+        let segment = Segment {
+            base_offset: self.chain.next_offset,
+            len_bytes: 0,
+        };
+        let created = self
+            .disk
+            .create_new(&self.dir.join(segment_log_name(segment.base_offset)))
+            .and_then(|file| self.disk.sync_dir(&self.dir).map(|()| file));
+        match created {
+            Ok(file) => {
+                self.active = file;
+                self.segments.push(segment);
+                Ok(())
+            }
+            Err(error) => {
+                self.stopped = Some(format!("starting a segment failed: {error}"));
+                Err(error)
+            }
+        }
+    }
+
+    fn check_not_stopped(&self) -> Result<(), StorageError> {
+        match &self.stopped {
+            Some(reason) => Err(StorageError::Invalid(format!(
+                "the journal in {} stopped after a failed write ({reason}); reopen it",
+                self.dir.display()
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn check_invariants(&self) {
+        debug_assert!(!self.segments.is_empty());
+        debug_assert!(
+            self.segments
+                .windows(2)
+                .all(|pair| pair[0].base_offset < pair[1].base_offset)
+        );
+        debug_assert_eq!(
+            self.ops.keys().next().copied().unwrap_or(self.chain.next_op),
+            if self.ops.is_empty() {
+                self.chain.next_op
+            } else {
+                self.start.next_op
+            }
+        );
+        debug_assert!(
+            self.ops
+                .keys()
+                .zip(self.ops.keys().skip(1))
+                .all(|(a, b)| a + 1 == *b)
+        );
+        debug_assert!(
+            self.ops
+                .keys()
+                .next_back()
+                .is_none_or(|&last| last + 1 == self.chain.next_op)
+        );
+        debug_assert!(self.durable_op() <= self.last_op());
+    }
+}
+
+fn check_config(config: &JournalConfig) -> Result<(), StorageError> {
+    if config.segment_size_bytes == 0 || config.segment_size_bytes > u64::from(u32::MAX) {
+        return Err(StorageError::Invalid(format!(
+            "segment size {} outside 1..={}",
+            config.segment_size_bytes,
+            u32::MAX
+        )));
+    }
+    Ok(())
+}
+
+/// Bounds on what one op may write, checked before a byte is written.
+fn check_content(content: &OpContent<'_>) -> Result<(), StorageError> {
+    match content {
+        OpContent::Batches(batches) => {
+            if batches.is_empty() {
+                return Err(StorageError::Invalid("an append op holds no batch".into()));
+            }
+            for batch in *batches {
+                let header = batch::header(batch)
+                    .ok_or_else(|| StorageError::Invalid("batch shorter than its header".into()))?;
+                if header.batch_length != batch.len() as u64
+                    || batch.len() as u64 > u64::from(BATCH_BYTES_MAX)
+                {
+                    return Err(StorageError::Invalid(format!(
+                        "batch of {} bytes (header says {}, limit {BATCH_BYTES_MAX})",
+                        batch.len(),
+                        header.batch_length
+                    )));
+                }
+                if header.message_count == 0 {
+                    return Err(StorageError::Invalid("batch holds no messages".into()));
+                }
+            }
+        }
+        OpContent::Body(body) => {
+            if body.len() as u64 > u64::from(BATCH_BYTES_MAX) {
+                return Err(StorageError::Invalid(format!(
+                    "op body of {} bytes exceeds {BATCH_BYTES_MAX}",
+                    body.len()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn frontier_at(segment: &Segment, chain: Chain) -> Frontier {
+    Frontier {
+        segment_base_offset: segment.base_offset,
+        segment_len_bytes: segment.len_bytes,
+        chain,
+    }
+}
+
+/// A journal's state: its frontier, with the reservation at the frontier (a journal mints
+/// no offsets; the core's ops do).
+fn journal_state(frontier: Frontier) -> PartitionState {
+    PartitionState {
+        sequence: 1,
+        frontier,
+        offset_reserved: frontier.chain.next_offset,
+        boot_floor: 0,
+        clean_stop: false,
+    }
+}
+
+fn encode_start(start: &Chain) -> [u8; JOURNAL_START_SIZE] {
+    let mut bytes = [0u8; JOURNAL_START_SIZE];
+    bytes[0..8].copy_from_slice(&start.next_offset.to_le_bytes());
+    bytes[8..16].copy_from_slice(&start.parent_checksum.to_le_bytes());
+    bytes[16..24].copy_from_slice(&start.next_op.to_le_bytes());
+    bytes
+}
+
+fn decode_start(bytes: &[u8], partition_id: u32) -> Option<Chain> {
+    if bytes.len() != JOURNAL_START_SIZE {
+        return None;
+    }
+    let field =
+        |at: usize| -> Option<u64> { Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?)) };
+    let chain = Chain {
+        partition_id,
+        next_offset: field(0)?,
+        parent_checksum: field(8)?,
+        next_op: field(16)?,
+    };
+    (chain.next_op >= 1).then_some(chain)
+}
