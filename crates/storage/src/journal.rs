@@ -6,10 +6,12 @@
 //!
 //! The same record-framed segment files as [`crate::log`], read as a *journal log*
 //! ([`OpRule::PerPrepare`]): every record carries the VSR op of its prepare and that
-//! prepare's view. An append op is one batch record per batch, stamped here with the chain's
-//! offsets and the prepare's timestamp (so every replica writes the same bytes for the same
-//! op); any other op is one op record holding its body. Ops are written in op order with no
-//! gap, which is what the core's log journal asks of its shell (`Shape::log_journal`).
+//! prepare's view. An op is one op record, whose payload its writer defines (the partition
+//! shell: the prepare's VSR header, and the body of an op that is not an append), then, for
+//! an append, one batch record per batch, stamped here with the chain's offsets and the
+//! prepare's timestamp (so every replica writes the same bytes for the same op). Ops are
+//! written in op order with no gap, which is what the core's log journal asks of its shell
+//! (`Shape::log_journal`).
 //!
 //! # Directory layout
 //!
@@ -67,23 +69,14 @@ pub struct JournalConfig {
     pub segment_size_bytes: u64,
 }
 
-/// What one op writes.
-#[derive(Debug, Clone, Copy)]
-pub enum OpContent<'a> {
-    /// An append: client batches (each with its 256-byte header and frames), stamped here.
-    Batches(&'a [&'a [u8]]),
-    /// Any other op: its body, as one op record.
-    Body(&'a [u8]),
-}
-
 /// Where one op's records lie, and the chain before them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpExtent {
     pub op: u64,
     pub view: u32,
     pub timestamp_us: u64,
-    /// Whether the op is an append (batch records) or an op record.
-    pub append: bool,
+    /// Batch records after the op record (0 for an op that is not an append).
+    pub batch_count: u32,
     pub segment_base_offset: u64,
     pub position_bytes: u64,
     pub len_bytes: u64,
@@ -99,9 +92,10 @@ pub struct StoredOp {
     pub op: u64,
     pub view: u32,
     pub timestamp_us: u64,
-    /// For an append, each stamped batch; for another op, its body (one element).
-    pub payloads: Vec<Vec<u8>>,
-    pub append: bool,
+    /// The op record's payload.
+    pub op_payload: Vec<u8>,
+    /// Each stamped batch of an append, in order.
+    pub batches: Vec<Vec<u8>>,
 }
 
 /// A verified record of either kind, as recovery groups them into ops.
@@ -111,7 +105,7 @@ struct ListedRecord {
     size_bytes: u64,
     view: u32,
     timestamp_us: u64,
-    append: bool,
+    is_batch: bool,
     message_count: u64,
     checksum: u64,
 }
@@ -342,7 +336,7 @@ impl JournalLog {
                     size_bytes: r.size_bytes,
                     view: r.view,
                     timestamp_us: r.timestamp_us,
-                    append: true,
+                    is_batch: true,
                     message_count: u64::from(r.message_count),
                     checksum: r.checksum,
                 })
@@ -352,7 +346,7 @@ impl JournalLog {
                     size_bytes: r.size_bytes,
                     view: r.view,
                     timestamp_us: r.timestamp_us,
-                    append: false,
+                    is_batch: false,
                     message_count: 0,
                     checksum: r.checksum,
                 }))
@@ -365,14 +359,15 @@ impl JournalLog {
                 size_bytes,
                 view,
                 timestamp_us,
-                append,
+                is_batch,
                 message_count,
                 checksum,
             } in listed
             {
                 match ops.get_mut(&op) {
-                    Some(extent) => {
-                        // The same prepare's next batch (rotation never splits an op).
+                    Some(extent) if is_batch => {
+                        // The op's next batch (the scan's op rule keeps batches after their
+                        // op record; rotation never splits an op).
                         if extent.segment_base_offset != base_offset {
                             return Err(damaged(
                                 path,
@@ -382,15 +377,24 @@ impl JournalLog {
                         }
                         extent.len_bytes += size_bytes;
                         extent.message_count += message_count;
+                        extent.batch_count += 1;
                     }
+                    Some(_) => unreachable!("the scan's op rule starts every op with one op record"),
                     None => {
+                        if is_batch {
+                            return Err(damaged(
+                                path,
+                                position_bytes,
+                                format!("op {op} begins with a batch, not its op record"),
+                            ));
+                        }
                         ops.insert(
                             op,
                             OpExtent {
                                 op,
                                 view,
                                 timestamp_us,
-                                append,
+                                batch_count: 0,
                                 segment_base_offset: base_offset,
                                 position_bytes,
                                 len_bytes: size_bytes,
@@ -492,15 +496,17 @@ impl JournalLog {
         self.stopped.as_deref()
     }
 
-    /// Write op `op` (with its prepare's `view` and `timestamp_us`) after the last one. An op
-    /// at or below the last is a rewrite: the journal is cut there first. No barrier: see
-    /// [`JournalLog::sync`].
+    /// Write op `op` (with its prepare's `view` and `timestamp_us`) after the last one: its op
+    /// record holding `op_payload`, then one batch record per client batch of `batches` (each
+    /// its 256-byte header and frames, stamped here). An op at or below the last is a
+    /// rewrite: the journal is cut there first. No barrier: see [`JournalLog::sync`].
     pub fn write_op(
         &mut self,
         op: u64,
         view: u32,
         timestamp_us: u64,
-        content: OpContent<'_>,
+        op_payload: &[u8],
+        batches: &[&[u8]],
     ) -> Result<(), StorageError> {
         self.check_not_stopped()?;
         if op < self.start.next_op || op > self.chain.next_op {
@@ -509,7 +515,7 @@ impl JournalLog {
                 self.start.next_op, self.chain.next_op
             )));
         }
-        check_content(&content)?;
+        check_content(op_payload, batches)?;
         if op < self.chain.next_op {
             self.cut(op)?;
         }
@@ -518,67 +524,60 @@ impl JournalLog {
         let segment_base_offset = self.segments.last().expect("one segment").base_offset;
         let position_bytes = self.segments.last().expect("one segment").len_bytes;
         let chain_before = self.chain;
-        let mut pieces: Vec<Vec<u8>> = Vec::new();
         let mut chain = self.chain;
+        let mut pieces: Vec<Vec<u8>> = Vec::with_capacity(1 + batches.len());
+        let mut header = RecordHeader {
+            kind: RecordKind::Op,
+            checksum: 0,
+            parent_checksum: chain.parent_checksum,
+            op,
+            view,
+            partition_id: self.partition_id,
+            base_offset: chain.next_offset,
+            message_count: 0,
+            batch_length_bytes: op_payload.len() as u32,
+            timestamp_us,
+        };
+        let header_bytes = header.seal(op_payload);
+        let record_bytes = [&header_bytes[..], op_payload].concat();
+        debug_assert_eq!(
+            record::verify_with(&record_bytes, &chain, OpRule::PerPrepare),
+            Ok(header)
+        );
+        chain = chain.advance_by(&header, OpRule::PerPrepare);
+        pieces.push(record_bytes);
         let mut message_count = 0u64;
-        let append = matches!(content, OpContent::Batches(_));
-        match content {
-            OpContent::Batches(batches) => {
-                for batch in batches {
-                    let count = batch::header(batch).map_or(0, |header| header.message_count);
-                    let stamped_head = batch::stamped_header(
-                        batch,
-                        u64::from(self.partition_id),
-                        chain.next_offset,
-                        timestamp_us,
-                    )
-                    .ok_or_else(|| StorageError::Invalid("batch shorter than its header".into()))?;
-                    let frames = &batch[BATCH_HEADER_SIZE..];
-                    let mut header = RecordHeader {
-                        kind: RecordKind::Batch,
-                        checksum: 0,
-                        parent_checksum: chain.parent_checksum,
-                        op,
-                        view,
-                        partition_id: self.partition_id,
-                        base_offset: chain.next_offset,
-                        message_count: count,
-                        batch_length_bytes: batch.len() as u32,
-                        timestamp_us,
-                    };
-                    let header_bytes = header.seal_parts(&[&stamped_head, frames]);
-                    let record_bytes = [&header_bytes[..], &stamped_head[..], frames].concat();
-                    debug_assert_eq!(
-                        record::verify_with(&record_bytes, &chain, OpRule::PerPrepare),
-                        Ok(header)
-                    );
-                    chain = chain.advance_by(&header, OpRule::PerPrepare);
-                    message_count += u64::from(count);
-                    pieces.push(record_bytes);
-                }
-            }
-            OpContent::Body(body) => {
-                let mut header = RecordHeader {
-                    kind: RecordKind::Op,
-                    checksum: 0,
-                    parent_checksum: chain.parent_checksum,
-                    op,
-                    view,
-                    partition_id: self.partition_id,
-                    base_offset: chain.next_offset,
-                    message_count: 0,
-                    batch_length_bytes: body.len() as u32,
-                    timestamp_us,
-                };
-                let header_bytes = header.seal(body);
-                let record_bytes = [&header_bytes[..], body].concat();
-                debug_assert_eq!(
-                    record::verify_with(&record_bytes, &chain, OpRule::PerPrepare),
-                    Ok(header)
-                );
-                chain = chain.advance_by(&header, OpRule::PerPrepare);
-                pieces.push(record_bytes);
-            }
+        for batch in batches {
+            let count = batch::header(batch).map_or(0, |header| header.message_count);
+            let stamped_head = batch::stamped_header(
+                batch,
+                u64::from(self.partition_id),
+                chain.next_offset,
+                timestamp_us,
+            )
+            .ok_or_else(|| StorageError::Invalid("batch shorter than its header".into()))?;
+            let frames = &batch[BATCH_HEADER_SIZE..];
+            let mut header = RecordHeader {
+                kind: RecordKind::Batch,
+                checksum: 0,
+                parent_checksum: chain.parent_checksum,
+                op,
+                view,
+                partition_id: self.partition_id,
+                base_offset: chain.next_offset,
+                message_count: count,
+                batch_length_bytes: batch.len() as u32,
+                timestamp_us,
+            };
+            let header_bytes = header.seal_parts(&[&stamped_head, frames]);
+            let record_bytes = [&header_bytes[..], &stamped_head[..], frames].concat();
+            debug_assert_eq!(
+                record::verify_with(&record_bytes, &chain, OpRule::PerPrepare),
+                Ok(header)
+            );
+            chain = chain.advance_by(&header, OpRule::PerPrepare);
+            message_count += u64::from(count);
+            pieces.push(record_bytes);
         }
         let parts: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
         let len_bytes: u64 = parts.iter().map(|part| part.len() as u64).sum();
@@ -597,7 +596,7 @@ impl JournalLog {
                 op,
                 view,
                 timestamp_us,
-                append,
+                batch_count: batches.len() as u32,
                 segment_base_offset,
                 position_bytes,
                 len_bytes,
@@ -697,35 +696,46 @@ impl JournalLog {
         let mut bytes = vec![0u8; extent.len_bytes as usize];
         file.read_exact_at(extent.position_bytes, &mut bytes)?;
         let mut chain = extent.chain_before;
-        let mut payloads = Vec::new();
+        let mut op_payload = None;
+        let mut batches = Vec::with_capacity(extent.batch_count as usize);
         let mut position = 0usize;
         while position < bytes.len() {
+            let at = extent.position_bytes + position as u64;
             let header =
                 record::verify_with(&bytes[position..], &chain, OpRule::PerPrepare).map_err(|fault| {
                     StorageError::Damaged {
                         path: path.clone(),
-                        position: extent.position_bytes + position as u64,
+                        position: at,
                         reason: format!("op {op} does not verify on read: {fault}"),
                     }
                 })?;
             if header.op != op {
                 return Err(StorageError::Damaged {
                     path,
-                    position: extent.position_bytes + position as u64,
+                    position: at,
                     reason: format!("op {op}'s extent holds a record of op {}", header.op),
                 });
             }
             let size = header.record_size_bytes() as usize;
-            payloads.push(bytes[position + RECORD_HEADER_SIZE..position + size].to_vec());
+            let payload = bytes[position + RECORD_HEADER_SIZE..position + size].to_vec();
+            match header.kind {
+                RecordKind::Op => op_payload = Some(payload),
+                _ => batches.push(payload),
+            }
             chain = chain.advance_by(&header, OpRule::PerPrepare);
             position += size;
         }
+        let op_payload = op_payload.ok_or_else(|| StorageError::Damaged {
+            path,
+            position: extent.position_bytes,
+            reason: format!("op {op} has no op record"),
+        })?;
         Ok(StoredOp {
             op,
             view: extent.view,
             timestamp_us: extent.timestamp_us,
-            payloads,
-            append: extent.append,
+            op_payload,
+            batches,
         })
     }
 
@@ -813,36 +823,28 @@ fn check_config(config: &JournalConfig) -> Result<(), StorageError> {
 }
 
 /// Bounds on what one op may write, checked before a byte is written.
-fn check_content(content: &OpContent<'_>) -> Result<(), StorageError> {
-    match content {
-        OpContent::Batches(batches) => {
-            if batches.is_empty() {
-                return Err(StorageError::Invalid("an append op holds no batch".into()));
-            }
-            for batch in *batches {
-                let header = batch::header(batch)
-                    .ok_or_else(|| StorageError::Invalid("batch shorter than its header".into()))?;
-                if header.batch_length != batch.len() as u64
-                    || batch.len() as u64 > u64::from(BATCH_BYTES_MAX)
-                {
-                    return Err(StorageError::Invalid(format!(
-                        "batch of {} bytes (header says {}, limit {BATCH_BYTES_MAX})",
-                        batch.len(),
-                        header.batch_length
-                    )));
-                }
-                if header.message_count == 0 {
-                    return Err(StorageError::Invalid("batch holds no messages".into()));
-                }
-            }
+fn check_content(op_payload: &[u8], batches: &[&[u8]]) -> Result<(), StorageError> {
+    if op_payload.len() as u64 > u64::from(BATCH_BYTES_MAX) {
+        return Err(StorageError::Invalid(format!(
+            "op record payload of {} bytes exceeds {BATCH_BYTES_MAX}",
+            op_payload.len()
+        )));
+    }
+    if batches.len() > u32::MAX as usize {
+        return Err(StorageError::Invalid("too many batches in one op".into()));
+    }
+    for batch in batches {
+        let header = batch::header(batch)
+            .ok_or_else(|| StorageError::Invalid("batch shorter than its header".into()))?;
+        if header.batch_length != batch.len() as u64 || batch.len() as u64 > u64::from(BATCH_BYTES_MAX) {
+            return Err(StorageError::Invalid(format!(
+                "batch of {} bytes (header says {}, limit {BATCH_BYTES_MAX})",
+                batch.len(),
+                header.batch_length
+            )));
         }
-        OpContent::Body(body) => {
-            if body.len() as u64 > u64::from(BATCH_BYTES_MAX) {
-                return Err(StorageError::Invalid(format!(
-                    "op body of {} bytes exceeds {BATCH_BYTES_MAX}",
-                    body.len()
-                )));
-            }
+        if header.message_count == 0 {
+            return Err(StorageError::Invalid("batch holds no messages".into()));
         }
     }
     Ok(())

@@ -54,15 +54,15 @@
 //! # Journal logs and op records (kind 3)
 //!
 //! A partition group's segment log is its VSR journal ([`OpRule::PerPrepare`]): `op` is the
-//! VSR op of the prepare a record belongs to, and every op writes at least one record. An
-//! append writes one batch record per batch, all with its op; any other op (an offset store,
-//! a purge, ...) writes one *op record*: `kind` = 3, `message_count` = 0, `base_offset` = the
-//! chain's next offset (it moves no offset), `timestamp_us` = the prepare's timestamp, and
-//! the op's body as it is (at most [`BATCH_BYTES_MAX`] bytes) instead of a batch. The op rule
-//! becomes: a record's op is the chain's next op (a new prepare), or, for a batch record, the
-//! op before it (the same prepare's next batch). Polls and the index skip op records. A
-//! record log ([`OpRule::PerRecord`], every log written before replication) holds no op
-//! records: one there is damage.
+//! VSR op of the prepare a record belongs to. Every op begins with one *op record*: `kind` =
+//! 3, `message_count` = 0, `base_offset` = the chain's next offset (it moves no offset),
+//! `timestamp_us` = the prepare's timestamp, and a payload the journal's writer defines (at
+//! most [`BATCH_BYTES_MAX`] bytes; the partition shell puts the prepare's VSR header there,
+//! and the body of any op that is not an append). An append's batches follow it as batch
+//! records with the same op. The op rule becomes: an op record carries the chain's next op (a
+//! new prepare), a batch record the op of the record before it. Polls and the index skip op
+//! records. A record log ([`OpRule::PerRecord`], every log written before replication) holds
+//! no op records: one there is damage.
 //!
 //! # Scan classification
 //!
@@ -396,10 +396,11 @@ impl Chain {
     pub fn op_fits(&self, header: &RecordHeader, rule: OpRule) -> bool {
         match rule {
             OpRule::PerRecord => header.op == self.next_op,
-            OpRule::PerPrepare => {
-                header.op == self.next_op
-                    || (header.kind == RecordKind::Batch && header.op >= 1 && header.op + 1 == self.next_op)
-            }
+            OpRule::PerPrepare => match header.kind {
+                // A batch continues the op its op record began.
+                RecordKind::Batch => header.op >= 1 && header.op + 1 == self.next_op,
+                RecordKind::Op | RecordKind::Gap => header.op == self.next_op,
+            },
         }
     }
 }
@@ -1144,14 +1145,23 @@ mod tests {
         };
     }
 
-    /// A journal log: op 1 an append of two batches, op 2 an op record, op 3 one batch, op 4
-    /// an op record with an empty body.
+    /// A journal log: op 1 an append of two batches, op 2 another op, op 3 an append of one
+    /// batch, op 4 an op record with an empty payload.
     fn journal_sample() -> (Vec<u8>, Chain) {
         let mut log = Vec::new();
         let mut chain = Chain::genesis(7);
+        push_journal(&mut log, &mut chain, RecordKind::Op, 1, 0, b"header 1");
         push_journal(&mut log, &mut chain, RecordKind::Batch, 1, 3, &[]);
         push_journal(&mut log, &mut chain, RecordKind::Batch, 1, 2, &[]);
-        push_journal(&mut log, &mut chain, RecordKind::Op, 2, 0, b"store offset 4");
+        push_journal(
+            &mut log,
+            &mut chain,
+            RecordKind::Op,
+            2,
+            0,
+            b"header 2, store offset 4",
+        );
+        push_journal(&mut log, &mut chain, RecordKind::Op, 3, 0, b"header 3");
         push_journal(&mut log, &mut chain, RecordKind::Batch, 3, 1, &[]);
         push_journal(&mut log, &mut chain, RecordKind::Op, 4, 0, &[]);
         (log, chain)
@@ -1172,7 +1182,7 @@ mod tests {
             .collect();
         assert_eq!(batch_ops, vec![(1, 0, 3), (1, 3, 3), (3, 5, 3)]);
         let op_records: Vec<u64> = result.op_records.iter().map(|record| record.op).collect();
-        assert_eq!(op_records, vec![2, 4]);
+        assert_eq!(op_records, vec![1, 2, 3, 4]);
         // Every cut at a record boundary is a clean journal; every cut inside one is torn.
         let mut boundaries: Vec<u64> = result
             .records
@@ -1202,23 +1212,31 @@ mod tests {
             build(&mut log, &mut chain);
             scan_with(&log, Chain::genesis(7), 0, OpRule::PerPrepare).tail
         };
+        let damage_at = |tail: Tail, op: &str| {
+            assert!(
+                matches!(tail, Tail::Damaged { ref reason, .. } if reason.contains(op)),
+                "{tail:?}"
+            );
+        };
         // An op skipped.
-        let tail = damaged(&|log, chain| push_journal(log, chain, RecordKind::Batch, 6, 1, &[]));
-        assert!(
-            matches!(tail, Tail::Damaged { ref reason, .. } if reason.contains("record op 6")),
-            "{tail:?}"
+        damage_at(
+            damaged(&|log, chain| push_journal(log, chain, RecordKind::Op, 6, 0, b"x")),
+            "record op 6",
         );
         // An op record continuing the op before it (only a batch may).
-        let tail = damaged(&|log, chain| push_journal(log, chain, RecordKind::Op, 4, 0, b"x"));
-        assert!(
-            matches!(tail, Tail::Damaged { ref reason, .. } if reason.contains("record op 4")),
-            "{tail:?}"
+        damage_at(
+            damaged(&|log, chain| push_journal(log, chain, RecordKind::Op, 4, 0, b"x")),
+            "record op 4",
+        );
+        // A batch starting an op (an op begins with its op record).
+        damage_at(
+            damaged(&|log, chain| push_journal(log, chain, RecordKind::Batch, 5, 1, &[])),
+            "record op 5",
         );
         // A batch going back two ops.
-        let tail = damaged(&|log, chain| push_journal(log, chain, RecordKind::Batch, 3, 1, &[]));
-        assert!(
-            matches!(tail, Tail::Damaged { ref reason, .. } if reason.contains("record op 3")),
-            "{tail:?}"
+        damage_at(
+            damaged(&|log, chain| push_journal(log, chain, RecordKind::Batch, 3, 1, &[])),
+            "record op 3",
         );
         // An op record that moves the offset.
         let tail = damaged(&|log, chain| {
@@ -1231,6 +1249,7 @@ mod tests {
         );
         // A batch continuing its op is fine.
         let (mut log, mut chain) = journal_sample();
+        push_journal(&mut log, &mut chain, RecordKind::Op, 5, 0, b"header 5");
         push_journal(&mut log, &mut chain, RecordKind::Batch, 5, 1, &[]);
         push_journal(&mut log, &mut chain, RecordKind::Batch, 5, 1, &[]);
         assert_eq!(
@@ -1242,11 +1261,11 @@ mod tests {
     #[test]
     fn a_record_log_refuses_op_records_and_a_flip_before_an_op_record_is_damage() {
         let (log, _) = journal_sample();
-        // Read as a record log, op 1's second batch breaks the +1 rule: damage, never a cut.
+        // Read as a record log, a journal's op records are damage, never a cut.
         assert!(matches!(scan(&log, Chain::genesis(7)).tail, Tail::Damaged { .. }));
         let mut log = Vec::new();
         let mut chain = Chain::genesis(7);
-        push_journal(&mut log, &mut chain, RecordKind::Batch, 1, 1, &[]);
+        push_record(&mut log, &mut chain, 1, 10);
         push_journal(&mut log, &mut chain, RecordKind::Op, 2, 0, b"x");
         let tail = scan(&log, Chain::genesis(7)).tail;
         assert!(
@@ -1258,9 +1277,10 @@ mod tests {
         // the op record, so it is damage, not a torn tail to cut.
         let mut log = Vec::new();
         let mut chain = Chain::genesis(7);
+        push_journal(&mut log, &mut chain, RecordKind::Op, 1, 0, b"header 1");
         push_journal(&mut log, &mut chain, RecordKind::Batch, 1, 1, &[]);
         let middle = log.len();
-        push_journal(&mut log, &mut chain, RecordKind::Batch, 2, 1, &[]);
+        push_journal(&mut log, &mut chain, RecordKind::Op, 2, 0, b"header 2");
         push_journal(&mut log, &mut chain, RecordKind::Op, 3, 0, b"acknowledged");
         log[middle + RECORD_HEADER_SIZE + 3] ^= 0x10;
         let tail = scan_with(&log, Chain::genesis(7), 0, OpRule::PerPrepare).tail;

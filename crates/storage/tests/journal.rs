@@ -16,7 +16,7 @@
 mod common;
 
 use cairn_storage::StorageError;
-use cairn_storage::journal::{JournalConfig, JournalLog, OpContent};
+use cairn_storage::journal::{JournalConfig, JournalLog};
 use cairn_storage::record::Chain;
 use cairn_storage::sim_disk::{SimDisk, SimRng};
 use cairn_wire::batch::BATCH_HEADER_SIZE;
@@ -31,52 +31,36 @@ const PARTITION: u32 = 9;
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Written {
     view: u32,
-    /// Client batches (unstamped) of an append, or the body of another op.
+    /// The op record's payload (a prepare header and body, in the partition shell).
+    op_payload: Vec<u8>,
+    /// Client batches (unstamped) of an append; none for another op.
     batches: Vec<Vec<u8>>,
-    body: Option<Vec<u8>>,
 }
 
-impl Written {
-    fn content(&self) -> Vec<&[u8]> {
-        self.batches.iter().map(Vec::as_slice).collect()
-    }
-}
-
-/// Whether what the journal read back is `written`: the same view, and the same body, or the
-/// same batches apart from the stamped 256-byte header.
+/// Whether what the journal read back is `written`: the same view and op record payload, and
+/// the same batches apart from the stamped 256-byte header.
 fn holds(journal: &JournalLog, op: u64, written: &Written) -> Result<bool, StorageError> {
     let stored = journal.read_op(op)?;
-    if stored.view != written.view {
-        return Ok(false);
-    }
-    Ok(match &written.body {
-        Some(body) => !stored.append && stored.payloads == vec![body.clone()],
-        None => {
-            stored.append
-                && stored.payloads.len() == written.batches.len()
-                && stored
-                    .payloads
-                    .iter()
-                    .zip(&written.batches)
-                    .all(|(stored, client)| stored[BATCH_HEADER_SIZE..] == client[BATCH_HEADER_SIZE..])
-        }
-    })
+    Ok(stored.view == written.view
+        && stored.op_payload == written.op_payload
+        && stored.batches.len() == written.batches.len()
+        && stored
+            .batches
+            .iter()
+            .zip(&written.batches)
+            .all(|(stored, client)| stored[BATCH_HEADER_SIZE..] == client[BATCH_HEADER_SIZE..]))
 }
 
 fn random_written(rng: &mut SimRng, op: u64) -> Written {
     let view = rng.range_inclusive(0, 5) as u32;
-    if rng.chance(1, 3) {
-        let len = rng.below(40) as usize;
-        let body = (0..len)
-            .map(|index| (op as u8).wrapping_add(index as u8))
-            .collect();
-        Written {
-            view,
-            batches: Vec::new(),
-            body: Some(body),
-        }
+    let len = rng.below(40) as usize;
+    let op_payload = (0..len)
+        .map(|index| (op as u8).wrapping_add(index as u8))
+        .collect();
+    let batches = if rng.chance(1, 3) {
+        Vec::new()
     } else {
-        let batches = (0..rng.range_inclusive(1, 3))
+        (0..rng.range_inclusive(1, 3))
             .map(|batch| {
                 let payloads: Vec<Vec<u8>> = (0..rng.range_inclusive(1, 4))
                     .map(|message| {
@@ -85,22 +69,18 @@ fn random_written(rng: &mut SimRng, op: u64) -> Written {
                     .collect();
                 client_batch(&payloads)
             })
-            .collect();
-        Written {
-            view,
-            batches,
-            body: None,
-        }
+            .collect()
+    };
+    Written {
+        view,
+        op_payload,
+        batches,
     }
 }
 
 fn write(journal: &mut JournalLog, op: u64, written: &Written) -> Result<(), StorageError> {
-    let content = written.content();
-    let content = match &written.body {
-        Some(body) => OpContent::Body(body),
-        None => OpContent::Batches(&content),
-    };
-    journal.write_op(op, written.view, 1_000 + op, content)
+    let batches: Vec<&[u8]> = written.batches.iter().map(Vec::as_slice).collect();
+    journal.write_op(op, written.view, 1_000 + op, &written.op_payload, &batches)
 }
 
 struct Sim {
@@ -413,27 +393,28 @@ fn writes_out_of_order_or_malformed_are_refused() {
     )
     .expect("create");
     assert!(matches!(
-        journal.write_op(2, 0, 1, OpContent::Body(b"x")),
+        journal.write_op(2, 0, 1, b"x", &[]),
         Err(StorageError::Invalid(_))
     ));
     assert!(matches!(
-        journal.write_op(0, 0, 1, OpContent::Body(b"x")),
-        Err(StorageError::Invalid(_))
-    ));
-    assert!(matches!(
-        journal.write_op(1, 0, 1, OpContent::Batches(&[])),
+        journal.write_op(0, 0, 1, b"x", &[]),
         Err(StorageError::Invalid(_))
     ));
     let mut batch = client_batch(&[b"m".to_vec()]);
     batch.push(0);
     assert!(matches!(
-        journal.write_op(1, 0, 1, OpContent::Batches(&[&batch])),
+        journal.write_op(1, 0, 1, b"x", &[&batch]),
+        Err(StorageError::Invalid(_))
+    ));
+    let empty = client_batch(&[]);
+    assert!(matches!(
+        journal.write_op(1, 0, 1, b"x", &[&empty]),
         Err(StorageError::Invalid(_))
     ));
     assert_eq!(journal.last_op(), 0);
     assert!(matches!(journal.cut(1), Err(StorageError::Invalid(_))));
     journal
-        .write_op(1, 0, 1, OpContent::Body(b"x"))
+        .write_op(1, 0, 1, b"x", &[])
         .expect("a good write still works");
 }
 
