@@ -33,6 +33,11 @@ pub enum SlotState {
     Empty,
     /// A whole prepare that verifies.
     Clean(Message),
+    /// A whole prepare that verifies, handed over as its header only: the body stays in the
+    /// journal, and the replica asks for it ([`crate::replica::Output::ReadPrepare`]) when it
+    /// needs it (to apply it, or to repair a peer). A log journal recovers this way, so that
+    /// recovery holds headers, not batches, in memory. `classify_slot` never returns it.
+    Durable(Header),
     /// Something was written that cannot be served. `header`, when the redundant header
     /// verifies, names the op and checksum to repair.
     Faulty { header: Option<Header> },

@@ -582,8 +582,9 @@ impl<S: StateMachine> Replica<S> {
             // Faulty slots are left out: a StartView's headers name what to repair. Clean ones
             // are copies by checksum, trusted only once the view's chain vouches for them. Ops
             // at or below the checkpoint stay only to answer peers' repair requests.
-            let prepare = match state {
-                SlotState::Clean(prepare) => prepare,
+            let (header, prepare) = match state {
+                SlotState::Clean(prepare) => (prepare.header, Some(prepare)),
+                SlotState::Durable(header) => (header, None),
                 SlotState::Empty | SlotState::Unfinished => continue,
                 SlotState::Faulty { header } => {
                     replica.faulty_slots[slot_index] =
@@ -591,21 +592,21 @@ impl<S: StateMachine> Replica<S> {
                     continue;
                 }
             };
-            let op = prepare.header.op;
+            let op = header.op;
             if op == 0 || op > window_end || op + replica.config.shape.journal_slots as u64 <= checkpoint_op {
                 continue;
             }
-            if op == checkpoint_op && prepare.header.checksum != replica.commit_min_checksum {
+            if op == checkpoint_op && header.checksum != replica.commit_min_checksum {
                 continue;
             }
             let slot_index = replica.slot_index(op);
-            let header = prepare.header;
             replica.journal[slot_index] = Some(Slot {
                 op,
                 checksum: header.checksum,
                 header: Some(header),
-                // Applied already (the checkpoint covers it): read back if a peer asks.
-                message: (op > checkpoint_op).then_some(prepare),
+                // Applied already (the checkpoint covers it), or handed over as a header: read
+                // back when needed.
+                message: prepare.filter(|_| op > checkpoint_op),
                 durable: true,
                 verified: op == checkpoint_op,
             });
@@ -1966,7 +1967,8 @@ impl<S: StateMachine> Replica<S> {
     /// Log journal: a durable slot above the log's end is about to be discarded by the
     /// shell, so it counts as durable no more. It keeps its body (an op that is not durable
     /// is never released, and every op above `commit_min` has its body), so it is applied
-    /// from memory and written again in order. It may hold a prepare this replica
+    /// from memory and written again in order; one recovered as a header only is faulty
+    /// until repaired (below). It may hold a prepare this replica
     /// acknowledged: while the body is in memory the op is held and never nacked; after a
     /// crash, the redundant header the cut leaves on disk makes recovery call the slot
     /// faulty, so it is never nacked either. It is not marked faulty here: the mark covers
@@ -1982,11 +1984,14 @@ impl<S: StateMachine> Replica<S> {
                 .as_mut()
                 .filter(|slot| slot.op == above && slot.durable)
             {
-                assert!(
-                    slot.message.is_some(),
-                    "op {above} above the log's end has its body"
-                );
                 slot.durable = false;
+                if slot.message.is_none() {
+                    // Handed over as a header at recovery, its body never read back: the
+                    // shell is about to discard the only copy, so it is written again only
+                    // once repaired. It may hold a prepare this replica acknowledged, so it
+                    // counts as faulty until then, as if recovery had found it damaged.
+                    self.faulty_slots[index] = Some(FaultyOp::Op(above));
+                }
             }
         }
     }
