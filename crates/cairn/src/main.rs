@@ -20,6 +20,15 @@ mod handler;
 mod http;
 mod node;
 mod partition;
+// Not on the server's path yet: the next step of issue 13 wires partitions through it.
+#[cfg_attr(
+    not(test),
+    expect(
+        dead_code,
+        reason = "the partition group shell lands before the server is wired through it"
+    )
+)]
+mod partition_group;
 mod retention;
 mod stats;
 mod tcp;

@@ -74,49 +74,30 @@ pub enum GroupError {
 /// prepares suits a log of small ops; a partition's journal is its segment log).
 pub const SHAPE: Shape = Shape::METADATA;
 
-/// Most bytes one request body may have.
-pub const REQUEST_BODY_MAX: usize = SHAPE.body_size_max();
-
-/// The group's files, each a zone of fixed-size slots.
+/// The group's files besides its journal, each a zone of fixed-size slots.
 #[derive(Clone, Copy, Debug)]
 enum Zone {
     /// `SUPERBLOCK_COPIES` copies of `COPY_SIZE` bytes.
     Superblock,
-    /// `journal_slots` redundant prepare headers of `HEADER_SIZE` bytes.
-    Headers,
-    /// `journal_slots` prepares of up to `message_size_max` bytes.
-    Prepares,
     /// Two checkpoints of up to `checkpoint_size_max` bytes.
     Checkpoints,
 }
 
 impl Zone {
-    #[cfg(test)]
-    const ALL: [Zone; 4] = [Zone::Superblock, Zone::Headers, Zone::Prepares, Zone::Checkpoints];
-
     fn file_name(self) -> &'static str {
         match self {
             Zone::Superblock => SUPERBLOCK_FILE,
-            Zone::Headers => HEADERS_FILE,
-            Zone::Prepares => PREPARES_FILE,
             Zone::Checkpoints => CHECKPOINTS_FILE,
-        }
-    }
-
-    fn slot_size(self) -> u64 {
-        match self {
-            Zone::Superblock => COPY_SIZE as u64,
-            Zone::Headers => HEADER_SIZE as u64,
-            Zone::Prepares => SHAPE.message_size_max as u64,
-            Zone::Checkpoints => SHAPE.checkpoint_size_max() as u64,
         }
     }
 }
 
 struct Files {
     dir: PathBuf,
-    /// By zone, in `Zone::ALL` order.
-    files: [File; 4],
+    /// By zone: the superblock, then the checkpoints.
+    files: [File; 2],
+    /// Bytes of one checkpoint slot (the group's shape's `checkpoint_size_max`).
+    checkpoint_slot_bytes: u64,
     /// Opened for reading only: writes are skipped (the offline checker recovers in memory).
     read_only: bool,
 }
@@ -124,25 +105,23 @@ struct Files {
 impl Files {
     /// The files of a formatted group (never created here: a missing one is an error), for
     /// writing unless `read_only`.
-    fn open(dir: &Path, read_only: bool) -> Result<Files, GroupError> {
-        let open = |zone: Zone| {
-            let path = dir.join(zone.file_name());
-            OpenOptions::new()
-                .read(true)
-                .write(!read_only)
-                .open(&path)
-                .map_err(|source| GroupError::Io { path, source })
-        };
+    fn open(dir: &Path, shape: &Shape, read_only: bool) -> Result<Files, GroupError> {
         Ok(Files {
             dir: dir.to_path_buf(),
             files: [
-                open(Zone::Superblock)?,
-                open(Zone::Headers)?,
-                open(Zone::Prepares)?,
-                open(Zone::Checkpoints)?,
+                open_file(&dir.join(SUPERBLOCK_FILE), read_only)?,
+                open_file(&dir.join(CHECKPOINTS_FILE), read_only)?,
             ],
+            checkpoint_slot_bytes: shape.checkpoint_size_max() as u64,
             read_only,
         })
+    }
+
+    fn slot_size(&self, zone: Zone) -> u64 {
+        match zone {
+            Zone::Superblock => COPY_SIZE as u64,
+            Zone::Checkpoints => self.checkpoint_slot_bytes,
+        }
     }
 
     fn io_error(&self, zone: Zone, source: std::io::Error) -> GroupError {
@@ -152,54 +131,31 @@ impl Files {
         }
     }
 
-    /// The bytes of prepare slot `slot`: its header, and as much after it as the header's
-    /// size says (bounded by the slot) when that size verifies; classification decides what
-    /// they are.
-    fn read_prepare_slot(&self, slot: usize) -> Result<Vec<u8>, GroupError> {
-        let prepare = self.read(Zone::Prepares, slot, HEADER_SIZE)?;
-        match Header::peek_size(&prepare) {
-            Some(Ok(size)) if size > HEADER_SIZE && size <= SHAPE.message_size_max => {
-                self.read(Zone::Prepares, slot, size)
-            }
-            _ => Ok(prepare),
-        }
-    }
-
     /// The first `len` bytes of slot `slot` of `zone` (a sparse or short file reads as zeros
     /// past its end, like a never-written slot).
     fn read(&self, zone: Zone, slot: usize, len: usize) -> Result<Vec<u8>, GroupError> {
-        debug_assert!(len as u64 <= zone.slot_size());
-        self.read_at(zone, slot as u64 * zone.slot_size(), len)
+        debug_assert!(len as u64 <= self.slot_size(zone));
+        self.read_at(zone, slot as u64 * self.slot_size(zone), len)
     }
 
     /// `len` bytes of `zone`'s file at `offset`, zeros past its end.
     fn read_at(&self, zone: Zone, offset: u64, len: usize) -> Result<Vec<u8>, GroupError> {
-        let file = &self.files[zone as usize];
-        let mut bytes = vec![0u8; len];
-        let mut filled = 0;
-        while filled < len {
-            match file.read_at(&mut bytes[filled..], offset + filled as u64) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(error) => return Err(self.io_error(zone, error)),
-            }
-        }
-        Ok(bytes)
+        read_file_at(&self.files[zone as usize], offset, len).map_err(|error| self.io_error(zone, error))
     }
 
     /// Write `bytes` at the start of slot `slot` of `zone` and sync; nothing when read-only.
     fn write_synced(&self, zone: Zone, slot: usize, bytes: &[u8]) -> Result<(), GroupError> {
-        debug_assert!(bytes.len() as u64 <= zone.slot_size());
+        debug_assert!(bytes.len() as u64 <= self.slot_size(zone));
         if self.read_only {
             return Ok(());
         }
-        let file = &self.files[zone as usize];
-        crate::faults::fail_point(&format!("group-write-{}", zone.file_name()))
-            .map_err(|e| self.io_error(zone, e))?;
-        file.write_all_at(bytes, slot as u64 * zone.slot_size())
-            .map_err(|e| self.io_error(zone, e))?;
-        file.sync_data().map_err(|e| self.io_error(zone, e))
+        write_file_synced(
+            &self.files[zone as usize],
+            zone.file_name(),
+            slot as u64 * self.slot_size(zone),
+            bytes,
+        )
+        .map_err(|error| self.io_error(zone, error))
     }
 
     /// Every superblock copy, in order, each synced before the next.
@@ -208,6 +164,214 @@ impl Files {
             self.write_synced(Zone::Superblock, copy, bytes)?;
         }
         Ok(())
+    }
+}
+
+fn open_file(path: &Path, read_only: bool) -> Result<File, GroupError> {
+    OpenOptions::new()
+        .read(true)
+        .write(!read_only)
+        .open(path)
+        .map_err(|source| GroupError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// `len` bytes of `file` at `offset` (a sparse or short file reads as zeros past its end).
+fn read_file_at(file: &File, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    let mut bytes = vec![0u8; len];
+    let mut filled = 0;
+    while filled < len {
+        match file.read_at(&mut bytes[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(bytes)
+}
+
+/// Write `bytes` at `offset` of `file` (named `name` for fault injection) and sync it.
+fn write_file_synced(file: &File, name: &str, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
+    crate::faults::fail_point(&format!("group-write-{name}"))?;
+    file.write_all_at(bytes, offset)?;
+    file.sync_data()
+}
+
+/// Where a group keeps its prepares: the ring files of the metadata group ([`RingJournal`]),
+/// or a partition's segment log (`crate::partition_group::LogJournal`). The shell around it
+/// (superblock, checkpoints, the replica's loop) is the same.
+pub trait GroupJournal: Sized {
+    /// The shape of the groups that keep their prepares this way.
+    const SHAPE: Shape;
+    /// What the journal needs besides its directory.
+    type Params;
+    /// Create an empty journal in `dir`, at format.
+    fn create(dir: &Path, params: &Self::Params) -> Result<Self, GroupError>;
+    /// Open the journal in `dir` and say what it holds: one state per slot of the shape's
+    /// ring (op `o` at slot `o % journal_slots`), and each damaged entry that may hold an
+    /// acknowledged prepare, described for an operator.
+    #[allow(clippy::type_complexity)]
+    fn open(
+        dir: &Path,
+        params: &Self::Params,
+        read_only: bool,
+        cluster: u128,
+        group: u64,
+    ) -> Result<(Self, Vec<SlotState>, Vec<String>), GroupError>;
+    /// Write `message` and make it durable before returning.
+    fn write_prepare(&mut self, message: &Message) -> Result<(), GroupError>;
+    /// Read prepare `op` back; `None` when the journal no longer holds it whole (logged).
+    fn read_prepare(&mut self, op: u64, checksum: u128) -> Option<Message>;
+    /// The file or directory a damage report names.
+    fn location(&self) -> PathBuf;
+}
+
+/// The metadata group's journal: `journal_slots` prepares in a sparse file of fixed slots,
+/// each followed (once synced) by its redundant header in a second file.
+pub struct RingJournal {
+    dir: PathBuf,
+    headers: File,
+    prepares: File,
+    read_only: bool,
+}
+
+impl RingJournal {
+    /// The bytes of prepare slot `slot`: its header, and as much after it as the header's
+    /// size says (bounded by the slot) when that size verifies; classification decides what
+    /// they are.
+    fn read_prepare_slot(&self, slot: usize) -> std::io::Result<Vec<u8>> {
+        let slot_bytes = SHAPE.message_size_max as u64;
+        let prepare = read_file_at(&self.prepares, slot as u64 * slot_bytes, HEADER_SIZE)?;
+        match Header::peek_size(&prepare) {
+            Some(Ok(size)) if size > HEADER_SIZE && size <= SHAPE.message_size_max => {
+                read_file_at(&self.prepares, slot as u64 * slot_bytes, size)
+            }
+            _ => Ok(prepare),
+        }
+    }
+
+    fn io_error(&self, name: &str, source: std::io::Error) -> GroupError {
+        GroupError::Io {
+            path: self.dir.join(name),
+            source,
+        }
+    }
+}
+
+impl GroupJournal for RingJournal {
+    const SHAPE: Shape = SHAPE;
+    type Params = ();
+
+    fn create(dir: &Path, _params: &()) -> Result<RingJournal, GroupError> {
+        // Empty: nothing of an interrupted earlier format was ever used.
+        for name in [HEADERS_FILE, PREPARES_FILE] {
+            let path = dir.join(name);
+            File::create(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(|source| GroupError::Io { path, source })?;
+        }
+        Ok(RingJournal {
+            dir: dir.to_path_buf(),
+            headers: open_file(&dir.join(HEADERS_FILE), false)?,
+            prepares: open_file(&dir.join(PREPARES_FILE), false)?,
+            read_only: false,
+        })
+    }
+
+    fn open(
+        dir: &Path,
+        _params: &(),
+        read_only: bool,
+        cluster: u128,
+        group: u64,
+    ) -> Result<(RingJournal, Vec<SlotState>, Vec<String>), GroupError> {
+        let journal = RingJournal {
+            dir: dir.to_path_buf(),
+            headers: open_file(&dir.join(HEADERS_FILE), read_only)?,
+            prepares: open_file(&dir.join(PREPARES_FILE), read_only)?,
+            read_only,
+        };
+        let mut slots = Vec::with_capacity(SHAPE.journal_slots);
+        for slot in 0..SHAPE.journal_slots {
+            let header = read_file_at(&journal.headers, (slot * HEADER_SIZE) as u64, HEADER_SIZE)
+                .map_err(|error| journal.io_error(HEADERS_FILE, error))?;
+            let prepare = journal
+                .read_prepare_slot(slot)
+                .map_err(|error| journal.io_error(PREPARES_FILE, error))?;
+            slots.push(classify_slot(
+                slot,
+                SHAPE.journal_slots,
+                &prepare,
+                &header,
+                cluster,
+                group,
+            ));
+        }
+        // Said up front: with no peer to repair them from, such slots keep the group down.
+        let damaged = slots
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, state)| match state {
+                SlotState::Faulty { header: Some(header) } => Some(format!("slot {slot} (op {})", header.op)),
+                SlotState::Faulty { header: None } => Some(format!("slot {slot} (op unknown)")),
+                _ => None,
+            })
+            .collect();
+        Ok((journal, slots, damaged))
+    }
+
+    fn write_prepare(&mut self, message: &Message) -> Result<(), GroupError> {
+        debug_assert!(!self.read_only, "a read-only group takes no requests");
+        let slot = slot_of(message.header.op, SHAPE.journal_slots);
+        write_file_synced(
+            &self.prepares,
+            PREPARES_FILE,
+            (slot * SHAPE.message_size_max) as u64,
+            &message.encode(),
+        )
+        .map_err(|error| self.io_error(PREPARES_FILE, error))?;
+        write_file_synced(
+            &self.headers,
+            HEADERS_FILE,
+            (slot * HEADER_SIZE) as u64,
+            &message.header.encode(),
+        )
+        .map_err(|error| self.io_error(HEADERS_FILE, error))
+    }
+
+    fn read_prepare(&mut self, op: u64, checksum: u128) -> Option<Message> {
+        // A group of one reads back only to apply a prepare recovered as a header (this
+        // journal recovers whole prepares, so never today); peers' repairs come with the
+        // replica network.
+        let slot = slot_of(op, SHAPE.journal_slots);
+        match self.read_prepare_slot(slot) {
+            Ok(bytes) => {
+                let prepare = read_back(&bytes, op, checksum);
+                if prepare.is_none() {
+                    tracing::error!(
+                        dir = %self.dir.display(),
+                        op,
+                        "the journal no longer holds a prepare it synced; the replica treats its copy as lost (kept on disk as found)"
+                    );
+                }
+                prepare
+            }
+            Err(error) => {
+                tracing::error!(
+                    dir = %self.dir.display(),
+                    op,
+                    "reading a synced prepare back failed ({error}); the replica treats its copy as lost"
+                );
+                None
+            }
+        }
+    }
+
+    fn location(&self) -> PathBuf {
+        self.dir.join(PREPARES_FILE)
     }
 }
 
@@ -241,9 +405,10 @@ fn migrate_superblock(files: &mut Files, bytes: &[u8; COPY_SIZE]) -> Result<(), 
 }
 
 /// One replication group with a single replica, over the files of one directory.
-pub struct LocalGroup<S: StateMachine> {
+pub struct LocalGroup<S: StateMachine, J: GroupJournal = RingJournal> {
     replica: Replica<S>,
     files: Files,
+    journal: J,
     cluster: u128,
     /// The durable state every superblock copy holds, and its sequence.
     superblock: (DurableState, u64),
@@ -260,14 +425,11 @@ pub struct LocalGroup<S: StateMachine> {
     stopped: Option<String>,
 }
 
-impl<S: StateMachine> LocalGroup<S> {
-    /// Open the group in `dir`: recover it from its files, or format it when `dir` holds no
-    /// formatted group (then `fresh()` is the state it starts from).
+impl<S: StateMachine> LocalGroup<S, RingJournal> {
+    /// Open the metadata-shaped group in `dir`: recover it from its files, or format it when
+    /// `dir` holds no formatted group (then `fresh()` is the state it starts from).
     pub fn open(dir: &Path, group: u64, fresh: impl FnOnce() -> S) -> Result<LocalGroup<S>, GroupError> {
-        if !dir.join(SUPERBLOCK_FILE).exists() {
-            return LocalGroup::format(dir, group, fresh());
-        }
-        LocalGroup::recover(dir, group, fresh, false)
+        LocalGroup::open_with(dir, group, &(), fresh)
     }
 
     /// Recover the group in `dir` in memory as [`LocalGroup::open`] would, writing nothing
@@ -280,15 +442,33 @@ impl<S: StateMachine> LocalGroup<S> {
         if !dir.join(SUPERBLOCK_FILE).exists() {
             return Ok(None);
         }
-        LocalGroup::recover(dir, group, fresh, true).map(Some)
+        LocalGroup::recover(dir, group, &(), fresh, true).map(Some)
+    }
+}
+
+impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
+    /// Open the group in `dir` with journal `J` (made from `params`): recover it from its
+    /// files, or format it when `dir` holds no formatted group (then `fresh()` is the state it
+    /// starts from).
+    pub fn open_with(
+        dir: &Path,
+        group: u64,
+        params: &J::Params,
+        fresh: impl FnOnce() -> S,
+    ) -> Result<LocalGroup<S, J>, GroupError> {
+        if !dir.join(SUPERBLOCK_FILE).exists() {
+            return LocalGroup::format(dir, group, params, fresh());
+        }
+        LocalGroup::recover(dir, group, params, fresh, false)
     }
 
     fn recover(
         dir: &Path,
         group: u64,
+        params: &J::Params,
         fresh: impl FnOnce() -> S,
         read_only: bool,
-    ) -> Result<LocalGroup<S>, GroupError> {
+    ) -> Result<LocalGroup<S, J>, GroupError> {
         let cluster_bytes = cairn_storage::atomic_file::read_verified_on(
             &cairn_storage::io::RealDisk,
             &dir.join(CLUSTER_FILE),
@@ -301,7 +481,7 @@ impl<S: StateMachine> LocalGroup<S> {
                 format!("the cluster id holds {} bytes, not 16", cluster_bytes.len()),
             )
         })?);
-        let mut files = Files::open(dir, read_only)?;
+        let mut files = Files::open(dir, &J::SHAPE, read_only)?;
         // A superblock of format 1 (written before 2026-12-02) is 128-byte copies; today's
         // copies are 512 bytes, so the file's length tells the two apart.
         let superblock_len = files.files[Zone::Superblock as usize]
@@ -368,13 +548,13 @@ impl<S: StateMachine> LocalGroup<S> {
             for slot in 0..2u8 {
                 let prefix = files.read(Zone::Checkpoints, usize::from(slot), 16)?;
                 let size = u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]]) as usize;
-                if !(16..=SHAPE.checkpoint_size_max()).contains(&size) {
+                if !(16..=J::SHAPE.checkpoint_size_max()).contains(&size) {
                     continue;
                 }
                 let bytes = files.read(Zone::Checkpoints, usize::from(slot), size)?;
                 if let Ok(checkpoint) = Checkpoint::decode(
                     &bytes,
-                    SHAPE.checkpoint_size_max(),
+                    J::SHAPE.checkpoint_size_max(),
                     state.checkpoint_checksum,
                     cluster,
                     group,
@@ -394,43 +574,26 @@ impl<S: StateMachine> LocalGroup<S> {
             }
             found
         };
-        let mut journal = Vec::with_capacity(SHAPE.journal_slots);
-        for slot in 0..SHAPE.journal_slots {
-            let header = files.read(Zone::Headers, slot, HEADER_SIZE)?;
-            let prepare = files.read_prepare_slot(slot)?;
-            journal.push(classify_slot(
-                slot,
-                SHAPE.journal_slots,
-                &prepare,
-                &header,
-                cluster,
-                group,
-            ));
-        }
-        // Said up front: with no peer to repair them from, such slots keep the group down.
-        let damaged: Vec<String> = journal
-            .iter()
-            .enumerate()
-            .filter_map(|(slot, state)| match state {
-                SlotState::Faulty { header: Some(header) } => Some(format!("slot {slot} (op {})", header.op)),
-                SlotState::Faulty { header: None } => Some(format!("slot {slot} (op unknown)")),
-                _ => None,
-            })
-            .collect();
+        let (journal_store, journal, damaged) = J::open(dir, params, read_only, cluster, group)?;
         let recovered = Recovered {
             durable: Some(state.clone()),
             checkpoint,
             journal,
             nonce: rand::random::<u128>() | 1,
         };
-        let replica = Replica::recover(config(cluster, group), fresh(), recovered)
+        let replica = Replica::recover(config(cluster, group, J::SHAPE), fresh(), recovered)
             .map_err(|error| refused(dir, format!("the replica cannot start from its files: {error}")))?;
-        let mut opened = LocalGroup::assemble(replica, files, cluster, (state, sequence));
+        let mut opened = LocalGroup::assemble(replica, files, journal_store, cluster, (state, sequence));
         opened.come_up(&damaged)?;
         Ok(opened)
     }
 
-    fn format(dir: &Path, group: u64, machine: S) -> Result<LocalGroup<S>, GroupError> {
+    fn format(
+        dir: &Path,
+        group: u64,
+        params: &J::Params,
+        machine: S,
+    ) -> Result<LocalGroup<S, J>, GroupError> {
         std::fs::create_dir_all(dir).map_err(|source| GroupError::Io {
             path: dir.to_path_buf(),
             source,
@@ -448,12 +611,11 @@ impl<S: StateMachine> LocalGroup<S> {
         };
         // The journal and checkpoint files first (empty: nothing of an interrupted earlier
         // format was ever used), the superblock last: its name is what makes a group formatted.
-        for zone in [Zone::Headers, Zone::Prepares, Zone::Checkpoints] {
-            let path = dir.join(zone.file_name());
-            File::create(&path)
-                .and_then(|f| f.sync_all())
-                .map_err(io(&path))?;
-        }
+        let journal = J::create(dir, params)?;
+        let checkpoints = dir.join(CHECKPOINTS_FILE);
+        File::create(&checkpoints)
+            .and_then(|f| f.sync_all())
+            .map_err(io(&checkpoints))?;
         let file = File::create(&staging).map_err(io(&staging))?;
         for copy in 0..SUPERBLOCK_COPIES {
             file.write_all_at(&bytes, (copy * COPY_SIZE) as u64)
@@ -464,21 +626,29 @@ impl<S: StateMachine> LocalGroup<S> {
         File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))?;
         std::fs::rename(&staging, dir.join(SUPERBLOCK_FILE)).map_err(io(&staging))?;
         File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))?;
-        let files = Files::open(dir, false)?;
+        let files = Files::open(dir, &J::SHAPE, false)?;
         tracing::info!(dir = %dir.display(), "formatted a replicated log (a group of one replica)");
-        let replica = Replica::new(config(cluster, group), machine);
-        Ok(LocalGroup::assemble(replica, files, cluster, (state, sequence)))
+        let replica = Replica::new(config(cluster, group, J::SHAPE), machine);
+        Ok(LocalGroup::assemble(
+            replica,
+            files,
+            journal,
+            cluster,
+            (state, sequence),
+        ))
     }
 
     fn assemble(
         replica: Replica<S>,
         files: Files,
+        journal: J,
         cluster: u128,
         superblock: (DurableState, u64),
-    ) -> LocalGroup<S> {
+    ) -> LocalGroup<S, J> {
         LocalGroup {
             replica,
             files,
+            journal,
             cluster,
             superblock,
             client: rand::random::<u128>() | 1,
@@ -521,7 +691,7 @@ impl<S: StateMachine> LocalGroup<S> {
                 "damaged journal entries that may hold acknowledged changes: {} in {}; a group of one has no peer \
                  to repair them from, so it does not start; the files are left as they are",
                 damaged.join(", "),
-                self.files.dir.join(PREPARES_FILE).display()
+                self.journal.location().display()
             )
         };
         Err(refused(&self.files.dir, reason))
@@ -547,10 +717,10 @@ impl<S: StateMachine> LocalGroup<S> {
                 reason: reason.clone(),
             });
         }
-        if body.len() > REQUEST_BODY_MAX {
+        if body.len() > J::SHAPE.body_size_max() {
             return Err(GroupError::TooLarge {
                 len: body.len(),
-                max: REQUEST_BODY_MAX,
+                max: J::SHAPE.body_size_max(),
             });
         }
         if self.session == 0 {
@@ -641,10 +811,7 @@ impl<S: StateMachine> LocalGroup<S> {
                 }
             }
             Output::WritePrepare { message } => {
-                let slot = slot_of(message.header.op, SHAPE.journal_slots);
-                self.files.write_synced(Zone::Prepares, slot, &message.encode())?;
-                self.files
-                    .write_synced(Zone::Headers, slot, &message.header.encode())?;
+                self.journal.write_prepare(&message)?;
                 self.replica
                     .on_prepare_written(message.header.op, message.header.checksum);
             }
@@ -653,31 +820,7 @@ impl<S: StateMachine> LocalGroup<S> {
                 checksum,
                 for_replica,
             } => {
-                // A group of one reads back only to apply a prepare recovered as a header
-                // (this journal recovers whole prepares, so never today); peers' repairs
-                // come with the replica network.
-                let slot = slot_of(op, SHAPE.journal_slots);
-                let prepare = match self.files.read_prepare_slot(slot) {
-                    Ok(bytes) => {
-                        let prepare = read_back(&bytes, op, checksum);
-                        if prepare.is_none() {
-                            tracing::error!(
-                                dir = %self.files.dir.display(),
-                                op,
-                                "the journal no longer holds a prepare it synced; the replica treats its copy as lost (kept on disk as found)"
-                            );
-                        }
-                        prepare
-                    }
-                    Err(error) => {
-                        tracing::error!(
-                            dir = %self.files.dir.display(),
-                            op,
-                            "reading a synced prepare back failed ({error}); the replica treats its copy as lost"
-                        );
-                        None
-                    }
-                };
+                let prepare = self.journal.read_prepare(op, checksum);
                 self.replica.on_prepare_read(op, checksum, prepare, for_replica);
             }
             Output::WriteDurable { state } => {
@@ -710,13 +853,13 @@ impl<S: StateMachine> LocalGroup<S> {
     }
 }
 
-fn config(cluster: u128, group: u64) -> Config {
+fn config(cluster: u128, group: u64, shape: Shape) -> Config {
     Config {
         cluster,
         group,
         replica: 0,
         replica_count: 1,
-        shape: SHAPE,
+        shape,
         bugs: Bugs::default(),
     }
 }
@@ -751,9 +894,9 @@ mod tests {
     }
 
     fn file_bytes(dir: &Path) -> Vec<Vec<u8>> {
-        Zone::ALL
+        [SUPERBLOCK_FILE, HEADERS_FILE, PREPARES_FILE, CHECKPOINTS_FILE]
             .iter()
-            .map(|zone| std::fs::read(dir.join(zone.file_name())).expect("read"))
+            .map(|name| std::fs::read(dir.join(name)).expect("read"))
             .collect()
     }
 

@@ -277,6 +277,17 @@ struct Append<'a> {
     batches: Vec<(&'a [u8], batch::BatchHeader)>,
 }
 
+/// An append prepare's timestamp and batches, if its body is an append the machine accepts
+/// the layout of (what a log journal writes as batch records; anything else it journals
+/// whole). [`encode_append`] of the same parts gives the body back.
+pub fn append_parts(body: &[u8]) -> Option<(u64, Vec<&[u8]>)> {
+    let append = decode_append(body)?;
+    Some((
+        append.timestamp_us,
+        append.batches.iter().map(|(bytes, _)| *bytes).collect(),
+    ))
+}
+
 fn decode_append(body: &[u8]) -> Option<Append<'_>> {
     let mut reader = Reader::new(body);
     let timestamp_us = reader.u64()?;

@@ -739,6 +739,36 @@ impl JournalLog {
         })
     }
 
+    /// Op `op`'s op record payload alone (the batches after it are not read), verified.
+    pub fn read_op_record(&self, op: u64) -> Result<Vec<u8>, StorageError> {
+        let extent = self
+            .ops
+            .get(&op)
+            .ok_or_else(|| StorageError::Invalid(format!("no op {op} in the journal")))?;
+        let path = self.dir.join(segment_log_name(extent.segment_base_offset));
+        let file = self.disk.open_read(&path)?;
+        let mut head = [0u8; RECORD_HEADER_SIZE];
+        file.read_exact_at(extent.position_bytes, &mut head)?;
+        let damaged = |reason: String| StorageError::Damaged {
+            path: path.clone(),
+            position: extent.position_bytes,
+            reason,
+        };
+        let header =
+            record::decode(&head).map_err(|fault| damaged(format!("op {op}'s op record: {fault}")))?;
+        if header.kind != RecordKind::Op || header.op != op || header.record_size_bytes() > extent.len_bytes {
+            return Err(damaged(format!(
+                "op {op}'s extent does not begin with its op record"
+            )));
+        }
+        let mut record = vec![0u8; header.record_size_bytes() as usize];
+        file.read_exact_at(extent.position_bytes, &mut record)?;
+        record::verify_with(&record, &extent.chain_before, OpRule::PerPrepare)
+            .map_err(|fault| damaged(format!("op {op}'s op record does not verify on read: {fault}")))?;
+        record.drain(..RECORD_HEADER_SIZE);
+        Ok(record)
+    }
+
     fn rotate_if_full(&mut self) -> Result<(), StorageError> {
         let active = *self.segments.last().expect("one segment");
         if active.len_bytes < self.config.segment_size_bytes || self.chain.next_offset <= active.base_offset {

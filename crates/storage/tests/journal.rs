@@ -41,6 +41,11 @@ struct Written {
 /// the same batches apart from the stamped 256-byte header.
 fn holds(journal: &JournalLog, op: u64, written: &Written) -> Result<bool, StorageError> {
     let stored = journal.read_op(op)?;
+    assert_eq!(
+        journal.read_op_record(op)?,
+        stored.op_payload,
+        "op {op}: the op record alone reads the same"
+    );
     Ok(stored.view == written.view
         && stored.op_payload == written.op_payload
         && stored.batches.len() == written.batches.len()

@@ -136,6 +136,19 @@ impl Shape {
         log_journal: false,
     };
 
+    /// A partition group's shape: a prepare carries a whole append up to the server's
+    /// 64 MiB batch limit (plus room for the append's framing), several are in flight, the
+    /// journal is the partition's segment log, and a checkpoint (a manifest, never the data)
+    /// comes every 256 ops.
+    pub const PARTITION: Shape = Shape {
+        message_size_max: 64 * 1024 * 1024 + 64 * 1024,
+        journal_slots: 1024,
+        pipeline_prepares_max: 8,
+        checkpoint_interval_ops: 256,
+        clients_max: 32,
+        log_journal: true,
+    };
+
     /// Headers behind the head that a DoViewChange or StartView carries. Every op that may be
     /// committed without the new primary knowing lies within the pipeline behind the head;
     /// the rest is reached through the hash chain.
@@ -196,6 +209,7 @@ impl Shape {
 }
 
 const _: () = assert!(Shape::METADATA.check().is_ok());
+const _: () = assert!(Shape::PARTITION.check().is_ok());
 const _: () = assert!(REPLY_SIZE_MAX <= MESSAGE_SIZE_MAX);
 
 /// Ticks between a recovering replica's RequestStartView probes.
@@ -215,14 +229,7 @@ mod tests {
 
     #[test]
     fn shapes_that_cannot_run_the_protocol_are_refused() {
-        let partition_like = Shape {
-            message_size_max: 64 * 1024 * 1024 + 64 * 1024,
-            journal_slots: 1024,
-            pipeline_prepares_max: 8,
-            checkpoint_interval_ops: 256,
-            clients_max: 32,
-            log_journal: true,
-        };
+        let partition_like = Shape::PARTITION;
         assert_eq!(partition_like.check(), Ok(()));
         let refused = [
             Shape {

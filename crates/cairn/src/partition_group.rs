@@ -1,0 +1,395 @@
+//! A partition as a replication group of one replica whose journal is the partition's
+//! segment log (`docs/replication.md`, "The partition group"): [`LogJournal`] is the
+//! [`GroupJournal`] that [`LocalGroup`] runs a [`PartitionMachine`] over.
+//!
+//! ```text
+//! <group dir>/cluster, superblock, checkpoints   as for every group (`node`)
+//!            /log/                               the journal log (`cairn_storage::journal`)
+//! ```
+//!
+//! How a prepare becomes records, and back:
+//! - an append whose batches the primary stamped to continue the log (the partition id, the
+//!   log's next offsets, the append's timestamp) is one op record holding the 256-byte
+//!   prepare header, then one batch record per batch: the batches are written once, and a
+//!   poll can serve them as they are;
+//! - any other op (an offset store or delete, a purge, a trim, or an append the machine will
+//!   refuse) is one op record holding the header and the body;
+//! - read back, the body is rebuilt from the records (`cairn_machine::partition::encode_append`
+//!   of the append's timestamp and batches) and the header's body checksum verifies it.
+//!
+//! Recovery hands the replica each op of the journal's window as its header only
+//! (`SlotState::Durable`); the replica reads a body back when it applies the op, so a boot
+//! holds headers in memory, not batches.
+//!
+//! Not wired into the server yet: the server's sends still take the writer's direct path
+//! (issue 13, next step). A read-only open (the offline checker's) is not supported yet,
+//! because opening the journal drops what lies above its durable frontier.
+
+use crate::node::{GroupError, GroupJournal, LocalGroup};
+use cairn_machine::partition::{self, OPERATION_APPEND, PartitionMachine};
+use cairn_storage::io::RealDisk;
+use cairn_storage::journal::{JournalConfig, JournalLog};
+use cairn_storage::record::Chain;
+use cairn_vsr::constants::{HEADER_SIZE, Shape};
+use cairn_vsr::header::{Command, Header, Message};
+use cairn_vsr::journal::{SlotState, read_back};
+use cairn_wire::batch;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The journal log's directory inside the group directory.
+const LOG_DIR: &str = "log";
+
+/// What a partition's journal needs besides its directory.
+#[derive(Debug, Clone, Copy)]
+pub struct LogParams {
+    /// The partition's id in its records (and the machine's).
+    pub partition_id: u32,
+    pub segment_size_bytes: u64,
+}
+
+/// A partition group's journal: its segment log (see the module doc).
+pub struct LogJournal {
+    dir: PathBuf,
+    log: JournalLog,
+    partition_id: u32,
+}
+
+impl LogJournal {
+    fn storage_error(&self, error: cairn_storage::StorageError) -> GroupError {
+        GroupError::Refused {
+            dir: self.dir.clone(),
+            reason: error.to_string(),
+        }
+    }
+
+    /// The batches of an append prepare, if the primary stamped them to continue this log.
+    fn batches_continuing<'a>(&self, message: &'a Message) -> Option<(u64, Vec<&'a [u8]>)> {
+        if message.header.operation != OPERATION_APPEND {
+            return None;
+        }
+        let (timestamp_us, batches) = partition::append_parts(&message.body)?;
+        let mut next_offset = self.log.chain().next_offset;
+        for bytes in &batches {
+            let header = batch::header(bytes)?;
+            let continues = header.partition_id == u64::from(self.partition_id)
+                && header.base_offset == next_offset
+                && header.base_timestamp == timestamp_us
+                && header.batch_length == bytes.len() as u64
+                && header.message_count > 0;
+            if !continues {
+                return None;
+            }
+            next_offset = next_offset.checked_add(u64::from(header.message_count))?;
+        }
+        Some((timestamp_us, batches))
+    }
+}
+
+impl GroupJournal for LogJournal {
+    const SHAPE: Shape = Shape::PARTITION;
+    type Params = LogParams;
+
+    fn create(dir: &Path, params: &LogParams) -> Result<LogJournal, GroupError> {
+        let log_dir = dir.join(LOG_DIR);
+        let log = JournalLog::create_on(
+            Arc::new(RealDisk),
+            &log_dir,
+            params.partition_id,
+            JournalConfig {
+                segment_size_bytes: params.segment_size_bytes,
+            },
+            Chain::genesis(params.partition_id),
+        )
+        .map_err(|error| GroupError::Refused {
+            dir: log_dir.clone(),
+            reason: format!("cannot create the partition's journal: {error}"),
+        })?;
+        Ok(LogJournal {
+            dir: log_dir,
+            log,
+            partition_id: params.partition_id,
+        })
+    }
+
+    fn open(
+        dir: &Path,
+        params: &LogParams,
+        read_only: bool,
+        cluster: u128,
+        group: u64,
+    ) -> Result<(LogJournal, Vec<SlotState>, Vec<String>), GroupError> {
+        let log_dir = dir.join(LOG_DIR);
+        if read_only {
+            return Err(GroupError::Refused {
+                dir: log_dir,
+                reason: "a partition's journal cannot be opened read-only yet (opening it drops what lies above its durable frontier)".into(),
+            });
+        }
+        let (log, recovery) = JournalLog::open_on(
+            Arc::new(RealDisk),
+            &log_dir,
+            params.partition_id,
+            JournalConfig {
+                segment_size_bytes: params.segment_size_bytes,
+            },
+        )
+        .map_err(|error| GroupError::Refused {
+            dir: log_dir.clone(),
+            reason: format!(
+                "the partition's journal cannot be opened, its files are left as they are: {error}"
+            ),
+        })?;
+        if recovery.dropped_bytes > 0 {
+            tracing::warn!(
+                dir = %log_dir.display(),
+                bytes = recovery.dropped_bytes,
+                durable_op = recovery.durable_op,
+                "dropped the journal's bytes above its durable frontier: writes never reported durable (an unsynced or partly written op, or what a cut had removed)"
+            );
+        }
+        let journal = LogJournal {
+            dir: log_dir,
+            log,
+            partition_id: params.partition_id,
+        };
+        let journal_slots = Self::SHAPE.journal_slots;
+        let mut slots = vec![SlotState::Empty; journal_slots];
+        let mut damaged = Vec::new();
+        let last = journal.log.last_op();
+        let first = journal
+            .log
+            .first_op()
+            .max((last + 1).saturating_sub(journal_slots as u64));
+        for op in first..=last {
+            let payload = journal
+                .log
+                .read_op_record(op)
+                .map_err(|error| journal.storage_error(error))?;
+            let header = payload
+                .get(..HEADER_SIZE)
+                .and_then(|bytes| Header::decode(bytes).ok())
+                .filter(|header| {
+                    header.command == Command::Prepare
+                        && header.op == op
+                        && header.cluster == cluster
+                        && header.group == group
+                });
+            let slot = (op % journal_slots as u64) as usize;
+            match header {
+                Some(header) => slots[slot] = SlotState::Durable(header),
+                None => {
+                    // The record verified, yet holds no prepare header of this op: a writer
+                    // bug or a foreign log. It may hold an acknowledged prepare.
+                    slots[slot] = SlotState::Faulty { header: None };
+                    damaged.push(format!("op {op}"));
+                }
+            }
+        }
+        Ok((journal, slots, damaged))
+    }
+
+    fn write_prepare(&mut self, message: &Message) -> Result<(), GroupError> {
+        let header = message.header.encode();
+        let written = match self.batches_continuing(message) {
+            Some((timestamp_us, batches)) => self.log.write_op(
+                message.header.op,
+                message.header.view,
+                timestamp_us,
+                &header,
+                &batches,
+            ),
+            None => {
+                let payload = [&header[..], &message.body[..]].concat();
+                self.log.write_op(
+                    message.header.op,
+                    message.header.view,
+                    message.header.timestamp,
+                    &payload,
+                    &[],
+                )
+            }
+        };
+        written
+            .and_then(|()| self.log.sync())
+            .map(|_| ())
+            .map_err(|error| self.storage_error(error))
+    }
+
+    fn read_prepare(&mut self, op: u64, checksum: u128) -> Option<Message> {
+        let stored = match self.log.read_op(op) {
+            Ok(stored) => stored,
+            Err(error) => {
+                tracing::error!(
+                    dir = %self.dir.display(),
+                    op,
+                    "reading a synced op back from the journal failed ({error}); the replica treats its copy as lost"
+                );
+                return None;
+            }
+        };
+        let bytes = if stored.batches.is_empty() {
+            stored.op_payload
+        } else if stored.op_payload.len() == HEADER_SIZE
+            && stored.batches.len() <= partition::APPEND_BATCHES_MAX
+        {
+            let batches: Vec<&[u8]> = stored.batches.iter().map(Vec::as_slice).collect();
+            [
+                stored.op_payload,
+                partition::encode_append(stored.timestamp_us, &batches),
+            ]
+            .concat()
+        } else {
+            Vec::new()
+        };
+        let prepare = read_back(&bytes, op, checksum);
+        if prepare.is_none() {
+            tracing::error!(
+                dir = %self.dir.display(),
+                op,
+                "the journal's records of an op no longer make the prepare it synced; the replica treats its copy as lost (kept on disk as found)"
+            );
+        }
+        prepare
+    }
+
+    fn location(&self) -> PathBuf {
+        self.dir.clone()
+    }
+}
+
+/// A partition group of one replica over the files of `dir`.
+pub type PartitionGroup = LocalGroup<PartitionMachine, LogJournal>;
+
+/// Open (or format) the partition group in `dir`.
+pub fn open(dir: &Path, group: u64, params: LogParams) -> Result<PartitionGroup, GroupError> {
+    LocalGroup::open_with(dir, group, &params, || PartitionMachine::new(params.partition_id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_machine::partition::{OPERATION_STORE_OFFSET, Owner, decode_append_reply, encode_append};
+    use cairn_wire::batch::{BATCH_HEADER_SIZE, FRAME_HEADER_SIZE};
+
+    const GROUP: u64 = 7;
+    const PARAMS: LogParams = LogParams {
+        partition_id: 3,
+        segment_size_bytes: 4096,
+    };
+
+    /// A valid client batch of `count` messages of `payload_bytes` bytes each.
+    fn client_batch(count: u32, payload_bytes: usize, fill: u8) -> Vec<u8> {
+        let frame_bytes = FRAME_HEADER_SIZE + payload_bytes;
+        let length = BATCH_HEADER_SIZE + frame_bytes * count as usize;
+        let mut batch = vec![0u8; length];
+        batch[32..40].copy_from_slice(&(length as u64).to_le_bytes());
+        batch[48..52].copy_from_slice(&count.to_le_bytes());
+        for index in 0..count {
+            let start = BATCH_HEADER_SIZE + frame_bytes * index as usize;
+            let frame = &mut batch[start..start + frame_bytes];
+            frame[8..24].copy_from_slice(&u128::from(index + 1).to_le_bytes());
+            frame[24..28].copy_from_slice(&index.to_le_bytes());
+            frame[36..40].copy_from_slice(&(payload_bytes as u32).to_le_bytes());
+            frame[FRAME_HEADER_SIZE..].fill(fill);
+            let checksum = xxhash_rust::xxh3::xxh3_64(&frame[8..]);
+            frame[0..8].copy_from_slice(&checksum.to_le_bytes());
+        }
+        let checksum = batch::compute_checksum(&batch);
+        batch[40..48].copy_from_slice(&checksum.to_le_bytes());
+        batch
+    }
+
+    /// Append `sends` requests of two batches each; returns every base offset minted.
+    fn append(group: &mut PartitionGroup, sends: u32) -> Vec<u64> {
+        let mut minted = Vec::new();
+        for send in 0..sends {
+            let first = client_batch(1 + send % 3, 20, send as u8);
+            let second = client_batch(2, 30, send as u8 ^ 0x55);
+            let body = encode_append(1_000 + u64::from(send), &[&first, &second]);
+            let reply = group.submit(OPERATION_APPEND, &body).expect("append");
+            minted.extend(decode_append_reply(&reply).expect("appended"));
+        }
+        minted
+    }
+
+    /// Appends and an offset store come back after a restart, with the same state: the
+    /// replica reads every op above its checkpoint back from the journal (recovered as
+    /// headers) to apply it, across a checkpoint and several segments.
+    #[test]
+    fn a_restart_recovers_every_op_from_the_segment_log() {
+        let temp = tempfile::tempdir().expect("tempdir");
+        let dir = temp.path().join("partition");
+        let mut group = open(&dir, GROUP, PARAMS).expect("format");
+        let minted = append(&mut group, 300);
+        // Offsets continue, each batch where the last one ended.
+        assert_eq!(minted.first(), Some(&0));
+        assert!(minted.windows(2).all(|pair| pair[0] < pair[1]));
+        let owner = Owner::Consumer(9);
+        let store = partition::encode_offset_op(&owner, Some(17));
+        group.submit(OPERATION_STORE_OFFSET, &store).expect("store");
+        let before = group.state_machine().state().clone();
+        assert!(group.commit_op() > Shape::PARTITION.checkpoint_interval_ops);
+        let segments = std::fs::read_dir(dir.join(LOG_DIR))
+            .expect("log dir")
+            .filter(|entry| {
+                entry
+                    .as_ref()
+                    .is_ok_and(|entry| entry.file_name().to_string_lossy().ends_with(".log"))
+            })
+            .count();
+        assert!(segments > 3, "{segments} segments");
+        drop(group);
+
+        let mut group = open(&dir, GROUP, PARAMS).expect("recover");
+        assert_eq!(group.state_machine().state(), &before);
+        assert_eq!(group.state_machine().state().offsets.get(&owner), Some(&17));
+        // And it goes on from there.
+        let next = append(&mut group, 1);
+        assert_eq!(next.first(), Some(&before.next_offset));
+        assert!(group.state_machine().fault().is_none());
+    }
+
+    /// Bytes above the journal's durable frontier (a write never reported durable) are
+    /// dropped at open; a flipped byte below it is damage, and the group refuses to start.
+    #[test]
+    fn a_torn_tail_is_dropped_and_damage_is_refused() {
+        let temp = tempfile::tempdir().expect("tempdir");
+        let dir = temp.path().join("partition");
+        let mut group = open(&dir, GROUP, PARAMS).expect("format");
+        append(&mut group, 5);
+        let before = group.state_machine().state().clone();
+        drop(group);
+        // The active segment: the last one.
+        let segment = std::fs::read_dir(dir.join(LOG_DIR))
+            .expect("log dir")
+            .map(|entry| entry.expect("entry").path())
+            .filter(|path| path.extension().is_some_and(|extension| extension == "log"))
+            .max()
+            .expect("a segment");
+        let mut bytes = std::fs::read(&segment).expect("segment");
+        let synced_len = bytes.len();
+        bytes.extend_from_slice(&[0xA5; 300]);
+        std::fs::write(&segment, &bytes).expect("tear");
+        let group = open(&dir, GROUP, PARAMS).expect("a torn tail opens");
+        assert_eq!(group.state_machine().state(), &before);
+        drop(group);
+        assert_eq!(std::fs::read(&segment).expect("segment").len(), synced_len);
+
+        let mut bytes = std::fs::read(&segment).expect("segment");
+        bytes[synced_len / 2] ^= 0x10;
+        std::fs::write(&segment, &bytes).expect("flip");
+        match open(&dir, GROUP, PARAMS) {
+            Err(GroupError::Refused { reason, .. }) => {
+                assert!(reason.contains("damaged"), "{reason}");
+            }
+            Err(other) => panic!("refused for another reason: {other}"),
+            Ok(_) => panic!("damage below the frontier was accepted"),
+        }
+        assert_eq!(
+            std::fs::read(&segment).expect("segment"),
+            bytes,
+            "a refused open changed the log"
+        );
+    }
+}
