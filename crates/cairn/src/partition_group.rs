@@ -63,13 +63,18 @@ impl LogJournal {
         }
     }
 
-    /// The batches of an append prepare, if the primary stamped them to continue this log.
+    /// The batches of an append prepare, if the primary stamped them to continue this log
+    /// where the op goes: its end, or, for a rewrite, where the op being replaced began.
     fn batches_continuing<'a>(&self, message: &'a Message) -> Option<(u64, Vec<&'a [u8]>)> {
         if message.header.operation != OPERATION_APPEND {
             return None;
         }
         let (timestamp_us, batches) = partition::append_parts(&message.body)?;
-        let mut next_offset = self.log.chain().next_offset;
+        let mut next_offset = self
+            .log
+            .extent(message.header.op)
+            .map_or(self.log.chain(), |extent| extent.chain_before)
+            .next_offset;
         for bytes in &batches {
             let header = batch::header(bytes)?;
             let continues = header.partition_id == u64::from(self.partition_id)
@@ -80,6 +85,14 @@ impl LogJournal {
             if !continues {
                 return None;
             }
+            // The journal stamps each batch again as it writes it, with these same values, so
+            // the bytes it stores are the prepared ones and the body rebuilt from them verifies.
+            debug_assert_eq!(
+                batch::stamped_header(bytes, header.partition_id, next_offset, timestamp_us)
+                    .as_ref()
+                    .map(|head| &head[..]),
+                bytes.get(..batch::BATCH_HEADER_SIZE)
+            );
             next_offset = next_offset.checked_add(u64::from(header.message_count))?;
         }
         Some((timestamp_us, batches))
@@ -92,6 +105,18 @@ impl GroupJournal for LogJournal {
 
     fn create(dir: &Path, params: &LogParams) -> Result<LogJournal, GroupError> {
         let log_dir = dir.join(LOG_DIR);
+        // What an interrupted earlier format left here was never used (the superblock, written
+        // last, is what makes a group formatted): start empty.
+        match std::fs::remove_dir_all(&log_dir) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(GroupError::Io {
+                    path: log_dir,
+                    source,
+                });
+            }
+        }
         let log = JournalLog::create_on(
             Arc::new(RealDisk),
             &log_dir,
@@ -348,6 +373,66 @@ mod tests {
         let next = append(&mut group, 1);
         assert_eq!(next.first(), Some(&before.next_offset));
         assert!(group.state_machine().fault().is_none());
+    }
+
+    /// An append prepare of op `op`, its batches stamped from `next_offset` as the primary's
+    /// machine stamps them.
+    fn append_prepare(op: u64, next_offset: u64, fill: u8) -> Message {
+        let timestamp_us = 5_000 + op;
+        let mut batches = vec![client_batch(2, 40, fill), client_batch(3, 10, fill ^ 1)];
+        let mut offset = next_offset;
+        for bytes in &mut batches {
+            batch::stamp(bytes, u64::from(PARAMS.partition_id), offset, timestamp_us);
+            offset += u64::from(batch::header(bytes).expect("header").message_count);
+        }
+        let parts: Vec<&[u8]> = batches.iter().map(Vec::as_slice).collect();
+        let mut header = Header::new(Command::Prepare, 0xC1);
+        header.group = GROUP;
+        header.op = op;
+        header.view = 2;
+        header.operation = OPERATION_APPEND;
+        Message::new(header, Arc::from(encode_append(timestamp_us, &parts)))
+    }
+
+    /// A view change replaced op 2 (an append) with another append: the rewrite cuts the
+    /// journal back and stores the new batches as batch records from where op 2 began, and
+    /// both ops read back as the prepares written.
+    #[test]
+    fn a_rewritten_append_is_stored_as_batches_where_the_old_one_began() {
+        let temp = tempfile::tempdir().expect("tempdir");
+        let mut journal = LogJournal::create(temp.path(), &PARAMS).expect("create");
+        let first = append_prepare(1, 0, 1);
+        journal.write_prepare(&first).expect("op 1");
+        let old = append_prepare(2, 5, 2);
+        journal.write_prepare(&old).expect("op 2");
+        let next = append_prepare(3, 10, 3);
+        journal.write_prepare(&next).expect("op 3");
+        // The new op 2 continues op 1 as the old one did (offset 5), with other messages.
+        let new = append_prepare(2, 5, 9);
+        assert_ne!(new.header.checksum, old.header.checksum);
+        journal.write_prepare(&new).expect("rewrite op 2");
+        assert_eq!(journal.log.last_op(), 2);
+        let extent = journal.log.extent(2).expect("op 2");
+        assert_eq!(
+            (extent.batch_count, extent.message_count),
+            (2, 5),
+            "stored as batch records"
+        );
+        assert_eq!(journal.read_prepare(1, first.header.checksum), Some(first));
+        assert_eq!(journal.read_prepare(2, new.header.checksum), Some(new));
+        assert_eq!(journal.read_prepare(2, old.header.checksum), None);
+    }
+
+    /// A format interrupted after the journal was created (no superblock yet) formats again.
+    #[test]
+    fn an_interrupted_format_formats_again() {
+        let temp = tempfile::tempdir().expect("tempdir");
+        let dir = temp.path().join("partition");
+        std::fs::create_dir_all(&dir).expect("dir");
+        drop(LogJournal::create(&dir, &PARAMS).expect("create"));
+        assert!(!dir.join("superblock").exists());
+        let mut group = open(&dir, GROUP, PARAMS).expect("formats over the leftovers");
+        assert_eq!(append(&mut group, 1).first(), Some(&0));
     }
 
     /// Bytes above the journal's durable frontier (a write never reported durable) are

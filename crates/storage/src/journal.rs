@@ -59,6 +59,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// The most bytes a journal segment may hold: the largest segment size, then one op that
+/// began below it (its op record and batches, each at most [`BATCH_BYTES_MAX`]). Known limit:
+/// a segment rotates only once an append moved the offset past its base (segments are named
+/// by base offset), so a partition that stores offsets and never receives a message grows
+/// one segment; at this size its next op is refused rather than written.
+pub const SEGMENT_BYTES_MAX: u64 = u32::MAX as u64 + 2 * (RECORD_HEADER_SIZE as u64 + BATCH_BYTES_MAX as u64);
+
 /// Name of the file that marks a journal log and says where it begins.
 pub const JOURNAL_START_FILE: &str = "journal.start";
 const JOURNAL_START_SIZE: usize = 24;
@@ -284,8 +291,20 @@ impl JournalLog {
                     ),
                 ));
             }
+            // Bounded before it is read: no journal segment grows past the largest segment size
+            // plus one op's records (see `SEGMENT_BYTES_MAX`).
+            let len = disk.file_len(&path)?.unwrap_or(0);
+            if len > SEGMENT_BYTES_MAX {
+                return Err(damaged(
+                    path,
+                    0,
+                    format!(
+                        "the segment holds {len} bytes, more than a journal segment ever may ({SEGMENT_BYTES_MAX})"
+                    ),
+                ));
+            }
             let bytes = disk
-                .read_all(&path, u64::MAX)?
+                .read_all(&path, SEGMENT_BYTES_MAX)?
                 .ok_or_else(|| damaged(path.clone(), 0, "the segment vanished while opening".into()))?;
             let durable_len = if base_offset == frontier.segment_base_offset {
                 frontier.segment_len_bytes
@@ -523,6 +542,17 @@ impl JournalLog {
         self.rotate_if_full()?;
         let segment_base_offset = self.segments.last().expect("one segment").base_offset;
         let position_bytes = self.segments.last().expect("one segment").len_bytes;
+        let op_bytes = RECORD_HEADER_SIZE as u64
+            + op_payload.len() as u64
+            + batches
+                .iter()
+                .map(|batch| RECORD_HEADER_SIZE as u64 + batch.len() as u64)
+                .sum::<u64>();
+        if position_bytes + op_bytes > SEGMENT_BYTES_MAX {
+            return Err(StorageError::Invalid(format!(
+                "op {op} would take segment {segment_base_offset} past {SEGMENT_BYTES_MAX} bytes (it cannot rotate before an append moves the offset)"
+            )));
+        }
         let chain_before = self.chain;
         let mut chain = self.chain;
         let mut pieces: Vec<Vec<u8>> = Vec::with_capacity(1 + batches.len());

@@ -15,6 +15,11 @@
 //! Publishing is one positional write and one fdatasync: no create, rename or directory sync,
 //! so it can sit on the ACK path (group commit).
 //!
+//! A journal log (`crate::journal`) keeps the same file with other rules: it mints no
+//! offsets, so its reservation is always its frontier; and a cut lowers the frontier (and
+//! with it the reservation), because the ops it removes were never committed. Which rules
+//! apply is the directory's kind: a journal directory has a `journal.start` file.
+//!
 //! # File layout
 //!
 //! `<partition dir>/state`, exactly [`STATE_FILE_SIZE_BYTES`] long: slot 0 at byte 0, slot 1 at

@@ -1966,14 +1966,20 @@ impl<S: StateMachine> Replica<S> {
 
     /// Log journal: a durable slot above the log's end is about to be discarded by the
     /// shell, so it counts as durable no more. It keeps its body (an op that is not durable
-    /// is never released, and every op above `commit_min` has its body), so it is applied
-    /// from memory and written again in order; one recovered as a header only is faulty
-    /// until repaired (below). It may hold a prepare this replica
+    /// is never released, and every op above `commit_min` has its body unless recovery handed
+    /// it over as a header only), so it is applied from memory and written again in order;
+    /// one recovered as a header only is faulty until repaired (below). It may hold a prepare this replica
     /// acknowledged: while the body is in memory the op is held and never nacked; after a
     /// crash, the redundant header the cut leaves on disk makes recovery call the slot
-    /// faulty, so it is never nacked either. It is not marked faulty here: the mark covers
-    /// the op, not the prepare, so a view change that puts another prepare there (one no
-    /// replica holds) could never truncate it, and the view change would wait forever.
+    /// faulty, so it is never nacked either. (A log whose cut removes the headers with the
+    /// records, as the partition journal's does, keeps no such trace: with peers, that shell
+    /// must persist one before it cuts; see `docs/replication.md`, "Where it stands".) A slot
+    /// with its body is not marked faulty here: the mark covers the op, not the prepare, so a
+    /// view change that puts another prepare there (one no replica holds) could never
+    /// truncate it, and the view change would wait forever. A header-only slot must be
+    /// marked, since nothing else holds its prepare; a view change that replaces an op below
+    /// it replaces it too (its chain runs through the replaced op), so the mark only stays on
+    /// canonical ops, and it clears when the op is written again.
     fn undurable_above_log_end(&mut self) {
         if self.config.bugs.log_cut_keeps_durable {
             return;
