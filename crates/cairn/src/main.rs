@@ -32,6 +32,8 @@ mod partition_group;
 mod retention;
 mod stats;
 mod tcp;
+#[cfg(test)]
+mod test_support;
 mod tools;
 mod writer;
 

@@ -294,36 +294,14 @@ pub fn open(dir: &Path, group: u64, params: LogParams) -> Result<PartitionGroup,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::client_batch;
     use cairn_machine::partition::{OPERATION_STORE_OFFSET, Owner, decode_append_reply, encode_append};
-    use cairn_wire::batch::{BATCH_HEADER_SIZE, FRAME_HEADER_SIZE};
 
     const GROUP: u64 = 7;
     const PARAMS: LogParams = LogParams {
         partition_id: 3,
         segment_size_bytes: 4096,
     };
-
-    /// A valid client batch of `count` messages of `payload_bytes` bytes each.
-    fn client_batch(count: u32, payload_bytes: usize, fill: u8) -> Vec<u8> {
-        let frame_bytes = FRAME_HEADER_SIZE + payload_bytes;
-        let length = BATCH_HEADER_SIZE + frame_bytes * count as usize;
-        let mut batch = vec![0u8; length];
-        batch[32..40].copy_from_slice(&(length as u64).to_le_bytes());
-        batch[48..52].copy_from_slice(&count.to_le_bytes());
-        for index in 0..count {
-            let start = BATCH_HEADER_SIZE + frame_bytes * index as usize;
-            let frame = &mut batch[start..start + frame_bytes];
-            frame[8..24].copy_from_slice(&u128::from(index + 1).to_le_bytes());
-            frame[24..28].copy_from_slice(&index.to_le_bytes());
-            frame[36..40].copy_from_slice(&(payload_bytes as u32).to_le_bytes());
-            frame[FRAME_HEADER_SIZE..].fill(fill);
-            let checksum = xxhash_rust::xxh3::xxh3_64(&frame[8..]);
-            frame[0..8].copy_from_slice(&checksum.to_le_bytes());
-        }
-        let checksum = batch::compute_checksum(&batch);
-        batch[40..48].copy_from_slice(&checksum.to_le_bytes());
-        batch
-    }
 
     /// Append `sends` requests of two batches each; returns every base offset minted.
     fn append(group: &mut PartitionGroup, sends: u32) -> Vec<u64> {

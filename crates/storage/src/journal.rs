@@ -16,8 +16,9 @@
 //! # Directory layout
 //!
 //! ```text
-//! <dir>/journal.start               where the journal begins (atomic file): next_offset,
-//!                                   parent_checksum, next_op (u64 each, little-endian)
+//! <dir>/journal.start               where the journal begins (atomic file, the layout of
+//!                                   `log`'s `start.meta`): next_offset, parent_checksum,
+//!                                   next_op (u64 each, little-endian)
 //! <dir>/00000000000000000000.log    records, named by the base offset of their first record
 //! <dir>/state                       the durable frontier (see `state`; its reservation is
 //!                                   the frontier itself: a journal mints no offsets)
@@ -49,7 +50,7 @@
 use crate::StorageError;
 use crate::atomic_file;
 use crate::io::{Disk, WriteFile};
-use crate::log::{EntryName, parse_entry_name, segment_log_name};
+use crate::log::{EntryName, decode_start, encode_start, parse_entry_name, segment_log_name};
 use crate::record::{
     self, BATCH_BYTES_MAX, Chain, OpRule, RECORD_HEADER_SIZE, RecordHeader, RecordKind, Tail,
 };
@@ -68,7 +69,6 @@ pub const SEGMENT_BYTES_MAX: u64 = u32::MAX as u64 + 2 * (RECORD_HEADER_SIZE as 
 
 /// Name of the file that marks a journal log and says where it begins.
 pub const JOURNAL_START_FILE: &str = "journal.start";
-const JOURNAL_START_SIZE: usize = 24;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JournalConfig {
@@ -928,27 +928,4 @@ fn journal_state(frontier: Frontier) -> PartitionState {
         boot_floor: 0,
         clean_stop: false,
     }
-}
-
-fn encode_start(start: &Chain) -> [u8; JOURNAL_START_SIZE] {
-    let mut bytes = [0u8; JOURNAL_START_SIZE];
-    bytes[0..8].copy_from_slice(&start.next_offset.to_le_bytes());
-    bytes[8..16].copy_from_slice(&start.parent_checksum.to_le_bytes());
-    bytes[16..24].copy_from_slice(&start.next_op.to_le_bytes());
-    bytes
-}
-
-fn decode_start(bytes: &[u8], partition_id: u32) -> Option<Chain> {
-    if bytes.len() != JOURNAL_START_SIZE {
-        return None;
-    }
-    let field =
-        |at: usize| -> Option<u64> { Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?)) };
-    let chain = Chain {
-        partition_id,
-        next_offset: field(0)?,
-        parent_checksum: field(8)?,
-        next_op: field(16)?,
-    };
-    (chain.next_op >= 1).then_some(chain)
 }

@@ -1724,7 +1724,7 @@ fn remove_segment_files(disk: &dyn Disk, dir: &Path, base_offset: u64) -> Result
     Ok(())
 }
 
-fn encode_start(start: &Chain) -> Vec<u8> {
+pub(crate) fn encode_start(start: &Chain) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(START_CONTENTS_SIZE);
     bytes.extend_from_slice(&start.next_offset.to_le_bytes());
     bytes.extend_from_slice(&start.parent_checksum.to_le_bytes());

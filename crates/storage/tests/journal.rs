@@ -165,35 +165,14 @@ impl Sim {
         let last = self.journal().last_op();
         let first = self.journal().first_op();
         match self.rng.below(10) {
-            0..=5 => {
-                let op = last + 1;
-                let written = random_written(&mut self.rng, op);
-                self.ever.entry(op).or_default().push(written.clone());
-                let result = write(self.journal(), op, &written);
-                if result.is_ok() {
-                    self.current.insert(op, written);
-                }
-                result
-            }
+            0..=5 => self.write_new(last + 1),
             6 if last >= first => {
                 // A view change replaced a prepare: rewrite an op, cutting what follows.
-                let op = self.rng.range_inclusive(first.max(last.saturating_sub(6)), last);
-                self.guaranteed = self.guaranteed.min(op - 1);
-                self.current.split_off(&op);
-                self.cuts += 1;
-                let written = random_written(&mut self.rng, op);
-                self.ever.entry(op).or_default().push(written.clone());
-                let result = write(self.journal(), op, &written);
-                if result.is_ok() {
-                    self.current.insert(op, written);
-                }
-                result
+                let op = self.forget_from(first, last);
+                self.write_new(op)
             }
             7 if last >= first => {
-                let op = self.rng.range_inclusive(first.max(last.saturating_sub(6)), last);
-                self.guaranteed = self.guaranteed.min(op - 1);
-                self.current.split_off(&op);
-                self.cuts += 1;
+                let op = self.forget_from(first, last);
                 self.journal().cut(op)
             }
             _ => {
@@ -203,6 +182,27 @@ impl Sim {
                 Ok(())
             }
         }
+    }
+
+    /// Write a new content at `op` and remember it.
+    fn write_new(&mut self, op: u64) -> Result<(), StorageError> {
+        let written = random_written(&mut self.rng, op);
+        self.ever.entry(op).or_default().push(written.clone());
+        let result = write(self.journal(), op, &written);
+        if result.is_ok() {
+            self.current.insert(op, written);
+        }
+        result
+    }
+
+    /// Pick an op near the end to cut at, and forget it and what follows: from here on no
+    /// sync vouches for them.
+    fn forget_from(&mut self, first: u64, last: u64) -> u64 {
+        let op = self.rng.range_inclusive(first.max(last.saturating_sub(6)), last);
+        self.guaranteed = self.guaranteed.min(op - 1);
+        self.current.split_off(&op);
+        self.cuts += 1;
+        op
     }
 
     fn crash_and_reopen(&mut self) {
@@ -278,6 +278,21 @@ fn synced_ops_survive_power_losses_cuts_and_rewrites() {
     }
 }
 
+/// A new journal on a new simulated disk, at `/j`.
+fn created(segment_size_bytes: u64) -> (SimDisk, PathBuf, JournalLog) {
+    let disk = SimDisk::new();
+    let dir = PathBuf::from("/j");
+    let journal = JournalLog::create_on(
+        Arc::new(disk.clone()),
+        &dir,
+        PARTITION,
+        JournalConfig { segment_size_bytes },
+        Chain::genesis(PARTITION),
+    )
+    .expect("create");
+    (disk, dir, journal)
+}
+
 fn open(disk: &SimDisk, dir: &Path) -> Result<JournalLog, StorageError> {
     JournalLog::open_on(
         Arc::new(disk.clone()),
@@ -294,20 +309,8 @@ fn open(disk: &SimDisk, dir: &Path) -> Result<JournalLog, StorageError> {
 /// segment removes the segments above it, and the journal goes on from the cut.
 #[test]
 fn a_cut_reaches_back_across_segments_and_writing_goes_on_from_it() {
-    let disk = SimDisk::new();
-    let dir = PathBuf::from("/j");
-    let config = JournalConfig {
-        segment_size_bytes: 600,
-    };
     let mut rng = SimRng::new(7);
-    let mut journal = JournalLog::create_on(
-        Arc::new(disk.clone()),
-        &dir,
-        PARTITION,
-        config,
-        Chain::genesis(PARTITION),
-    )
-    .expect("create");
+    let (disk, dir, mut journal) = created(600);
     let mut written = BTreeMap::new();
     for op in 1..=30 {
         let content = random_written(&mut rng, op);
@@ -350,20 +353,8 @@ fn a_cut_reaches_back_across_segments_and_writing_goes_on_from_it() {
 /// A byte flipped in a synced op is damage: the journal refuses to open, never cuts it.
 #[test]
 fn a_flip_below_the_frontier_is_refused() {
-    let disk = SimDisk::new();
-    let dir = PathBuf::from("/j");
-    let config = JournalConfig {
-        segment_size_bytes: 1 << 20,
-    };
     let mut rng = SimRng::new(3);
-    let mut journal = JournalLog::create_on(
-        Arc::new(disk.clone()),
-        &dir,
-        PARTITION,
-        config,
-        Chain::genesis(PARTITION),
-    )
-    .expect("create");
+    let (disk, dir, mut journal) = created(1 << 20);
     for op in 1..=5 {
         write(&mut journal, op, &random_written(&mut rng, op)).expect("write");
     }
@@ -384,19 +375,7 @@ fn a_flip_below_the_frontier_is_refused() {
 /// batch whose header disagrees with its length.
 #[test]
 fn writes_out_of_order_or_malformed_are_refused() {
-    let disk = SimDisk::new();
-    let dir = PathBuf::from("/j");
-    let config = JournalConfig {
-        segment_size_bytes: 1 << 20,
-    };
-    let mut journal = JournalLog::create_on(
-        Arc::new(disk.clone()),
-        &dir,
-        PARTITION,
-        config,
-        Chain::genesis(PARTITION),
-    )
-    .expect("create");
+    let (_disk, _dir, mut journal) = created(1 << 20);
     assert!(matches!(
         journal.write_op(2, 0, 1, b"x", &[]),
         Err(StorageError::Invalid(_))
