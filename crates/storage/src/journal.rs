@@ -145,6 +145,19 @@ pub struct JournalLog {
     stopped: Option<String>,
 }
 
+/// What [`JournalLog::inspect_on`] found, writing nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalInspection {
+    pub first_op: u64,
+    /// The last op below the frontier (what an open keeps).
+    pub last_op: u64,
+    pub durable_op: u64,
+    /// The offset after the last message kept.
+    pub next_offset: u64,
+    /// Bytes an open would drop: everything above the frontier.
+    pub bytes_above_frontier: u64,
+}
+
 /// What [`JournalLog::open_on`] found and did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JournalRecovery {
@@ -208,247 +221,20 @@ impl JournalLog {
         config: JournalConfig,
     ) -> Result<(JournalLog, JournalRecovery), StorageError> {
         check_config(&config)?;
-        let damaged = |path: PathBuf, position: u64, reason: String| StorageError::Damaged {
-            path,
-            position,
-            reason,
-        };
-        let start_path = dir.join(JOURNAL_START_FILE);
-        let start_bytes = atomic_file::read_verified_on(disk.as_ref(), &start_path)?
-            .ok_or_else(|| damaged(start_path.clone(), 0, "the journal start file is missing".into()))?;
-        let start = decode_start(&start_bytes, partition_id).ok_or_else(|| {
-            damaged(
-                start_path.clone(),
-                0,
-                "the journal start file is malformed".into(),
-            )
-        })?;
-        let state_path = dir.join(STATE_FILE_NAME);
-        let state_bytes = disk
-            .read_all(&state_path, STATE_FILE_SIZE_BYTES)?
-            .ok_or_else(|| damaged(state_path.clone(), 0, "the state file is missing".into()))?;
-        let loaded = state::load(&state_bytes, partition_id)
-            .map_err(|(position, reason)| damaged(state_path.clone(), position, reason))?;
+        let OpenPlan {
+            start,
+            loaded,
+            segments,
+            ops,
+            chain,
+            above,
+            mut dropped_bytes,
+        } = plan_open(disk.as_ref(), dir, partition_id)?;
         let frontier = loaded.frontier;
-
-        let mut bases: Vec<u64> = Vec::new();
-        for name in disk.list_dir(dir)? {
-            if let EntryName::Log(base) = parse_entry_name(&name) {
-                bases.push(base);
-            }
-        }
-        bases.sort_unstable();
-        if bases.first() != Some(&start.next_offset) {
-            return Err(damaged(
-                dir.to_path_buf(),
-                0,
-                format!(
-                    "the journal's first segment must be named {} (its start), found {:?}",
-                    start.next_offset,
-                    bases.first()
-                ),
-            ));
-        }
-        if !bases.contains(&frontier.segment_base_offset) {
-            // A frontier beyond the log: what it vouched for is gone.
-            return Err(damaged(
-                state_path,
-                0,
-                format!(
-                    "the frontier lies in segment {}, which does not exist",
-                    frontier.segment_base_offset
-                ),
-            ));
-        }
-
-        // Everything above the frontier was never reported durable (a sync publishes the
-        // frontier only after its data barrier): it is dropped, whatever it holds. That covers
-        // an op whose records were only partly written, segments started after the last sync,
-        // and ops a cut had removed before its truncation was durable.
-        let kept: Vec<u64> = bases
-            .iter()
-            .copied()
-            .filter(|&base| base <= frontier.segment_base_offset)
-            .collect();
-        let above: Vec<u64> = bases
-            .iter()
-            .copied()
-            .filter(|&base| base > frontier.segment_base_offset)
-            .collect();
-        let mut chain = start;
-        let mut segments = Vec::with_capacity(kept.len());
-        let mut ops: BTreeMap<u64, OpExtent> = BTreeMap::new();
-        let mut dropped_bytes = 0u64;
-        for (index, &base_offset) in kept.iter().enumerate() {
-            let path = dir.join(segment_log_name(base_offset));
-            if index > 0 && base_offset != chain.next_offset {
-                return Err(damaged(
-                    path,
-                    0,
-                    format!(
-                        "segment starts at offset {base_offset}, the chain before it ends at {}",
-                        chain.next_offset
-                    ),
-                ));
-            }
-            // Bounded before it is read: no journal segment grows past the largest segment size
-            // plus one op's records (see `SEGMENT_BYTES_MAX`).
-            let len = disk.file_len(&path)?.unwrap_or(0);
-            if len > SEGMENT_BYTES_MAX {
-                return Err(damaged(
-                    path,
-                    0,
-                    format!(
-                        "the segment holds {len} bytes, more than a journal segment ever may ({SEGMENT_BYTES_MAX})"
-                    ),
-                ));
-            }
-            let bytes = disk
-                .read_all(&path, SEGMENT_BYTES_MAX)?
-                .ok_or_else(|| damaged(path.clone(), 0, "the segment vanished while opening".into()))?;
-            let durable_len = if base_offset == frontier.segment_base_offset {
-                frontier.segment_len_bytes
-            } else {
-                bytes.len() as u64
-            };
-            if (bytes.len() as u64) < durable_len {
-                return Err(damaged(
-                    path,
-                    bytes.len() as u64,
-                    format!(
-                        "the segment ends at byte {}, below its durable frontier at byte {durable_len}",
-                        bytes.len()
-                    ),
-                ));
-            }
-            dropped_bytes += bytes.len() as u64 - durable_len;
-            let durable = &bytes[..durable_len as usize];
-            let scanned = record::scan_with(durable, chain, durable_len, OpRule::PerPrepare);
-            match &scanned.tail {
-                Tail::Clean => {}
-                Tail::Torn { fault } => {
-                    return Err(damaged(
-                        path,
-                        scanned.valid_len_bytes,
-                        format!("below the frontier: {fault}"),
-                    ));
-                }
-                Tail::Damaged {
-                    position_bytes,
-                    reason,
-                } => return Err(damaged(path, *position_bytes, reason.clone())),
-            }
-            if scanned.gap.is_some() {
-                return Err(damaged(
-                    path,
-                    0,
-                    "a gap record in a journal log (a journal mints no offsets)".into(),
-                ));
-            }
-            // Group the records by op, in log order.
-            let mut listed: Vec<ListedRecord> = scanned
-                .records
-                .iter()
-                .map(|r| ListedRecord {
-                    position_bytes: r.position_bytes,
-                    op: r.op,
-                    size_bytes: r.size_bytes,
-                    view: r.view,
-                    timestamp_us: r.timestamp_us,
-                    is_batch: true,
-                    message_count: u64::from(r.message_count),
-                    checksum: r.checksum,
-                })
-                .chain(scanned.op_records.iter().map(|r| ListedRecord {
-                    position_bytes: r.position_bytes,
-                    op: r.op,
-                    size_bytes: r.size_bytes,
-                    view: r.view,
-                    timestamp_us: r.timestamp_us,
-                    is_batch: false,
-                    message_count: 0,
-                    checksum: r.checksum,
-                }))
-                .collect();
-            listed.sort_unstable_by_key(|record| record.position_bytes);
-            let mut walk = chain;
-            for ListedRecord {
-                position_bytes,
-                op,
-                size_bytes,
-                view,
-                timestamp_us,
-                is_batch,
-                message_count,
-                checksum,
-            } in listed
-            {
-                match ops.get_mut(&op) {
-                    Some(extent) if is_batch => {
-                        // The op's next batch (the scan's op rule keeps batches after their
-                        // op record; rotation never splits an op).
-                        if extent.segment_base_offset != base_offset {
-                            return Err(damaged(
-                                path,
-                                position_bytes,
-                                format!("op {op} continues from an earlier segment"),
-                            ));
-                        }
-                        extent.len_bytes += size_bytes;
-                        extent.message_count += message_count;
-                        extent.batch_count += 1;
-                    }
-                    Some(_) => unreachable!("the scan's op rule starts every op with one op record"),
-                    None => {
-                        if is_batch {
-                            return Err(damaged(
-                                path,
-                                position_bytes,
-                                format!("op {op} begins with a batch, not its op record"),
-                            ));
-                        }
-                        ops.insert(
-                            op,
-                            OpExtent {
-                                op,
-                                view,
-                                timestamp_us,
-                                batch_count: 0,
-                                segment_base_offset: base_offset,
-                                position_bytes,
-                                len_bytes: size_bytes,
-                                chain_before: Chain { next_op: op, ..walk },
-                                message_count,
-                            },
-                        );
-                    }
-                }
-                walk = Chain {
-                    partition_id,
-                    next_offset: walk.next_offset + message_count,
-                    parent_checksum: checksum,
-                    next_op: op + 1,
-                };
-            }
-            debug_assert_eq!(walk, scanned.end);
-            chain = scanned.end;
-            segments.push(Segment {
-                base_offset,
-                len_bytes: durable_len,
-            });
-        }
-        if chain != frontier.chain {
-            return Err(damaged(
-                dir.join(segment_log_name(frontier.segment_base_offset)),
-                frontier.segment_len_bytes,
-                "the log below the frontier does not end with the frontier's chain".into(),
-            ));
-        }
         // Only now, with everything kept verified: drop what lies above the frontier.
-        for &base in above.iter().rev() {
-            let path = dir.join(segment_log_name(base));
-            dropped_bytes += disk.file_len(&path)?.unwrap_or(0);
-            disk.remove_file(&path)?;
+        for &(base, len) in above.iter().rev() {
+            dropped_bytes += len;
+            disk.remove_file(&dir.join(segment_log_name(base)))?;
         }
         let active_path = dir.join(segment_log_name(frontier.segment_base_offset));
         let mut active = disk.open_write(&active_path)?;
@@ -479,6 +265,24 @@ impl JournalLog {
                 durable_op,
             },
         ))
+    }
+
+    /// What [`JournalLog::open_on`] would find in `dir`, reading only: the verdict on what
+    /// lies below the frontier (damage is an `Err`, as at open) and what the open would
+    /// drop. For the offline checker; it writes nothing.
+    pub fn inspect_on(
+        disk: &dyn Disk,
+        dir: &Path,
+        partition_id: u32,
+    ) -> Result<JournalInspection, StorageError> {
+        let plan = plan_open(disk, dir, partition_id)?;
+        Ok(JournalInspection {
+            first_op: plan.start.next_op,
+            last_op: plan.chain.next_op - 1,
+            durable_op: plan.loaded.frontier.chain.next_op - 1,
+            next_offset: plan.chain.next_offset,
+            bytes_above_frontier: plan.dropped_bytes + plan.above.iter().map(|&(_, len)| len).sum::<u64>(),
+        })
     }
 
     /// The op of the last record, or `start.next_op - 1` when the journal holds none.
@@ -869,6 +673,278 @@ impl JournalLog {
         );
         debug_assert!(self.durable_op() <= self.last_op());
     }
+}
+
+/// What an open found, before it changes anything (see [`JournalLog::open_on`]).
+struct OpenPlan {
+    start: Chain,
+    loaded: PartitionState,
+    /// The segments kept, each cut at the frontier if it holds it.
+    segments: Vec<Segment>,
+    ops: BTreeMap<u64, OpExtent>,
+    /// The chain at the frontier.
+    chain: Chain,
+    /// Segments wholly above the frontier, with their lengths: dropped.
+    above: Vec<(u64, u64)>,
+    /// Bytes above the frontier in the segment that holds it: dropped.
+    dropped_bytes: u64,
+}
+
+/// The read-only half of an open: read and verify everything below the frontier, and list
+/// what lies above it. Damage below the frontier is an `Err`.
+fn plan_open(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<OpenPlan, StorageError> {
+    let damaged = |path: PathBuf, position: u64, reason: String| StorageError::Damaged {
+        path,
+        position,
+        reason,
+    };
+    let start_path = dir.join(JOURNAL_START_FILE);
+    let start_bytes = atomic_file::read_verified_on(disk, &start_path)?
+        .ok_or_else(|| damaged(start_path.clone(), 0, "the journal start file is missing".into()))?;
+    let start = decode_start(&start_bytes, partition_id).ok_or_else(|| {
+        damaged(
+            start_path.clone(),
+            0,
+            "the journal start file is malformed".into(),
+        )
+    })?;
+    let state_path = dir.join(STATE_FILE_NAME);
+    let state_bytes = disk
+        .read_all(&state_path, STATE_FILE_SIZE_BYTES)?
+        .ok_or_else(|| damaged(state_path.clone(), 0, "the state file is missing".into()))?;
+    let loaded = state::load(&state_bytes, partition_id)
+        .map_err(|(position, reason)| damaged(state_path.clone(), position, reason))?;
+    let frontier = loaded.frontier;
+
+    let mut bases: Vec<u64> = Vec::new();
+    for name in disk.list_dir(dir)? {
+        if let EntryName::Log(base) = parse_entry_name(&name) {
+            bases.push(base);
+        }
+    }
+    bases.sort_unstable();
+    if bases.first() != Some(&start.next_offset) {
+        return Err(damaged(
+            dir.to_path_buf(),
+            0,
+            format!(
+                "the journal's first segment must be named {} (its start), found {:?}",
+                start.next_offset,
+                bases.first()
+            ),
+        ));
+    }
+    if !bases.contains(&frontier.segment_base_offset) {
+        // A frontier beyond the log: what it vouched for is gone.
+        return Err(damaged(
+            state_path,
+            0,
+            format!(
+                "the frontier lies in segment {}, which does not exist",
+                frontier.segment_base_offset
+            ),
+        ));
+    }
+
+    // Everything above the frontier was never reported durable (a sync publishes the
+    // frontier only after its data barrier): it is dropped, whatever it holds. That covers
+    // an op whose records were only partly written, segments started after the last sync,
+    // and ops a cut had removed before its truncation was durable.
+    let kept: Vec<u64> = bases
+        .iter()
+        .copied()
+        .filter(|&base| base <= frontier.segment_base_offset)
+        .collect();
+    let above: Vec<u64> = bases
+        .iter()
+        .copied()
+        .filter(|&base| base > frontier.segment_base_offset)
+        .collect();
+    let mut chain = start;
+    let mut segments = Vec::with_capacity(kept.len());
+    let mut ops: BTreeMap<u64, OpExtent> = BTreeMap::new();
+    let mut dropped_bytes = 0u64;
+    for (index, &base_offset) in kept.iter().enumerate() {
+        let path = dir.join(segment_log_name(base_offset));
+        if index > 0 && base_offset != chain.next_offset {
+            return Err(damaged(
+                path,
+                0,
+                format!(
+                    "segment starts at offset {base_offset}, the chain before it ends at {}",
+                    chain.next_offset
+                ),
+            ));
+        }
+        // Bounded before it is read: no journal segment grows past the largest segment size
+        // plus one op's records (see `SEGMENT_BYTES_MAX`).
+        let len = disk.file_len(&path)?.unwrap_or(0);
+        if len > SEGMENT_BYTES_MAX {
+            return Err(damaged(
+                path,
+                0,
+                format!(
+                    "the segment holds {len} bytes, more than a journal segment ever may ({SEGMENT_BYTES_MAX})"
+                ),
+            ));
+        }
+        let bytes = disk
+            .read_all(&path, SEGMENT_BYTES_MAX)?
+            .ok_or_else(|| damaged(path.clone(), 0, "the segment vanished while opening".into()))?;
+        let durable_len = if base_offset == frontier.segment_base_offset {
+            frontier.segment_len_bytes
+        } else {
+            bytes.len() as u64
+        };
+        if (bytes.len() as u64) < durable_len {
+            return Err(damaged(
+                path,
+                bytes.len() as u64,
+                format!(
+                    "the segment ends at byte {}, below its durable frontier at byte {durable_len}",
+                    bytes.len()
+                ),
+            ));
+        }
+        dropped_bytes += bytes.len() as u64 - durable_len;
+        let durable = &bytes[..durable_len as usize];
+        let scanned = record::scan_with(durable, chain, durable_len, OpRule::PerPrepare);
+        match &scanned.tail {
+            Tail::Clean => {}
+            Tail::Torn { fault } => {
+                return Err(damaged(
+                    path,
+                    scanned.valid_len_bytes,
+                    format!("below the frontier: {fault}"),
+                ));
+            }
+            Tail::Damaged {
+                position_bytes,
+                reason,
+            } => return Err(damaged(path, *position_bytes, reason.clone())),
+        }
+        if scanned.gap.is_some() {
+            return Err(damaged(
+                path,
+                0,
+                "a gap record in a journal log (a journal mints no offsets)".into(),
+            ));
+        }
+        // Group the records by op, in log order.
+        let mut listed: Vec<ListedRecord> = scanned
+            .records
+            .iter()
+            .map(|r| ListedRecord {
+                position_bytes: r.position_bytes,
+                op: r.op,
+                size_bytes: r.size_bytes,
+                view: r.view,
+                timestamp_us: r.timestamp_us,
+                is_batch: true,
+                message_count: u64::from(r.message_count),
+                checksum: r.checksum,
+            })
+            .chain(scanned.op_records.iter().map(|r| ListedRecord {
+                position_bytes: r.position_bytes,
+                op: r.op,
+                size_bytes: r.size_bytes,
+                view: r.view,
+                timestamp_us: r.timestamp_us,
+                is_batch: false,
+                message_count: 0,
+                checksum: r.checksum,
+            }))
+            .collect();
+        listed.sort_unstable_by_key(|record| record.position_bytes);
+        let mut walk = chain;
+        for ListedRecord {
+            position_bytes,
+            op,
+            size_bytes,
+            view,
+            timestamp_us,
+            is_batch,
+            message_count,
+            checksum,
+        } in listed
+        {
+            match ops.get_mut(&op) {
+                Some(extent) if is_batch => {
+                    // The op's next batch (the scan's op rule keeps batches after their
+                    // op record; rotation never splits an op).
+                    if extent.segment_base_offset != base_offset {
+                        return Err(damaged(
+                            path,
+                            position_bytes,
+                            format!("op {op} continues from an earlier segment"),
+                        ));
+                    }
+                    extent.len_bytes += size_bytes;
+                    extent.message_count += message_count;
+                    extent.batch_count += 1;
+                }
+                Some(_) => unreachable!("the scan's op rule starts every op with one op record"),
+                None => {
+                    if is_batch {
+                        return Err(damaged(
+                            path,
+                            position_bytes,
+                            format!("op {op} begins with a batch, not its op record"),
+                        ));
+                    }
+                    ops.insert(
+                        op,
+                        OpExtent {
+                            op,
+                            view,
+                            timestamp_us,
+                            batch_count: 0,
+                            segment_base_offset: base_offset,
+                            position_bytes,
+                            len_bytes: size_bytes,
+                            chain_before: Chain { next_op: op, ..walk },
+                            message_count,
+                        },
+                    );
+                }
+            }
+            walk = Chain {
+                partition_id,
+                next_offset: walk.next_offset + message_count,
+                parent_checksum: checksum,
+                next_op: op + 1,
+            };
+        }
+        debug_assert_eq!(walk, scanned.end);
+        chain = scanned.end;
+        segments.push(Segment {
+            base_offset,
+            len_bytes: durable_len,
+        });
+    }
+    if chain != frontier.chain {
+        return Err(damaged(
+            dir.join(segment_log_name(frontier.segment_base_offset)),
+            frontier.segment_len_bytes,
+            "the log below the frontier does not end with the frontier's chain".into(),
+        ));
+    }
+    let mut above_lens = Vec::with_capacity(above.len());
+    for base in above {
+        above_lens.push((
+            base,
+            disk.file_len(&dir.join(segment_log_name(base)))?.unwrap_or(0),
+        ));
+    }
+    Ok(OpenPlan {
+        start,
+        loaded,
+        segments,
+        ops,
+        chain,
+        above: above_lens,
+        dropped_bytes,
+    })
 }
 
 fn check_config(config: &JournalConfig) -> Result<(), StorageError> {

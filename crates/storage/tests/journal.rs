@@ -211,11 +211,30 @@ impl Sim {
         self.disk.crash(self.rng.next_u64());
         self.crashes += 1;
         let seed = self.seed;
+        // The read-only inspection sees what the open then does, and changes nothing.
+        let stats = self.disk.stats();
+        let inspection = JournalLog::inspect_on(&self.disk, &self.dir, PARTITION)
+            .unwrap_or_else(|error| panic!("seed {seed}: a crash alone made the inspection refuse: {error}"));
+        assert_eq!(
+            self.disk.stats(),
+            stats,
+            "seed {seed}: the inspection synced, created or removed"
+        );
         let (journal, recovery) =
             match JournalLog::open_on(Arc::new(self.disk.clone()), &self.dir, PARTITION, self.config) {
                 Ok(opened) => opened,
                 Err(error) => panic!("seed {seed}: a crash alone made the journal refuse to open: {error}"),
             };
+        assert_eq!(
+            (
+                inspection.bytes_above_frontier,
+                inspection.durable_op,
+                inspection.last_op
+            ),
+            (recovery.dropped_bytes, recovery.durable_op, journal.last_op()),
+            "seed {seed}: the inspection and the open disagree"
+        );
+        assert_eq!(inspection.next_offset, journal.chain().next_offset);
         assert!(
             recovery.durable_op >= self.guaranteed,
             "seed {seed}: the frontier went back to op {} behind the synced op {}",
@@ -364,7 +383,16 @@ fn a_flip_below_the_frontier_is_refused() {
     let path = dir.join(cairn_storage::log::segment_log_name(0));
     let mut bytes = disk.read_volatile(&path).expect("segment");
     bytes[(extent.position_bytes + extent.len_bytes - 1) as usize] ^= 1;
-    assert!(disk.overwrite_durable(&path, bytes));
+    assert!(disk.overwrite_durable(&path, bytes.clone()));
+    assert!(matches!(
+        JournalLog::inspect_on(&disk, &dir, PARTITION),
+        Err(StorageError::Damaged { .. })
+    ));
+    assert_eq!(
+        disk.read_volatile(&path),
+        Some(bytes),
+        "the inspection wrote nothing"
+    );
     match open(&disk, &dir) {
         Err(StorageError::Damaged { .. }) => {}
         other => panic!("expected a refusal, got {other:?}"),
