@@ -359,7 +359,10 @@ impl JournalLog {
         }
         let chain_before = self.chain;
         let mut chain = self.chain;
-        let mut pieces: Vec<Vec<u8>> = Vec::with_capacity(1 + batches.len());
+        // The small parts (record headers, stamped batch headers) are built first; the
+        // payloads go to the vectored write as they are, never copied into one buffer.
+        let mut record_headers: Vec<[u8; RECORD_HEADER_SIZE]> = Vec::with_capacity(1 + batches.len());
+        let mut stamped_heads: Vec<[u8; BATCH_HEADER_SIZE]> = Vec::with_capacity(batches.len());
         let mut header = RecordHeader {
             kind: RecordKind::Op,
             checksum: 0,
@@ -373,13 +376,16 @@ impl JournalLog {
             timestamp_us,
         };
         let header_bytes = header.seal(op_payload);
-        let record_bytes = [&header_bytes[..], op_payload].concat();
         debug_assert_eq!(
-            record::verify_with(&record_bytes, &chain, OpRule::PerPrepare),
+            record::verify_with(
+                &[&header_bytes[..], op_payload].concat(),
+                &chain,
+                OpRule::PerPrepare
+            ),
             Ok(header)
         );
         chain = chain.advance_by(&header, OpRule::PerPrepare);
-        pieces.push(record_bytes);
+        record_headers.push(header_bytes);
         let mut message_count = 0u64;
         for batch in batches {
             let count = batch::header(batch).map_or(0, |header| header.message_count);
@@ -404,16 +410,29 @@ impl JournalLog {
                 timestamp_us,
             };
             let header_bytes = header.seal_parts(&[&stamped_head, frames]);
-            let record_bytes = [&header_bytes[..], &stamped_head[..], frames].concat();
             debug_assert_eq!(
-                record::verify_with(&record_bytes, &chain, OpRule::PerPrepare),
+                record::verify_with(
+                    &[&header_bytes[..], &stamped_head[..], frames].concat(),
+                    &chain,
+                    OpRule::PerPrepare
+                ),
                 Ok(header)
             );
             chain = chain.advance_by(&header, OpRule::PerPrepare);
             message_count += u64::from(count);
-            pieces.push(record_bytes);
+            record_headers.push(header_bytes);
+            stamped_heads.push(stamped_head);
         }
-        let parts: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 + 3 * batches.len());
+        parts.push(&record_headers[0]);
+        parts.push(op_payload);
+        for ((header_bytes, stamped_head), batch) in
+            record_headers[1..].iter().zip(&stamped_heads).zip(batches)
+        {
+            parts.push(header_bytes);
+            parts.push(stamped_head);
+            parts.push(&batch[BATCH_HEADER_SIZE..]);
+        }
         let len_bytes: u64 = parts.iter().map(|part| part.len() as u64).sum();
         if let Err(error) = self.active.write_all_vectored_at(position_bytes, &parts) {
             // Cut a partial write back so the file ends at the last whole op again.
