@@ -76,7 +76,8 @@
 //!
 //! Checked by [`plan_write`] before every write, and by [`choose`] again after every read:
 //! - [`DurableState::check`]: `1 ≤ replica_count ≤ REPLICAS_MAX`, `replica < replica_count`,
-//!   `log_view ≤ view`, `checkpoint_op ≤ commit_max`;
+//!   `log_view ≤ view`, `checkpoint_op ≤ commit_max`, and at most
+//!   `min(LOG_SUFFIX_MAX, log_head_op − 1)` suffix checksums;
 //! - `cluster`, `replica` and `replica_count` never change;
 //! - `view`, `log_view`, `commit_max` and `checkpoint_op` never decrease;
 //! - `checkpoint_checksum` changes only when `checkpoint_op` does: one op has one checkpoint;
@@ -295,7 +296,8 @@ impl DurableState {
     }
 
     /// Field invariants: `replica_count` in `1..=REPLICAS_MAX`, `replica < replica_count`,
-    /// `log_view ≤ view`, `checkpoint_op ≤ commit_max`.
+    /// `log_view ≤ view`, `checkpoint_op ≤ commit_max`, `log_suffix.len() ≤
+    /// min(LOG_SUFFIX_MAX, log_head_op − 1)`.
     pub fn check(&self) -> Result<(), DurableError> {
         if self.replica_count == 0 || usize::from(self.replica_count) > REPLICAS_MAX {
             return Err(DurableError::ReplicaCountInvalid {
