@@ -375,12 +375,12 @@ impl GroupJournal for RingJournal {
     }
 }
 
-/// Replace a format-1 superblock file by one holding `bytes` (today's format) in every copy:
-/// written to a staging file, synced, renamed over the old file, the directory synced. A crash
-/// leaves the old file or the new one, and either boots.
-fn migrate_superblock(files: &mut Files, bytes: &[u8; COPY_SIZE]) -> Result<(), GroupError> {
-    let staging = files.dir.join(SUPERBLOCK_FORMAT_FILE);
-    let target = files.dir.join(SUPERBLOCK_FILE);
+/// Make `dir`'s superblock file hold `bytes` in every copy, all at once: the copies go to a
+/// staging file, which is synced, then renamed over [`SUPERBLOCK_FILE`], the directory
+/// synced before and after. A crash leaves the old file (or none) or the new one. Formatting
+/// a group and migrating a format-1 superblock both write it this way.
+fn install_superblock_file(dir: &Path, bytes: &[u8; COPY_SIZE]) -> Result<(), GroupError> {
+    let staging = dir.join(SUPERBLOCK_FORMAT_FILE);
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| GroupError::Io { path, source }
@@ -392,15 +392,16 @@ fn migrate_superblock(files: &mut Files, bytes: &[u8; COPY_SIZE]) -> Result<(), 
     }
     file.sync_all().map_err(io(&staging))?;
     drop(file);
-    std::fs::rename(&staging, &target).map_err(io(&staging))?;
-    File::open(&files.dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(&files.dir))?;
-    files.files[Zone::Superblock as usize] = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&target)
-        .map_err(io(&target))?;
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))?;
+    std::fs::rename(&staging, dir.join(SUPERBLOCK_FILE)).map_err(io(&staging))?;
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+}
+
+/// Replace a format-1 superblock file by one holding `bytes` (today's format) in every copy
+/// (see [`install_superblock_file`]), and reopen it.
+fn migrate_superblock(files: &mut Files, bytes: &[u8; COPY_SIZE]) -> Result<(), GroupError> {
+    install_superblock_file(&files.dir, bytes)?;
+    files.files[Zone::Superblock as usize] = open_file(&files.dir.join(SUPERBLOCK_FILE), false)?;
     Ok(())
 }
 
@@ -604,28 +605,17 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         let state = DurableState::formatted(cluster, 0, 1);
         let (sequence, bytes) = durable::plan_format(&state)
             .map_err(|error| refused(dir, format!("cannot format: {error:?}")))?;
-        let staging = dir.join(SUPERBLOCK_FORMAT_FILE);
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| GroupError::Io { path, source }
-        };
         // The journal and checkpoint files first (empty: nothing of an interrupted earlier
         // format was ever used), the superblock last: its name is what makes a group formatted.
         let journal = J::create(dir, params)?;
         let checkpoints = dir.join(CHECKPOINTS_FILE);
         File::create(&checkpoints)
             .and_then(|f| f.sync_all())
-            .map_err(io(&checkpoints))?;
-        let file = File::create(&staging).map_err(io(&staging))?;
-        for copy in 0..SUPERBLOCK_COPIES {
-            file.write_all_at(&bytes, (copy * COPY_SIZE) as u64)
-                .map_err(io(&staging))?;
-        }
-        file.sync_all().map_err(io(&staging))?;
-        drop(file);
-        File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))?;
-        std::fs::rename(&staging, dir.join(SUPERBLOCK_FILE)).map_err(io(&staging))?;
-        File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))?;
+            .map_err(|source| GroupError::Io {
+                path: checkpoints.clone(),
+                source,
+            })?;
+        install_superblock_file(dir, &bytes)?;
         let files = Files::open(dir, &J::SHAPE, false)?;
         tracing::info!(dir = %dir.display(), "formatted a replicated log (a group of one replica)");
         let replica = Replica::new(config(cluster, group, J::SHAPE), machine);
