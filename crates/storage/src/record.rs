@@ -762,12 +762,21 @@ pub fn verify_in_chain(header: &RecordHeader, body: &[u8], chain: &Chain, rule: 
 
 /// The place of a record in the chain: its partition, its parent and its op.
 fn verify_link(header: &RecordHeader, chain: &Chain, rule: OpRule) -> Result<(), Fault> {
+    verify_partition(header, chain)?;
+    verify_parent_and_op(header, chain, rule)
+}
+
+fn verify_partition(header: &RecordHeader, chain: &Chain) -> Result<(), Fault> {
     if header.partition_id != chain.partition_id {
         return Err(Fault::ForeignPartition {
             found: header.partition_id,
             expected: chain.partition_id,
         });
     }
+    Ok(())
+}
+
+fn verify_parent_and_op(header: &RecordHeader, chain: &Chain, rule: OpRule) -> Result<(), Fault> {
     if header.parent_checksum != chain.parent_checksum {
         return Err(Fault::ParentMismatch {
             found: header.parent_checksum,
@@ -906,30 +915,14 @@ fn bounded_record_size(header: &RecordHeader, remaining_bytes: u64) -> Result<u6
 /// header must agree with the envelope.
 fn verify_chain(header: &RecordHeader, batch_bytes: &[u8], chain: &Chain, rule: OpRule) -> Result<(), Fault> {
     debug_assert_eq!(header.kind, RecordKind::Batch);
-    if header.partition_id != chain.partition_id {
-        return Err(Fault::ForeignPartition {
-            found: header.partition_id,
-            expected: chain.partition_id,
-        });
-    }
+    verify_partition(header, chain)?;
     if header.base_offset != chain.next_offset {
         return Err(Fault::OffsetDiscontinuity {
             found: header.base_offset,
             expected: chain.next_offset,
         });
     }
-    if header.parent_checksum != chain.parent_checksum {
-        return Err(Fault::ParentMismatch {
-            found: header.parent_checksum,
-            expected: chain.parent_checksum,
-        });
-    }
-    if !chain.op_fits(header, rule) {
-        return Err(Fault::OpMismatch {
-            found: header.op,
-            expected: chain.next_op,
-        });
-    }
+    verify_parent_and_op(header, chain, rule)?;
     if header.message_count == 0 {
         return Err(Fault::EmptyRecord);
     }
