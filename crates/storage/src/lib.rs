@@ -8,6 +8,8 @@
 //! - [`record`]: the on-disk record envelope around each batch and the pure recovery scan that
 //!   decides where the valid data in a `.log` ends (no file calls).
 //! - [`index`]: the per-segment index (offset/timestamp -> file position).
+//! - [`read`]: reading batches back for a poll (verified, then sent whole from the file or
+//!   cut), shared by both logs.
 //! - [`state`]: the partition state file: durable frontier and offset reservation, published
 //!   in place in two alternating checksummed slots.
 //! - [`offsets`]: stored consumer offsets of one partition.
@@ -42,6 +44,7 @@ pub mod journal;
 pub mod lock;
 pub mod log;
 pub mod offsets;
+pub mod read;
 pub mod record;
 pub mod sim_disk;
 pub mod state;

@@ -90,7 +90,9 @@
 use crate::StorageError;
 use crate::atomic_file;
 use crate::index::{self, INDEX_ENTRY_SIZE, IndexEntry, SegmentIndex};
-use crate::io::{Disk, ReadFile, RealDisk, WriteFile, parent_dir};
+use crate::io::{Disk, RealDisk, WriteFile, parent_dir};
+use crate::read::{self, CachedReader, PollRead};
+pub use crate::read::{ReadOutcome, ReadPart};
 use crate::record::{
     self, BATCH_BYTES_MAX, Chain, GAP_BODY_SIZE, RECORD_HEADER_SIZE, RecordHeader, RecordKind, Tail,
 };
@@ -374,75 +376,6 @@ pub struct PartitionLog {
     /// The read handle of the segment polls read last (see [`PartitionLog::read_into`]).
     /// Dropped when segments are deleted, so a deleted file's space is not held.
     read_cache: Mutex<Option<CachedReader>>,
-}
-
-/// Where [`PartitionLog::read_parts`] puts its parts, and its verification buffer.
-struct ReadParts<'a> {
-    parts: &'a mut Vec<ReadPart>,
-    scratch: &'a mut Vec<u8>,
-}
-
-/// A segment's `.log` open for reads, kept across polls.
-#[derive(Debug)]
-struct CachedReader {
-    base_offset: u64,
-    file: Arc<dyn ReadFile>,
-}
-
-/// One piece of a poll's batches, in order (see [`PartitionLog::read_parts`]).
-#[derive(Debug, Clone)]
-pub enum ReadPart {
-    /// Bytes of the caller's buffer (a batch cut to the messages taken, or batches read
-    /// where the file cannot be sent directly).
-    Buffer(std::ops::Range<usize>),
-    /// A whole stored batch, verified, to be sent from the segment file as it is stored: `len`
-    /// bytes from `position_bytes`. The handle keeps the file readable even if the segment is
-    /// deleted after the read (the bytes were verified and chosen under the caller's lock).
-    File {
-        file: Arc<dyn ReadFile>,
-        position_bytes: u64,
-        len: usize,
-    },
-}
-
-impl ReadPart {
-    /// Bytes this part stands for.
-    pub fn len(&self) -> usize {
-        match self {
-            ReadPart::Buffer(range) => range.len(),
-            ReadPart::File { len, .. } => *len,
-        }
-    }
-
-    /// Whether the part stands for no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// Largest verification buffer a thread keeps between polls (bigger records use a one-off).
-const VERIFY_SCRATCH_KEEP_BYTES_MAX: usize = 4 << 20;
-
-/// A record a poll sends whole is read and hashed in pieces of this size, so each piece is
-/// hashed while it is still in the CPU's L2 cache. Reading a 1 MB record whole and then
-/// hashing it cost about a fifth more CPU on this project's machine (`cairn bench
-/// serve-ceiling`, which verifies the same way).
-const VERIFY_PIECE_BYTES: usize = 64 * 1024;
-
-thread_local! {
-    /// Where [`PartitionLog::read_parts`] reads a record to verify it before the file's bytes
-    /// are sent: reused, so it stays allocated and warm in cache.
-    static VERIFY_SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-/// What [`PartitionLog::read_into`] appended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReadOutcome {
-    /// Messages appended.
-    pub messages_count: u32,
-    /// Offset of the last message appended (offsets may skip a gap, so the count alone does
-    /// not give it).
-    pub last_offset: Option<u64>,
 }
 
 impl PartitionLog {
@@ -848,20 +781,7 @@ impl PartitionLog {
         out: &mut Vec<u8>,
         parts: &mut Vec<ReadPart>,
     ) -> Result<ReadOutcome, StorageError> {
-        let mut scratch = VERIFY_SCRATCH.take();
-        let outcome = self.read_impl(
-            from_offset,
-            max_messages,
-            out,
-            Some(ReadParts {
-                parts,
-                scratch: &mut scratch,
-            }),
-        );
-        if scratch.capacity() <= VERIFY_SCRATCH_KEEP_BYTES_MAX {
-            VERIFY_SCRATCH.set(scratch);
-        }
-        outcome
+        self.read_impl(from_offset, max_messages, out, Some(parts))
     }
 
     fn read_impl(
@@ -869,50 +789,40 @@ impl PartitionLog {
         from_offset: u64,
         max_messages: u32,
         out: &mut Vec<u8>,
-        mut to_parts: Option<ReadParts<'_>>,
+        parts: Option<&mut Vec<ReadPart>>,
     ) -> Result<ReadOutcome, StorageError> {
-        // Bytes of `out` from here on are not yet named by a part.
-        let mut unnamed_from = out.len();
-        let result = self.read_records(from_offset, max_messages, out, &mut to_parts, &mut unnamed_from);
-        if let Some(to) = to_parts
-            && out.len() > unnamed_from
-        {
-            to.parts.push(ReadPart::Buffer(unnamed_from..out.len()));
+        let visible_end_offset = self.visible_next_offset();
+        let start_offset = from_offset.max(self.first_offset().unwrap_or(visible_end_offset));
+        if start_offset >= visible_end_offset {
+            return Ok(ReadOutcome {
+                messages_count: 0,
+                last_offset: None,
+            });
         }
-        result
+        PollRead::run(
+            self.partition_id,
+            start_offset,
+            max_messages,
+            out,
+            parts,
+            |read| self.walk_records(read, visible_end_offset),
+        )
     }
 
-    fn read_records(
-        &self,
-        from_offset: u64,
-        max_messages: u32,
-        out: &mut Vec<u8>,
-        to_parts: &mut Option<ReadParts<'_>>,
-        unnamed_from: &mut usize,
-    ) -> Result<ReadOutcome, StorageError> {
-        let mut outcome = ReadOutcome {
-            messages_count: 0,
-            last_offset: None,
-        };
-        let Some(first_offset) = self.first_offset() else {
-            return Ok(outcome);
-        };
-        let visible_end_offset = self.visible_next_offset();
-        let start_offset = from_offset.max(first_offset);
-        if max_messages == 0 || start_offset >= visible_end_offset {
-            return Ok(outcome);
-        }
-        let mut remaining = max_messages;
+    /// Hand every batch record holding messages from the poll's start offset up to
+    /// `visible_end_offset` to `read`, until it takes no more.
+    fn walk_records(&self, read: &mut PollRead<'_>, visible_end_offset: u64) -> Result<(), StorageError> {
+        let start_offset = read.start_offset();
         let first_segment = self
             .segments
             .partition_point(|segment| segment.base_offset <= start_offset)
             .saturating_sub(1);
-        let mut reader = self
+        let mut cache = self
             .read_cache
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        'segments: for segment in &self.segments[first_segment..] {
-            if remaining == 0 || segment.base_offset >= visible_end_offset {
+        for segment in &self.segments[first_segment..] {
+            if read.remaining() == 0 || segment.base_offset >= visible_end_offset {
                 break;
             }
             let Some(first_entry) = segment
@@ -922,27 +832,13 @@ impl PartitionLog {
                 continue;
             };
             let path = self.dir.join(segment_log_name(segment.base_offset));
-            // One read handle per log, kept across polls: consumers mostly read on in the
-            // segment they read last. Keyed by base offset, which no later segment reuses.
-            let file = match &mut *reader {
-                Some(cached) if cached.base_offset == segment.base_offset => &cached.file,
-                slot => {
-                    *slot = None;
-                    let file: Arc<dyn ReadFile> = Arc::from(self.disk.open_read(&path)?);
-                    &slot
-                        .insert(CachedReader {
-                            base_offset: segment.base_offset,
-                            file,
-                        })
-                        .file
-                }
-            };
+            let file = read::cached_file(&mut cache, self.disk.as_ref(), &path, segment.base_offset)?;
             let entries = segment.index.entries();
             for (entry_index, entry) in entries.iter().enumerate().skip(first_entry) {
                 let expected_offset = segment.base_offset + u64::from(entry.offset_delta);
                 // The frontier lies on a record boundary: a record is visible as a whole.
                 if expected_offset >= visible_end_offset {
-                    break 'segments;
+                    return Ok(());
                 }
                 let position_bytes = u64::from(entry.position_bytes);
                 let end_bytes = entries
@@ -951,89 +847,13 @@ impl PartitionLog {
                 debug_assert!(end_bytes > position_bytes);
                 let record_len = usize::try_from(end_bytes - position_bytes)
                     .map_err(|_| StorageError::Invalid("record larger than memory".into()))?;
-                let damaged = |reason: String| StorageError::Damaged {
-                    path: path.clone(),
-                    position: position_bytes,
-                    reason,
-                };
-                let sendable = file.as_file().is_some();
-                let take = if let Some(to) = to_parts.as_mut().filter(|_| sendable) {
-                    let taken_whole = self.verify_taken_whole(
-                        file.as_ref(),
-                        position_bytes,
-                        record_len,
-                        expected_offset,
-                        start_offset,
-                        remaining,
-                        to.scratch,
-                        &damaged,
-                    )?;
-                    if let Some(take) = taken_whole {
-                        if out.len() > *unnamed_from {
-                            to.parts.push(ReadPart::Buffer(*unnamed_from..out.len()));
-                        }
-                        *unnamed_from = out.len();
-                        to.parts.push(ReadPart::File {
-                            file: Arc::clone(file),
-                            position_bytes: position_bytes + RECORD_HEADER_SIZE as u64,
-                            len: record_len - RECORD_HEADER_SIZE,
-                        });
-                        take
-                    } else {
-                        // Part of the record: read it whole, verify it, cut it into `out`.
-                        file.read_exact_at_into(position_bytes, record_len, to.scratch, 0)?;
-                        self.verify_stored(to.scratch, expected_offset).map_err(damaged)?;
-                        let batch_bytes = &to.scratch[RECORD_HEADER_SIZE..];
-                        let take = batch::plan_take(batch_bytes, start_offset, remaining);
-                        let appended = batch::slice_into(batch_bytes, start_offset, remaining, out);
-                        debug_assert_eq!(appended, take.count());
-                        take
-                    }
-                } else if out.len() >= RECORD_HEADER_SIZE {
-                    let batch_start = out.len();
-                    let header_start = batch_start - RECORD_HEADER_SIZE;
-                    let mut saved = [0u8; RECORD_HEADER_SIZE];
-                    saved.copy_from_slice(&out[header_start..batch_start]);
-                    let read = file
-                        .read_exact_at_into(position_bytes, record_len, out, header_start)
-                        .and_then(|()| {
-                            self.verify_stored(&out[header_start..], expected_offset)
-                                .map_err(damaged)
-                        });
-                    // A failed read leaves `out` cut at `header_start`.
-                    if out.len() < batch_start {
-                        out.resize(batch_start, 0);
-                    }
-                    out[header_start..batch_start].copy_from_slice(&saved);
-                    if let Err(error) = read {
-                        out.truncate(batch_start);
-                        return Err(error);
-                    }
-                    let take = batch::plan_take(&out[batch_start..], start_offset, remaining);
-                    batch::cut_in_place(out, batch_start, &take);
-                    take
-                } else {
-                    let mut record_bytes = Vec::new();
-                    file.read_exact_at_into(position_bytes, record_len, &mut record_bytes, 0)?;
-                    self.verify_stored(&record_bytes, expected_offset)
-                        .map_err(damaged)?;
-                    let batch_bytes = &record_bytes[RECORD_HEADER_SIZE..];
-                    let take = batch::plan_take(batch_bytes, start_offset, remaining);
-                    let appended = batch::slice_into(batch_bytes, start_offset, remaining, out);
-                    debug_assert_eq!(appended, take.count());
-                    take
-                };
-                let appended = take.count();
-                debug_assert!(appended <= remaining);
-                remaining -= appended;
-                outcome.last_offset = take.last_offset().or(outcome.last_offset);
-                if remaining == 0 {
-                    break 'segments;
+                read.take_record(&path, file, position_bytes, record_len, expected_offset)?;
+                if read.remaining() == 0 {
+                    return Ok(());
                 }
             }
         }
-        outcome.messages_count = max_messages - remaining;
-        Ok(outcome)
+        Ok(())
     }
 
     /// The offset of the first visible message whose append timestamp >= `timestamp_us`, if
@@ -1541,106 +1361,6 @@ impl PartitionLog {
                 source: std::io::Error::other(format!("partition log stopped ({reason}); reopen to recover")),
             }),
         }
-    }
-
-    /// The poll's record at `position_bytes` (`record_len` bytes, from the index), when its
-    /// header says the poll takes it whole: verified like [`PartitionLog::verify_stored`], but
-    /// read and hashed in pieces of [`VERIFY_PIECE_BYTES`] through `scratch`, and given as a
-    /// whole [`batch::Take`]. `None` when the poll takes only part of the record (or the
-    /// record cannot hold a batch header): the caller then reads it whole, verifies it and
-    /// cuts it. A verification failure is `damaged(reason)`.
-    ///
-    /// The frames are not walked: a record that verifies holds the bytes `append` wrote, and
-    /// `append` only takes batches whose frames `batch::validate` checked (offset deltas
-    /// 0..count, frames tiling the batch), so its messages are `base_offset..+count`.
-    #[allow(clippy::too_many_arguments)]
-    fn verify_taken_whole(
-        &self,
-        file: &dyn ReadFile,
-        position_bytes: u64,
-        record_len: usize,
-        expected_offset: u64,
-        start_offset: u64,
-        remaining: u32,
-        scratch: &mut Vec<u8>,
-        damaged: &dyn Fn(String) -> StorageError,
-    ) -> Result<Option<batch::Take>, StorageError> {
-        if record_len < RECORD_HEADER_SIZE + BATCH_HEADER_SIZE {
-            return Ok(None);
-        }
-        let head_len = record_len.min(VERIFY_PIECE_BYTES);
-        file.read_exact_at_into(position_bytes, head_len, scratch, 0)?;
-        let mut check = record::EnvelopeInPieces::begin(scratch, record_len as u64)
-            .map_err(|fault| damaged(fault.to_string()))?;
-        let header = *check.header();
-        let whole = header.kind == RecordKind::Batch
-            && header.message_count > 0
-            && header.base_offset >= start_offset
-            && header.message_count <= remaining;
-        if !whole {
-            return Ok(None);
-        }
-        self.verify_place(&header, record_len, expected_offset)
-            .map_err(damaged)?;
-        check.update(&scratch[RECORD_HEADER_SIZE..head_len]);
-        let mut position = position_bytes + head_len as u64;
-        let end_bytes = position_bytes + record_len as u64;
-        while position < end_bytes {
-            let piece_len = usize::try_from(end_bytes - position)
-                .unwrap_or(usize::MAX)
-                .min(VERIFY_PIECE_BYTES);
-            file.read_exact_at_into(position, piece_len, scratch, 0)?;
-            check.update(&scratch[..piece_len]);
-            position += piece_len as u64;
-        }
-        check.finish().map_err(|fault| damaged(fault.to_string()))?;
-        let last_offset = header
-            .base_offset
-            .checked_add(u64::from(header.message_count) - 1)
-            .ok_or_else(|| damaged("offsets beyond u64".to_string()))?;
-        Ok(Some(batch::Take::Whole {
-            count: header.message_count,
-            last_offset,
-        }))
-    }
-
-    /// Re-verify a record read back for a poll: the same envelope checks as recovery, plus its
-    /// place (offset, partition, kind) and exact size.
-    fn verify_stored(&self, record_bytes: &[u8], expected_offset: u64) -> Result<(), String> {
-        let header = record::verify_envelope(record_bytes).map_err(|fault| fault.to_string())?;
-        self.verify_place(&header, record_bytes.len(), expected_offset)
-    }
-
-    /// A read-back record's header against what the index implies: a batch, of exactly
-    /// `record_len` bytes, at `expected_offset`, of this partition.
-    fn verify_place(
-        &self,
-        header: &RecordHeader,
-        record_len: usize,
-        expected_offset: u64,
-    ) -> Result<(), String> {
-        if header.kind != RecordKind::Batch {
-            return Err(format!(
-                "{:?} record where the index implies a batch",
-                header.kind
-            ));
-        }
-        if header.record_size_bytes() != record_len as u64 {
-            return Err(format!(
-                "record of {} bytes where the index implies {record_len}",
-                header.record_size_bytes(),
-            ));
-        }
-        if header.base_offset != expected_offset {
-            return Err(format!(
-                "record base offset {}, index says {expected_offset}",
-                header.base_offset
-            ));
-        }
-        if header.partition_id != self.partition_id {
-            return Err(format!("record of partition {}", header.partition_id));
-        }
-        Ok(())
     }
 }
 
