@@ -51,6 +51,7 @@ use crate::StorageError;
 use crate::atomic_file;
 use crate::io::{Disk, WriteFile};
 use crate::log::{EntryName, decode_start, encode_start, parse_entry_name, segment_log_name};
+use crate::read::{self, CachedReader, PollRead, ReadOutcome, ReadPart};
 use crate::record::{
     self, BATCH_BYTES_MAX, Chain, OpRule, RECORD_HEADER_SIZE, RecordHeader, RecordKind, Tail,
 };
@@ -58,7 +59,7 @@ use crate::state::{self, Frontier, PartitionState, STATE_FILE_NAME, STATE_FILE_S
 use cairn_wire::batch::{self, BATCH_HEADER_SIZE};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The most bytes a journal segment may hold: the largest segment size, then one op that
 /// began below it (its op record and batches, each at most [`BATCH_BYTES_MAX`]). Known limit:
@@ -105,6 +106,32 @@ pub struct StoredOp {
     pub batches: Vec<Vec<u8>>,
 }
 
+/// Where one batch record of an append lies: the journal's index for polls, in offset
+/// order. The segment holding it is the last one whose base offset is at or below its base
+/// offset (segments are named by the chain's offset when they start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BatchEntry {
+    base_offset: u64,
+    position_bytes: u64,
+    /// Header and batch (at most `RECORD_HEADER_SIZE + BATCH_BYTES_MAX`).
+    len_bytes: u32,
+    message_count: u32,
+    /// The append's timestamp, raised to the one before it if lower (lookups binary-search;
+    /// the partition machine never stamps one lower).
+    timestamp_us: u64,
+}
+
+/// A segment of the journal, for retention and stats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JournalSegment {
+    pub base_offset: u64,
+    /// The offset after its last message.
+    pub end_offset: u64,
+    pub size_bytes: u64,
+    /// The timestamp of its last message, if it holds one.
+    pub newest_timestamp_us: Option<u64>,
+}
+
 /// A verified record of either kind, as recovery groups them into ops.
 struct ListedRecord {
     position_bytes: u64,
@@ -140,6 +167,12 @@ pub struct JournalLog {
     /// Every op in the journal, by op. Invariant: contiguous from `start.next_op` to
     /// `chain.next_op - 1`.
     ops: BTreeMap<u64, OpExtent>,
+    /// Every batch record, in offset order. Invariant: contiguous offsets from
+    /// `start.next_offset` to `chain.next_offset`.
+    batches: Vec<BatchEntry>,
+    /// The read handle of the segment polls read last. Emptied by a cut: a segment a cut
+    /// removed may be started again under the same name.
+    read_cache: Mutex<Option<CachedReader>>,
     state: StateFile,
     /// Set by a failed write or barrier: nothing more is written until a reopen.
     stopped: Option<String>,
@@ -207,6 +240,8 @@ impl JournalLog {
             active,
             chain: start,
             ops: BTreeMap::new(),
+            batches: Vec::new(),
+            read_cache: Mutex::new(None),
             state,
             stopped: None,
         })
@@ -226,6 +261,7 @@ impl JournalLog {
             loaded,
             segments,
             ops,
+            batches,
             chain,
             above,
             mut dropped_bytes,
@@ -254,6 +290,8 @@ impl JournalLog {
             segments,
             chain,
             ops,
+            batches,
+            read_cache: Mutex::new(None),
             stopped: None,
         };
         journal.check_invariants();
@@ -317,6 +355,150 @@ impl JournalLog {
 
     pub fn stopped_reason(&self) -> Option<&str> {
         self.stopped.as_deref()
+    }
+
+    /// The offset of the first message the journal can hold (its start).
+    pub fn first_offset(&self) -> u64 {
+        self.start.next_offset
+    }
+
+    /// Append to `out` the client-format batches holding messages with offset >= `from_offset`
+    /// and below `end_offset`, at most `max_messages` in all: whole stored batches as stored,
+    /// a partial first or last batch cut to the messages taken. `end_offset` is where the
+    /// caller's visibility ends (the group's commit point); a batch reaching past it is not
+    /// served, nor is anything after it. Each record read is verified again; a mismatch is
+    /// `Damaged`. On `Err`, `out` holds its original bytes and possibly some of the batches.
+    /// See [`crate::log::PartitionLog::read_into`] for how `out`'s prefix avoids a copy.
+    pub fn read_into(
+        &self,
+        from_offset: u64,
+        max_messages: u32,
+        end_offset: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<ReadOutcome, StorageError> {
+        self.read_impl(from_offset, max_messages, end_offset, out, None)
+    }
+
+    /// [`JournalLog::read_into`] for a sender that can send file bytes directly (see
+    /// [`crate::log::PartitionLog::read_parts`]).
+    pub fn read_parts(
+        &self,
+        from_offset: u64,
+        max_messages: u32,
+        end_offset: u64,
+        out: &mut Vec<u8>,
+        parts: &mut Vec<ReadPart>,
+    ) -> Result<ReadOutcome, StorageError> {
+        self.read_impl(from_offset, max_messages, end_offset, out, Some(parts))
+    }
+
+    fn read_impl(
+        &self,
+        from_offset: u64,
+        max_messages: u32,
+        end_offset: u64,
+        out: &mut Vec<u8>,
+        parts: Option<&mut Vec<ReadPart>>,
+    ) -> Result<ReadOutcome, StorageError> {
+        let end_offset = end_offset.min(self.chain.next_offset);
+        let start_offset = from_offset.max(self.start.next_offset);
+        if start_offset >= end_offset {
+            return Ok(ReadOutcome {
+                messages_count: 0,
+                last_offset: None,
+            });
+        }
+        PollRead::run(
+            self.partition_id,
+            start_offset,
+            max_messages,
+            out,
+            parts,
+            |read| self.walk_batches(read, end_offset),
+        )
+    }
+
+    /// Hand every batch record holding messages from the poll's start offset on, and wholly
+    /// below `end_offset`, to `read`, until it takes no more.
+    fn walk_batches(&self, read: &mut PollRead<'_>, end_offset: u64) -> Result<(), StorageError> {
+        let start_offset = read.start_offset();
+        let first = self
+            .batches
+            .partition_point(|entry| entry.base_offset + u64::from(entry.message_count) <= start_offset);
+        let mut cache = self
+            .read_cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for entry in &self.batches[first..] {
+            if entry.base_offset + u64::from(entry.message_count) > end_offset {
+                break;
+            }
+            let segment_base_offset = self.segment_of(entry.base_offset);
+            let path = self.dir.join(segment_log_name(segment_base_offset));
+            let file = read::cached_file(&mut cache, self.disk.as_ref(), &path, segment_base_offset)?;
+            read.take_record(
+                &path,
+                file,
+                entry.position_bytes,
+                entry.len_bytes as usize,
+                entry.base_offset,
+            )?;
+            if read.remaining() == 0 {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The base offset of the segment holding the batch at `base_offset`.
+    fn segment_of(&self, base_offset: u64) -> u64 {
+        let after = self
+            .segments
+            .partition_point(|segment| segment.base_offset <= base_offset);
+        self.segments[after.saturating_sub(1)].base_offset
+    }
+
+    /// The offset of the first message below `end_offset` whose append timestamp is at or
+    /// above `timestamp_us`, if any.
+    pub fn offset_at_timestamp(&self, timestamp_us: u64, end_offset: u64) -> Option<u64> {
+        let found = self
+            .batches
+            .partition_point(|entry| entry.timestamp_us < timestamp_us);
+        self.batches
+            .get(found)
+            .filter(|entry| entry.base_offset + u64::from(entry.message_count) <= end_offset)
+            .map(|entry| entry.base_offset)
+    }
+
+    /// The journal's segments, oldest first (the last is the one written).
+    pub fn segments(&self) -> Vec<JournalSegment> {
+        self.segments
+            .iter()
+            .enumerate()
+            .map(|(index, segment)| {
+                let end_offset = self
+                    .segments
+                    .get(index + 1)
+                    .map_or(self.chain.next_offset, |next| next.base_offset);
+                let newest = self
+                    .batches
+                    .partition_point(|entry| entry.base_offset < end_offset)
+                    .checked_sub(1)
+                    .map(|last| self.batches[last])
+                    .filter(|entry| entry.base_offset >= segment.base_offset);
+                JournalSegment {
+                    base_offset: segment.base_offset,
+                    end_offset,
+                    size_bytes: segment.len_bytes,
+                    newest_timestamp_us: newest.map(|entry| entry.timestamp_us),
+                }
+            })
+            .collect()
+    }
+
+    /// Bytes in the journal's segments.
+    pub fn size_bytes(&self) -> u64 {
+        self.segments.iter().map(|segment| segment.len_bytes).sum()
     }
 
     /// Write op `op` (with its prepare's `view` and `timestamp_us`) after the last one: its op
@@ -387,8 +569,23 @@ impl JournalLog {
         chain = chain.advance_by(&header, OpRule::PerPrepare);
         record_headers.push(header_bytes);
         let mut message_count = 0u64;
+        let mut batch_entries = Vec::with_capacity(batches.len());
+        let mut record_position = position_bytes + RECORD_HEADER_SIZE as u64 + op_payload.len() as u64;
+        let index_timestamp_us = self
+            .batches
+            .last()
+            .map_or(timestamp_us, |last| timestamp_us.max(last.timestamp_us));
         for batch in batches {
             let count = batch::header(batch).map_or(0, |header| header.message_count);
+            let record_len = RECORD_HEADER_SIZE + batch.len();
+            batch_entries.push(BatchEntry {
+                base_offset: chain.next_offset,
+                position_bytes: record_position,
+                len_bytes: u32::try_from(record_len).expect("bounded by check_content"),
+                message_count: count,
+                timestamp_us: index_timestamp_us,
+            });
+            record_position += record_len as u64;
             let stamped_head = batch::stamped_header(
                 batch,
                 u64::from(self.partition_id),
@@ -441,8 +638,10 @@ impl JournalLog {
             }
             return Err(error);
         }
+        debug_assert_eq!(record_position, position_bytes + len_bytes);
         self.segments.last_mut().expect("one segment").len_bytes += len_bytes;
         self.chain = chain;
+        self.batches.extend(batch_entries);
         self.ops.insert(
             op,
             OpExtent {
@@ -508,6 +707,16 @@ impl JournalLog {
             base_offset: extent.segment_base_offset,
             len_bytes: extent.position_bytes,
         };
+        // Polls stop seeing the cut batches before any file changes (on a failure the
+        // journal stops, and what it holds is then settled by a reopen).
+        let kept = self
+            .batches
+            .partition_point(|entry| entry.base_offset < extent.chain_before.next_offset);
+        self.batches.truncate(kept);
+        *self
+            .read_cache
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
         // 1. The frontier first, if the cut reaches below it.
         if self.durable_op() >= extent.op {
             self.state
@@ -691,6 +900,14 @@ impl JournalLog {
                 .is_none_or(|&last| last + 1 == self.chain.next_op)
         );
         debug_assert!(self.durable_op() <= self.last_op());
+        debug_assert!(
+            self.batches
+                .first()
+                .is_none_or(|first| first.base_offset == self.start.next_offset)
+        );
+        debug_assert!(self.batches.last().is_none_or(|last| {
+            last.base_offset + u64::from(last.message_count) == self.chain.next_offset
+        }));
     }
 }
 
@@ -701,6 +918,7 @@ struct OpenPlan {
     /// The segments kept, each cut at the frontier if it holds it.
     segments: Vec<Segment>,
     ops: BTreeMap<u64, OpExtent>,
+    batches: Vec<BatchEntry>,
     /// The chain at the frontier.
     chain: Chain,
     /// Segments wholly above the frontier, with their lengths: dropped.
@@ -782,6 +1000,7 @@ fn plan_open(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<OpenPlan,
     let mut chain = start;
     let mut segments = Vec::with_capacity(kept.len());
     let mut ops: BTreeMap<u64, OpExtent> = BTreeMap::new();
+    let mut batches: Vec<BatchEntry> = Vec::new();
     let mut dropped_bytes = 0u64;
     for (index, &base_offset) in kept.iter().enumerate() {
         let path = dir.join(segment_log_name(base_offset));
@@ -901,6 +1120,18 @@ fn plan_open(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<OpenPlan,
                     extent.len_bytes += size_bytes;
                     extent.message_count += message_count;
                     extent.batch_count += 1;
+                    let timestamp_us = batches
+                        .last()
+                        .map_or(timestamp_us, |last| timestamp_us.max(last.timestamp_us));
+                    batches.push(BatchEntry {
+                        base_offset: walk.next_offset,
+                        position_bytes,
+                        len_bytes: u32::try_from(size_bytes).map_err(|_| {
+                            damaged(path.clone(), position_bytes, "a batch record past 4 GiB".into())
+                        })?,
+                        message_count: u32::try_from(message_count).expect("a record's count is a u32"),
+                        timestamp_us,
+                    });
                 }
                 Some(_) => unreachable!("the scan's op rule starts every op with one op record"),
                 None => {
@@ -960,6 +1191,7 @@ fn plan_open(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<OpenPlan,
         loaded,
         segments,
         ops,
+        batches,
         chain,
         above: above_lens,
         dropped_bytes,

@@ -11,16 +11,22 @@
 //!   those apart by its own durable state);
 //! - the frontier never goes back behind what a `sync` covered.
 //!
+//! Polls by offset and timestamp lookups are checked against the same model after every
+//! reopen and at random points between writes: exactly the messages of the ops there, with
+//! their stamped offsets and timestamps, whole batches below the end offset asked for.
+//!
 //! `CAIRN_SIM_SEEDS=<n>` runs seeds `0..n` (default 1000); `CAIRN_SIM_SEED=<s>` replays one.
 
 mod common;
 
 use cairn_storage::StorageError;
+use cairn_storage::io::RealDisk;
 use cairn_storage::journal::{JournalConfig, JournalLog};
+use cairn_storage::read::ReadPart;
 use cairn_storage::record::Chain;
 use cairn_storage::sim_disk::{SimDisk, SimRng};
 use cairn_wire::batch::BATCH_HEADER_SIZE;
-use common::client_batch;
+use common::{Message, client_batch, decode_batches};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -83,9 +89,140 @@ fn random_written(rng: &mut SimRng, op: u64) -> Written {
     }
 }
 
+/// The timestamp the tests stamp op `op` with.
+fn timestamp_of(op: u64) -> u64 {
+    1_000 + op
+}
+
+/// One stored batch as the model expects polls to see it.
+struct ModelBatch {
+    base_offset: u64,
+    messages: Vec<Message>,
+}
+
+/// The batches `current` (contiguous ops from the journal's first) hold, with the offsets the
+/// journal stamps from `first_offset` on.
+fn model_batches(current: &BTreeMap<u64, Written>, first_offset: u64) -> Vec<ModelBatch> {
+    let mut next_offset = first_offset;
+    let mut batches = Vec::new();
+    for (&op, written) in current {
+        for client in &written.batches {
+            let mut messages = decode_batches(client);
+            for message in &mut messages {
+                message.offset += next_offset;
+                message.timestamp_us = timestamp_of(op);
+            }
+            batches.push(ModelBatch {
+                base_offset: next_offset,
+                messages: messages.clone(),
+            });
+            next_offset += messages.len() as u64;
+        }
+    }
+    batches
+}
+
+/// What a poll of `max` messages from `from`, seeing whole batches below `end`, returns.
+fn model_poll(batches: &[ModelBatch], from: u64, max: u32, end: u64) -> Vec<Message> {
+    batches
+        .iter()
+        .take_while(|batch| batch.base_offset + batch.messages.len() as u64 <= end)
+        .flat_map(|batch| batch.messages.iter())
+        .filter(|message| message.offset >= from)
+        .take(max as usize)
+        .cloned()
+        .collect()
+}
+
+/// Poll the journal as a consumer would and decode the reply's batches. The buffer starts with
+/// a reply-header-sized prefix (the no-copy path) or, at random, without one.
+fn poll(journal: &JournalLog, rng: &mut SimRng, from: u64, max: u32, end: u64) -> Vec<Message> {
+    let prefix = if rng.chance(1, 2) {
+        64
+    } else {
+        rng.below(64) as usize
+    };
+    let mut out = vec![0xA5; prefix];
+    let outcome = journal.read_into(from, max, end, &mut out).expect("a poll reads");
+    let messages = decode_batches(&out[prefix..]);
+    assert!(
+        out[..prefix].iter().all(|&byte| byte == 0xA5),
+        "the prefix is kept"
+    );
+    assert_eq!(outcome.messages_count as usize, messages.len());
+    assert_eq!(outcome.last_offset, messages.last().map(|message| message.offset));
+    messages
+}
+
+/// Polls and timestamp lookups against the model of `current`.
+fn check_reads(journal: &JournalLog, current: &BTreeMap<u64, Written>, rng: &mut SimRng, seed: u64) {
+    let first_offset = journal.first_offset();
+    let end_offset = journal.chain().next_offset;
+    let batches = model_batches(current, first_offset);
+    let all = model_poll(&batches, 0, u32::MAX, u64::MAX);
+    assert_eq!(
+        first_offset + all.len() as u64,
+        end_offset,
+        "seed {seed}: offsets are contiguous"
+    );
+    assert_eq!(
+        poll(journal, rng, 0, u32::MAX, u64::MAX),
+        all,
+        "seed {seed}: a poll of everything"
+    );
+    for _ in 0..4 {
+        let from = first_offset + rng.below(end_offset - first_offset + 2);
+        let max = rng.range_inclusive(0, 12) as u32;
+        let end = first_offset + rng.below(end_offset - first_offset + 2);
+        assert_eq!(
+            poll(journal, rng, from, max, end),
+            model_poll(&batches, from, max, end),
+            "seed {seed}: a poll of {max} from {from} below {end}"
+        );
+        let timestamp_us = rng.range_inclusive(900, 1_200);
+        let expected = batches
+            .iter()
+            .find(|batch| batch.messages[0].timestamp_us >= timestamp_us)
+            .filter(|batch| batch.base_offset + batch.messages.len() as u64 <= end)
+            .map(|batch| batch.base_offset);
+        assert_eq!(
+            journal.offset_at_timestamp(timestamp_us, end),
+            expected,
+            "seed {seed}: the offset at timestamp {timestamp_us} below {end}"
+        );
+    }
+    let segments = journal.segments();
+    assert_eq!(
+        segments.first().map(|segment| segment.base_offset),
+        Some(first_offset)
+    );
+    assert_eq!(
+        segments.last().map(|segment| segment.end_offset),
+        Some(end_offset)
+    );
+    for pair in segments.windows(2) {
+        assert_eq!(
+            pair[0].end_offset, pair[1].base_offset,
+            "seed {seed}: segments tile"
+        );
+    }
+    for segment in &segments {
+        let newest = all
+            .iter()
+            .rev()
+            .find(|message| (segment.base_offset..segment.end_offset).contains(&message.offset))
+            .map(|message| message.timestamp_us);
+        assert_eq!(segment.newest_timestamp_us, newest, "seed {seed}: {segment:?}");
+    }
+    assert_eq!(
+        journal.size_bytes(),
+        segments.iter().map(|segment| segment.size_bytes).sum::<u64>()
+    );
+}
+
 fn write(journal: &mut JournalLog, op: u64, written: &Written) -> Result<(), StorageError> {
     let batches: Vec<&[u8]> = written.batches.iter().map(Vec::as_slice).collect();
-    journal.write_op(op, written.view, 1_000 + op, &written.op_payload, &batches)
+    journal.write_op(op, written.view, timestamp_of(op), &written.op_payload, &batches)
 }
 
 struct Sim {
@@ -105,6 +242,8 @@ struct Sim {
     cuts: u64,
     /// Reopens that dropped bytes above the frontier.
     drops: u64,
+    /// A power cut is set to happen after some disk operations.
+    power_cut_armed: bool,
 }
 
 impl Sim {
@@ -136,14 +275,16 @@ impl Sim {
             crashes: 0,
             cuts: 0,
             drops: 0,
+            power_cut_armed: false,
         }
     }
 
     fn run(&mut self, steps: u64) {
         for _ in 0..steps {
-            if !self.disk.power_is_cut() && self.rng.chance(1, 25) {
+            if !self.power_cut_armed && self.rng.chance(1, 25) {
                 let after = self.rng.below(6);
                 self.disk.cut_power_after(after);
+                self.power_cut_armed = true;
             }
             if self.rng.chance(1, 40) {
                 self.disk.fail_next_sync_data(1);
@@ -151,6 +292,10 @@ impl Sim {
             let outcome = self.step();
             if outcome.is_err() || self.disk.power_is_cut() || self.journal().stopped_reason().is_some() {
                 self.crash_and_reopen();
+            } else if !self.power_cut_armed && self.rng.chance(1, 4) {
+                // (Reads count as disk operations: an armed power cut would fail them.)
+                let journal = self.journal.as_ref().expect("open");
+                check_reads(journal, &self.current, &mut self.rng, self.seed);
             }
         }
         self.disk.cancel_power_cut();
@@ -208,6 +353,7 @@ impl Sim {
     fn crash_and_reopen(&mut self) {
         self.journal = None;
         self.disk.cancel_power_cut();
+        self.power_cut_armed = false;
         self.disk.crash(self.rng.next_u64());
         self.crashes += 1;
         let seed = self.seed;
@@ -264,6 +410,7 @@ impl Sim {
         self.current = current;
         self.guaranteed = recovery.durable_op;
         self.drops += u64::from(recovery.dropped_bytes > 0);
+        check_reads(&journal, &self.current, &mut self.rng, seed);
         self.journal = Some(journal);
     }
 }
@@ -437,4 +584,112 @@ fn disk_logs(disk: &SimDisk, dir: &Path) -> Vec<String> {
         .into_iter()
         .filter(|name| name.ends_with(".log"))
         .collect()
+}
+
+/// The batches `parts` stand for, in order: file ranges read back, buffer ranges from `out`.
+fn parts_bytes(parts: &[ReadPart], out: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for part in parts {
+        match part {
+            ReadPart::Buffer(range) => bytes.extend_from_slice(&out[range.clone()]),
+            ReadPart::File {
+                file,
+                position_bytes,
+                len,
+            } => {
+                let mut read = vec![0u8; *len];
+                file.read_exact_at(*position_bytes, &mut read)
+                    .expect("read the part");
+                bytes.extend_from_slice(&read);
+            }
+        }
+    }
+    bytes
+}
+
+/// On real files, a poll sends whole batches as file ranges and cuts partial ones; after a
+/// cut and a rewrite that starts a segment under the same name again, polls serve the new
+/// batches, never the replaced ones (a read handle of the removed file must not be reused).
+#[test]
+fn polls_on_real_files_serve_the_rewritten_batches_after_a_cut() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("journal");
+    let mut journal = JournalLog::create_on(
+        Arc::new(RealDisk),
+        &dir,
+        PARTITION,
+        JournalConfig {
+            segment_size_bytes: 1_000,
+        },
+        Chain::genesis(PARTITION),
+    )
+    .expect("create");
+    let batch_of = |op: u64, generation: &str| {
+        client_batch(&[
+            format!("{generation} op {op} first").into_bytes(),
+            format!("{generation} op {op} second").into_bytes(),
+        ])
+    };
+    for op in 1..=12 {
+        let batch = batch_of(op, "old");
+        journal
+            .write_op(op, 1, timestamp_of(op), b"header", &[&batch])
+            .expect("write");
+    }
+    journal.sync().expect("sync");
+    let segments = journal.segments();
+    assert!(segments.len() >= 3, "{segments:?}");
+    let last_base = segments.last().expect("segments").base_offset;
+
+    // Whole batches go as file ranges; a poll starting mid-batch gets that batch cut.
+    let end = journal.chain().next_offset;
+    let (mut out, mut parts) = (vec![0u8; 64], Vec::new());
+    let outcome = journal
+        .read_parts(last_base + 1, 100, end, &mut out, &mut parts)
+        .expect("poll");
+    assert!(parts.iter().any(|part| matches!(part, ReadPart::File { .. })));
+    let messages = decode_batches(&parts_bytes(&parts, &out));
+    assert_eq!(
+        messages.first().map(|message| message.offset),
+        Some(last_base + 1)
+    );
+    assert_eq!(outcome.messages_count as usize, messages.len());
+    assert!(messages.iter().all(|message| message.payload.starts_with(b"old")));
+
+    // Cut into the first segment, then write the same shapes again: the segments are started
+    // again at the same offsets, under the same names.
+    let cut_op = (1..=12)
+        .find(|&op| journal.extent(op).expect("extent").segment_base_offset != 0)
+        .expect("an op in the second segment")
+        - 1;
+    journal.cut(cut_op).expect("cut");
+    for op in cut_op..=12 {
+        let batch = batch_of(op, "new");
+        journal
+            .write_op(op, 2, timestamp_of(op), b"header", &[&batch])
+            .expect("rewrite");
+    }
+    journal.sync().expect("sync");
+    assert_eq!(
+        journal.segments().last().expect("segments").base_offset,
+        last_base
+    );
+    for parts_wanted in [false, true] {
+        let (mut out, mut parts) = (vec![0u8; 64], Vec::new());
+        let bytes = if parts_wanted {
+            journal
+                .read_parts(last_base, 100, end, &mut out, &mut parts)
+                .expect("poll");
+            parts_bytes(&parts, &out)
+        } else {
+            journal.read_into(last_base, 100, end, &mut out).expect("poll");
+            out[64..].to_vec()
+        };
+        let messages = decode_batches(&bytes);
+        assert!(!messages.is_empty());
+        assert!(
+            messages.iter().all(|message| message.payload.starts_with(b"new")),
+            "a replaced batch was served: {messages:?}"
+        );
+    }
 }
