@@ -19,14 +19,27 @@
 //! <dir>/journal.start               where the journal begins (atomic file, the layout of
 //!                                   `log`'s `start.meta`): next_offset, parent_checksum,
 //!                                   next_op (u64 each, little-endian)
-//! <dir>/00000000000000000000.log    records, named by the base offset of their first record
+//! <dir>/00000000000000000001.log    records, named by the op of their first record
 //! <dir>/state                       the durable frontier (see `state`; its reservation is
 //!                                   the frontier itself: a journal mints no offsets)
 //! ```
 //!
-//! A segment is started only at an op boundary, once the active one is full *and* the chain's
-//! next offset lies above the active segment's base (op records move no offset), so base
-//! offsets strictly increase and an op never spans two segments.
+//! A segment is started at the first op boundary once the active one is full, so an op never
+//! spans two segments, and a partition that only stores offsets rotates like one that
+//! receives messages. Segments are named by op, not offset, for that reason: op records move
+//! no offset, so several segments may begin at the same offset.
+//!
+//! The frontier lies in the segment that holds its last op (the first segment when it
+//! covers none); a cut at a segment's first op removes that segment too, so no frontier
+//! ever lies at the very start of a segment other than the first. The state file's segment
+//! field holds that segment's start offset, which the open checks.
+//!
+//! # Retention
+//!
+//! [`JournalLog::remove_oldest_segments`] removes whole segments from the front once the
+//! caller no longer needs their ops (below its checkpoint) or their messages (below its
+//! start offset): it publishes the new `journal.start` first, then removes the files; an open
+//! removes what a crash left below the start.
 //!
 //! # Durability
 //!
@@ -62,10 +75,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// The most bytes a journal segment may hold: the largest segment size, then one op that
-/// began below it (its op record and batches, each at most [`BATCH_BYTES_MAX`]). Known limit:
-/// a segment rotates only once an append moved the offset past its base (segments are named
-/// by base offset), so a partition that stores offsets and never receives a message grows
-/// one segment; at this size its next op is refused rather than written.
+/// began below it (an op record and batches of up to twice [`BATCH_BYTES_MAX`] in all; a
+/// larger op there is refused rather than written).
 pub const SEGMENT_BYTES_MAX: u64 = u32::MAX as u64 + 2 * (RECORD_HEADER_SIZE as u64 + BATCH_BYTES_MAX as u64);
 
 /// Name of the file that marks a journal log and says where it begins.
@@ -85,7 +96,8 @@ pub struct OpExtent {
     pub timestamp_us: u64,
     /// Batch records after the op record (0 for an op that is not an append).
     pub batch_count: u32,
-    pub segment_base_offset: u64,
+    /// The segment holding the op, by its first op (its file name).
+    pub segment_first_op: u64,
     pub position_bytes: u64,
     pub len_bytes: u64,
     /// The chain at the op's first record: where a cut at this op leaves the log.
@@ -124,6 +136,9 @@ struct BatchEntry {
 /// A segment of the journal, for retention and stats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JournalSegment {
+    /// The op of its first record (its file name).
+    pub first_op: u64,
+    /// The chain's offset where it begins (its first message's, if it holds one).
     pub base_offset: u64,
     /// The offset after its last message.
     pub end_offset: u64,
@@ -146,8 +161,21 @@ struct ListedRecord {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Segment {
-    base_offset: u64,
+    /// The chain its first record continues: what `journal.start` holds when it becomes the
+    /// first segment.
+    start: Chain,
     len_bytes: u64,
+}
+
+impl Segment {
+    /// The op of its first record: its name.
+    fn first_op(&self) -> u64 {
+        self.start.next_op
+    }
+
+    fn path(&self, dir: &Path) -> PathBuf {
+        dir.join(segment_log_name(self.first_op()))
+    }
 }
 
 /// One partition's journal log (see the module doc). One writer: every write takes `&mut self`.
@@ -159,7 +187,8 @@ pub struct JournalLog {
     config: JournalConfig,
     /// Where the journal begins: ops from `start.next_op` on are in it.
     start: Chain,
-    /// Invariant: at least one; base offsets strictly increasing; the last is active.
+    /// Invariant: at least one; first ops strictly increasing, start offsets non-decreasing;
+    /// every one but the last (the active one) holds an op.
     segments: Vec<Segment>,
     active: Box<dyn WriteFile>,
     /// The chain after the last record written.
@@ -189,6 +218,9 @@ pub struct JournalInspection {
     pub next_offset: u64,
     /// Bytes an open would drop: everything above the frontier.
     pub bytes_above_frontier: u64,
+    /// Segments below the start an open would remove (left by an interrupted removal of the
+    /// oldest segments; their messages were already given up).
+    pub segments_below_start: u32,
 }
 
 /// What [`JournalLog::open_on`] found and did.
@@ -219,11 +251,8 @@ impl JournalLog {
             &dir.join(JOURNAL_START_FILE),
             &encode_start(&start),
         )?;
-        let segment = Segment {
-            base_offset: start.next_offset,
-            len_bytes: 0,
-        };
-        let active = disk.create_new(&dir.join(segment_log_name(segment.base_offset)))?;
+        let segment = Segment { start, len_bytes: 0 };
+        let active = disk.create_new(&segment.path(dir))?;
         let state = StateFile::create(
             disk.as_ref(),
             &dir.join(STATE_FILE_NAME),
@@ -264,19 +293,28 @@ impl JournalLog {
             batches,
             chain,
             above,
+            below_start,
             mut dropped_bytes,
         } = plan_open(disk.as_ref(), dir, partition_id)?;
         let frontier = loaded.frontier;
-        // Only now, with everything kept verified: drop what lies above the frontier.
-        for &(base, len) in above.iter().rev() {
-            dropped_bytes += len;
-            disk.remove_file(&dir.join(segment_log_name(base)))?;
+        // Only now, with everything kept verified: finish a removal of the oldest segments
+        // that a crash interrupted, and drop what lies above the frontier.
+        for &first_op in &below_start {
+            disk.remove_file(&dir.join(segment_log_name(first_op)))?;
         }
-        let active_path = dir.join(segment_log_name(frontier.segment_base_offset));
+        for &(first_op, len) in above.iter().rev() {
+            dropped_bytes += len;
+            disk.remove_file(&dir.join(segment_log_name(first_op)))?;
+        }
+        let active_path = segments.last().expect("the frontier's segment").path(dir);
         let mut active = disk.open_write(&active_path)?;
         if dropped_bytes > 0 {
             active.set_len(frontier.segment_len_bytes)?;
             active.sync_data()?;
+        }
+        // Even an empty segment's removal is made durable: a stale segment coming back under a
+        // name at or below a later frontier's op would be taken for the frontier's segment.
+        if dropped_bytes > 0 || !above.is_empty() || !below_start.is_empty() {
             disk.sync_dir(dir)?;
         }
         let journal = JournalLog {
@@ -320,6 +358,7 @@ impl JournalLog {
             durable_op: plan.loaded.frontier.chain.next_op - 1,
             next_offset: plan.chain.next_offset,
             bytes_above_frontier: plan.dropped_bytes + plan.above.iter().map(|&(_, len)| len).sum::<u64>(),
+            segments_below_start: u32::try_from(plan.below_start.len()).unwrap_or(u32::MAX),
         })
     }
 
@@ -433,9 +472,9 @@ impl JournalLog {
             if entry.base_offset + u64::from(entry.message_count) > end_offset {
                 break;
             }
-            let segment_base_offset = self.segment_of(entry.base_offset);
-            let path = self.dir.join(segment_log_name(segment_base_offset));
-            let file = read::cached_file(&mut cache, self.disk.as_ref(), &path, segment_base_offset)?;
+            let segment = self.segment_of(entry.base_offset);
+            let path = segment.path(&self.dir);
+            let file = read::cached_file(&mut cache, self.disk.as_ref(), &path, segment.first_op())?;
             read.take_record(
                 &path,
                 file,
@@ -450,12 +489,13 @@ impl JournalLog {
         Ok(())
     }
 
-    /// The base offset of the segment holding the batch at `base_offset`.
-    fn segment_of(&self, base_offset: u64) -> u64 {
+    /// The segment holding the batch at `base_offset`: the last one beginning at or below it
+    /// (segments beginning at the same offset before it hold no batch).
+    fn segment_of(&self, base_offset: u64) -> &Segment {
         let after = self
             .segments
-            .partition_point(|segment| segment.base_offset <= base_offset);
-        self.segments[after.saturating_sub(1)].base_offset
+            .partition_point(|segment| segment.start.next_offset <= base_offset);
+        &self.segments[after.saturating_sub(1)]
     }
 
     /// The offset of the first message below `end_offset` whose append timestamp is at or
@@ -479,15 +519,16 @@ impl JournalLog {
                 let end_offset = self
                     .segments
                     .get(index + 1)
-                    .map_or(self.chain.next_offset, |next| next.base_offset);
+                    .map_or(self.chain.next_offset, |next| next.start.next_offset);
                 let newest = self
                     .batches
                     .partition_point(|entry| entry.base_offset < end_offset)
                     .checked_sub(1)
                     .map(|last| self.batches[last])
-                    .filter(|entry| entry.base_offset >= segment.base_offset);
+                    .filter(|entry| entry.base_offset >= segment.start.next_offset);
                 JournalSegment {
-                    base_offset: segment.base_offset,
+                    first_op: segment.first_op(),
+                    base_offset: segment.start.next_offset,
                     end_offset,
                     size_bytes: segment.len_bytes,
                     newest_timestamp_us: newest.map(|entry| entry.timestamp_us),
@@ -499,6 +540,71 @@ impl JournalLog {
     /// Bytes in the journal's segments.
     pub fn size_bytes(&self) -> u64 {
         self.segments.iter().map(|segment| segment.len_bytes).sum()
+    }
+
+    /// Remove the oldest segments the caller no longer needs, and return them: a segment goes
+    /// when it is not the active one, every op in it is below `below_op` (the caller's
+    /// checkpoint: it never reads those ops again) and the frontier lies beyond it, and every
+    /// message in it is below `below_offset` (the caller's start offset: no poll reaches
+    /// them). Stops at the first segment that must stay.
+    ///
+    /// Order: `journal.start` is published first (from then on the messages are given up),
+    /// then the files are removed, oldest first, then the directory is synced. A crash or a
+    /// failed removal after the start is published leaves segments below the start, which the
+    /// next open removes; a failure to publish the start stops the journal.
+    pub fn remove_oldest_segments(
+        &mut self,
+        below_op: u64,
+        below_offset: u64,
+    ) -> Result<Vec<JournalSegment>, StorageError> {
+        self.check_not_stopped()?;
+        // The segment the frontier lies in stays (and with it every segment after it).
+        let frontier_segment = frontier_segment_name(
+            self.segments.iter().map(Segment::first_op),
+            self.start.next_op,
+            self.durable_op() + 1,
+        );
+        let count = self
+            .segments
+            .windows(2)
+            .take_while(|pair| {
+                let next = &pair[1];
+                next.first_op() <= below_op
+                    && next.first_op() <= frontier_segment
+                    && next.start.next_offset <= below_offset
+            })
+            .count();
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let removed: Vec<JournalSegment> = self.segments().into_iter().take(count).collect();
+        let new_start = self.segments[count].start;
+        if let Err(error) = atomic_file::write_on(
+            self.disk.as_ref(),
+            &self.dir.join(JOURNAL_START_FILE),
+            &encode_start(&new_start),
+        ) {
+            self.stopped = Some(format!("publishing a new journal start failed: {error}"));
+            return Err(error);
+        }
+        // The disk now says the segments are gone: memory follows at once.
+        let gone: Vec<Segment> = self.segments.drain(..count).collect();
+        self.start = new_start;
+        self.ops = self.ops.split_off(&new_start.next_op);
+        let first_kept = self
+            .batches
+            .partition_point(|entry| entry.base_offset < new_start.next_offset);
+        self.batches.drain(..first_kept);
+        *self
+            .read_cache
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+        self.check_invariants();
+        for segment in &gone {
+            self.disk.remove_file(&segment.path(&self.dir))?;
+        }
+        self.disk.sync_dir(&self.dir)?;
+        Ok(removed)
     }
 
     /// Write op `op` (with its prepare's `view` and `timestamp_us`) after the last one: its op
@@ -526,7 +632,7 @@ impl JournalLog {
         }
         debug_assert_eq!(op, self.chain.next_op);
         self.rotate_if_full()?;
-        let segment_base_offset = self.segments.last().expect("one segment").base_offset;
+        let segment_first_op = self.segments.last().expect("one segment").first_op();
         let position_bytes = self.segments.last().expect("one segment").len_bytes;
         let op_bytes = RECORD_HEADER_SIZE as u64
             + op_payload.len() as u64
@@ -536,7 +642,7 @@ impl JournalLog {
                 .sum::<u64>();
         if position_bytes + op_bytes > SEGMENT_BYTES_MAX {
             return Err(StorageError::Invalid(format!(
-                "op {op} would take segment {segment_base_offset} past {SEGMENT_BYTES_MAX} bytes (it cannot rotate before an append moves the offset)"
+                "op {op} of {op_bytes} bytes would take segment {segment_first_op} past {SEGMENT_BYTES_MAX} bytes"
             )));
         }
         let chain_before = self.chain;
@@ -649,7 +755,7 @@ impl JournalLog {
                 view,
                 timestamp_us,
                 batch_count: batches.len() as u32,
-                segment_base_offset,
+                segment_first_op,
                 position_bytes,
                 len_bytes,
                 chain_before,
@@ -698,14 +804,23 @@ impl JournalLog {
     }
 
     fn cut_steps(&mut self, extent: &OpExtent) -> Result<(), StorageError> {
-        let segment_index = self
+        let mut segment_index = self
             .segments
             .iter()
-            .position(|segment| segment.base_offset == extent.segment_base_offset)
+            .position(|segment| segment.first_op() == extent.segment_first_op)
             .expect("an op's segment is in the journal");
+        // A cut at a segment's first op removes that segment too (the frontier then lies at
+        // the end of the one before, never at the start of a segment but the first).
+        if extent.position_bytes == 0 && segment_index > 0 {
+            segment_index -= 1;
+        }
         let cut_segment = Segment {
-            base_offset: extent.segment_base_offset,
-            len_bytes: extent.position_bytes,
+            len_bytes: if extent.segment_first_op == self.segments[segment_index].first_op() {
+                extent.position_bytes
+            } else {
+                self.segments[segment_index].len_bytes
+            },
+            ..self.segments[segment_index]
         };
         // Polls stop seeing the cut batches before any file changes (on a failure the
         // journal stops, and what it holds is then settled by a reopen).
@@ -726,14 +841,11 @@ impl JournalLog {
         let removed_any = segment_index + 1 < self.segments.len();
         while self.segments.len() > segment_index + 1 {
             let segment = self.segments.pop().expect("above the cut");
-            self.disk
-                .remove_file(&self.dir.join(segment_log_name(segment.base_offset)))?;
+            self.disk.remove_file(&segment.path(&self.dir))?;
         }
         // 3. Truncate the cut segment and sync it.
         if removed_any {
-            self.active = self
-                .disk
-                .open_write(&self.dir.join(segment_log_name(cut_segment.base_offset)))?;
+            self.active = self.disk.open_write(&cut_segment.path(&self.dir))?;
         }
         self.active.set_len(cut_segment.len_bytes)?;
         self.active.sync_data()?;
@@ -753,7 +865,7 @@ impl JournalLog {
             .ops
             .get(&op)
             .ok_or_else(|| StorageError::Invalid(format!("no op {op} in the journal")))?;
-        let path = self.dir.join(segment_log_name(extent.segment_base_offset));
+        let path = self.dir.join(segment_log_name(extent.segment_first_op));
         let file = self.disk.open_read(&path)?;
         let mut bytes = vec![0u8; extent.len_bytes as usize];
         file.read_exact_at(extent.position_bytes, &mut bytes)?;
@@ -807,7 +919,7 @@ impl JournalLog {
             .ops
             .get(&op)
             .ok_or_else(|| StorageError::Invalid(format!("no op {op} in the journal")))?;
-        let path = self.dir.join(segment_log_name(extent.segment_base_offset));
+        let path = self.dir.join(segment_log_name(extent.segment_first_op));
         let file = self.disk.open_read(&path)?;
         let mut head = [0u8; RECORD_HEADER_SIZE];
         file.read_exact_at(extent.position_bytes, &mut head)?;
@@ -833,21 +945,25 @@ impl JournalLog {
 
     fn rotate_if_full(&mut self) -> Result<(), StorageError> {
         let active = *self.segments.last().expect("one segment");
-        if active.len_bytes < self.config.segment_size_bytes || self.chain.next_offset <= active.base_offset {
+        if active.len_bytes < self.config.segment_size_bytes {
             return Ok(());
         }
+        debug_assert!(
+            self.chain.next_op > active.first_op(),
+            "a full segment holds an op"
+        );
         // Seal the full segment, then start the next one at the chain's next offset.
         if let Err(error) = self.active.sync_data() {
             self.stopped = Some(format!("sealing a segment failed: {error}"));
             return Err(error);
         }
         let segment = Segment {
-            base_offset: self.chain.next_offset,
+            start: self.chain,
             len_bytes: 0,
         };
         let created = self
             .disk
-            .create_new(&self.dir.join(segment_log_name(segment.base_offset)))
+            .create_new(&segment.path(&self.dir))
             .and_then(|file| self.disk.sync_dir(&self.dir).map(|()| file));
         match created {
             Ok(file) => {
@@ -877,7 +993,8 @@ impl JournalLog {
         debug_assert!(
             self.segments
                 .windows(2)
-                .all(|pair| pair[0].base_offset < pair[1].base_offset)
+                .all(|pair| pair[0].first_op() < pair[1].first_op()
+                    && pair[0].start.next_offset <= pair[1].start.next_offset)
         );
         debug_assert_eq!(
             self.ops.keys().next().copied().unwrap_or(self.chain.next_op),
@@ -921,8 +1038,10 @@ struct OpenPlan {
     batches: Vec<BatchEntry>,
     /// The chain at the frontier.
     chain: Chain,
-    /// Segments wholly above the frontier, with their lengths: dropped.
+    /// Segments wholly above the frontier (by first op), with their lengths: dropped.
     above: Vec<(u64, u64)>,
+    /// Segments below the journal's start (by first op): a removal's leftovers, removed.
+    below_start: Vec<u64>,
     /// Bytes above the frontier in the segment that holds it: dropped.
     dropped_bytes: u64,
 }
@@ -953,67 +1072,78 @@ fn plan_open(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<OpenPlan,
         .map_err(|(position, reason)| damaged(state_path.clone(), position, reason))?;
     let frontier = loaded.frontier;
 
-    let mut bases: Vec<u64> = Vec::new();
+    // Segments are named by their first op.
+    let mut names: Vec<u64> = Vec::new();
     for name in disk.list_dir(dir)? {
-        if let EntryName::Log(base) = parse_entry_name(&name) {
-            bases.push(base);
+        if let EntryName::Log(first_op) = parse_entry_name(&name) {
+            names.push(first_op);
         }
     }
-    bases.sort_unstable();
-    if bases.first() != Some(&start.next_offset) {
+    names.sort_unstable();
+    // Segments below the start are what a crash left of a removal of the oldest segments
+    // (the start is published first): the open removes them.
+    let below_start: Vec<u64> = names
+        .iter()
+        .copied()
+        .filter(|&first_op| first_op < start.next_op)
+        .collect();
+    names.retain(|&first_op| first_op >= start.next_op);
+    if names.first() != Some(&start.next_op) {
         return Err(damaged(
             dir.to_path_buf(),
             0,
             format!(
-                "the journal's first segment must be named {} (its start), found {:?}",
-                start.next_offset,
-                bases.first()
+                "the journal's first segment must be named {} (its start op), found {:?}",
+                start.next_op,
+                names.first()
             ),
         ));
     }
-    if !bases.contains(&frontier.segment_base_offset) {
-        // A frontier beyond the log: what it vouched for is gone.
+    if frontier.chain.next_op < start.next_op {
         return Err(damaged(
             state_path,
             0,
             format!(
-                "the frontier lies in segment {}, which does not exist",
-                frontier.segment_base_offset
+                "the frontier ends at op {}, below the journal's start at op {}",
+                frontier.chain.next_op - 1,
+                start.next_op
             ),
         ));
     }
+    let frontier_name = frontier_segment_name(names.iter().copied(), start.next_op, frontier.chain.next_op);
 
     // Everything above the frontier was never reported durable (a sync publishes the
     // frontier only after its data barrier): it is dropped, whatever it holds. That covers
     // an op whose records were only partly written, segments started after the last sync,
     // and ops a cut had removed before its truncation was durable.
-    let kept: Vec<u64> = bases
+    let kept: Vec<u64> = names
         .iter()
         .copied()
-        .filter(|&base| base <= frontier.segment_base_offset)
+        .filter(|&first_op| first_op <= frontier_name)
         .collect();
-    let above: Vec<u64> = bases
+    let above: Vec<u64> = names
         .iter()
         .copied()
-        .filter(|&base| base > frontier.segment_base_offset)
+        .filter(|&first_op| first_op > frontier_name)
         .collect();
     let mut chain = start;
     let mut segments = Vec::with_capacity(kept.len());
     let mut ops: BTreeMap<u64, OpExtent> = BTreeMap::new();
     let mut batches: Vec<BatchEntry> = Vec::new();
     let mut dropped_bytes = 0u64;
-    for (index, &base_offset) in kept.iter().enumerate() {
-        let path = dir.join(segment_log_name(base_offset));
-        if index > 0 && base_offset != chain.next_offset {
+    for &first_op in &kept {
+        let path = dir.join(segment_log_name(first_op));
+        if first_op != chain.next_op {
             return Err(damaged(
                 path,
                 0,
                 format!(
-                    "segment starts at offset {base_offset}, the chain before it ends at {}",
-                    chain.next_offset
+                    "the segment is named for op {first_op}, the chain before it ends at op {}",
+                    chain.next_op - 1
                 ),
             ));
         }
+        let segment_start = chain;
         // Bounded before it is read: no journal segment grows past the largest segment size
         // plus one op's records (see `SEGMENT_BYTES_MAX`).
         let len = disk.file_len(&path)?.unwrap_or(0);
@@ -1029,7 +1159,17 @@ fn plan_open(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<OpenPlan,
         let bytes = disk
             .read_all(&path, SEGMENT_BYTES_MAX)?
             .ok_or_else(|| damaged(path.clone(), 0, "the segment vanished while opening".into()))?;
-        let durable_len = if base_offset == frontier.segment_base_offset {
+        let durable_len = if first_op == frontier_name {
+            if segment_start.next_offset != frontier.segment_base_offset {
+                return Err(damaged(
+                    state_path.clone(),
+                    0,
+                    format!(
+                        "the frontier's segment begins at offset {}, the state file says {}",
+                        segment_start.next_offset, frontier.segment_base_offset
+                    ),
+                ));
+            }
             frontier.segment_len_bytes
         } else {
             bytes.len() as u64
@@ -1110,7 +1250,7 @@ fn plan_open(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<OpenPlan,
                 Some(extent) if is_batch => {
                     // The op's next batch (the scan's op rule keeps batches after their
                     // op record; rotation never splits an op).
-                    if extent.segment_base_offset != base_offset {
+                    if extent.segment_first_op != first_op {
                         return Err(damaged(
                             path,
                             position_bytes,
@@ -1149,7 +1289,7 @@ fn plan_open(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<OpenPlan,
                             view,
                             timestamp_us,
                             batch_count: 0,
-                            segment_base_offset: base_offset,
+                            segment_first_op: first_op,
                             position_bytes,
                             len_bytes: size_bytes,
                             chain_before: Chain { next_op: op, ..walk },
@@ -1168,22 +1308,22 @@ fn plan_open(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<OpenPlan,
         debug_assert_eq!(walk, scanned.end);
         chain = scanned.end;
         segments.push(Segment {
-            base_offset,
+            start: segment_start,
             len_bytes: durable_len,
         });
     }
     if chain != frontier.chain {
         return Err(damaged(
-            dir.join(segment_log_name(frontier.segment_base_offset)),
+            dir.join(segment_log_name(frontier_name)),
             frontier.segment_len_bytes,
             "the log below the frontier does not end with the frontier's chain".into(),
         ));
     }
     let mut above_lens = Vec::with_capacity(above.len());
-    for base in above {
+    for first_op in above {
         above_lens.push((
-            base,
-            disk.file_len(&dir.join(segment_log_name(base)))?.unwrap_or(0),
+            first_op,
+            disk.file_len(&dir.join(segment_log_name(first_op)))?.unwrap_or(0),
         ));
     }
     Ok(OpenPlan {
@@ -1194,8 +1334,19 @@ fn plan_open(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<OpenPlan,
         batches,
         chain,
         above: above_lens,
+        below_start,
         dropped_bytes,
     })
+}
+
+/// The name (first op) of the segment a frontier lies in: the one holding its last op
+/// (`frontier_next_op - 1`), or the first segment when it covers no op. `names` in order.
+fn frontier_segment_name(names: impl Iterator<Item = u64>, start_op: u64, frontier_next_op: u64) -> u64 {
+    let last_op = frontier_next_op.saturating_sub(1).max(start_op);
+    names
+        .take_while(|&first_op| first_op <= last_op)
+        .last()
+        .unwrap_or(start_op)
 }
 
 fn check_config(config: &JournalConfig) -> Result<(), StorageError> {
@@ -1237,9 +1388,11 @@ fn check_content(op_payload: &[u8], batches: &[&[u8]]) -> Result<(), StorageErro
     Ok(())
 }
 
+/// The frontier at the end of `segment`, with the chain there.
 fn frontier_at(segment: &Segment, chain: Chain) -> Frontier {
+    debug_assert!(chain.next_op > segment.first_op() || segment.start == chain);
     Frontier {
-        segment_base_offset: segment.base_offset,
+        segment_base_offset: segment.start.next_offset,
         segment_len_bytes: segment.len_bytes,
         chain,
     }

@@ -244,6 +244,12 @@ struct Sim {
     drops: u64,
     /// A power cut is set to happen after some disk operations.
     power_cut_armed: bool,
+    /// The journal's first op is at least this: a removal of the oldest segments published it.
+    start_floor: u64,
+    /// Removals of the oldest segments that removed any.
+    removals: u64,
+    /// Reopens that found segments a removal left below the start.
+    leftovers: u64,
 }
 
 impl Sim {
@@ -276,6 +282,9 @@ impl Sim {
             cuts: 0,
             drops: 0,
             power_cut_armed: false,
+            start_floor: 1,
+            removals: 0,
+            leftovers: 0,
         }
     }
 
@@ -320,6 +329,7 @@ impl Sim {
                 let op = self.forget_from(first, last);
                 self.journal().cut(op)
             }
+            8 if self.rng.chance(1, 2) => self.remove_oldest(),
             _ => {
                 let synced = self.journal().sync()?;
                 assert_eq!(synced, last, "seed {}: sync covers every op written", self.seed);
@@ -338,6 +348,57 @@ impl Sim {
             self.current.insert(op, written);
         }
         result
+    }
+
+    /// Remove the oldest segments below a random op and offset, and check what went.
+    fn remove_oldest(&mut self) -> Result<(), StorageError> {
+        let seed = self.seed;
+        let (first, last) = (self.journal().first_op(), self.journal().last_op());
+        let below_op = self.rng.range_inclusive(first, last + 1);
+        let end_offset = self.journal().chain().next_offset;
+        let first_offset = self.journal().first_offset();
+        let below_offset = if self.rng.chance(1, 2) {
+            u64::MAX
+        } else {
+            first_offset + self.rng.below(end_offset - first_offset + 1)
+        };
+        let before = self.journal().segments();
+        let removed = self.journal().remove_oldest_segments(below_op, below_offset);
+        // The start is published first: even a failed removal may have moved it.
+        let start_op = self.journal().first_op();
+        self.current = self.current.split_off(&start_op);
+        self.start_floor = self.start_floor.max(start_op);
+        let removed = removed?;
+        assert_eq!(
+            removed[..],
+            before[..removed.len()],
+            "seed {seed}: the oldest go first"
+        );
+        let kept = &before[removed.len()..];
+        assert_eq!(kept.first().map(|segment| segment.first_op), Some(start_op));
+        for segment in &removed {
+            assert!(
+                segment.end_offset <= below_offset,
+                "seed {seed}: {segment:?} held messages at or above {below_offset}"
+            );
+        }
+        assert!(
+            start_op <= below_op,
+            "seed {seed}: ops at or above {below_op} removed"
+        );
+        if let Some(next) = kept.get(1) {
+            // The first kept segment had to stay: it holds an op at or above `below_op`, or a
+            // message at or above `below_offset`, or the frontier, or it is the active one.
+            assert!(
+                next.first_op > below_op
+                    || next.base_offset > below_offset
+                    || next.first_op > self.journal().durable_op(),
+                "seed {seed}: {:?} could have gone",
+                kept[0]
+            );
+        }
+        self.removals += u64::from(!removed.is_empty());
+        Ok(())
     }
 
     /// Pick an op near the end to cut at, and forget it and what follows: from here on no
@@ -387,6 +448,15 @@ impl Sim {
             recovery.durable_op,
             self.guaranteed
         );
+        assert!(
+            journal.first_op() >= self.start_floor,
+            "seed {seed}: the journal starts at op {} again, below the published start {}",
+            journal.first_op(),
+            self.start_floor
+        );
+        self.start_floor = journal.first_op();
+        self.current = self.current.split_off(&journal.first_op());
+        self.leftovers += u64::from(inspection.segments_below_start > 0);
         for (&op, written) in self.current.range(..=self.guaranteed) {
             assert!(
                 holds(&journal, op, written).unwrap_or(false),
@@ -426,7 +496,7 @@ fn seeds() -> Vec<u64> {
 
 #[test]
 fn synced_ops_survive_power_losses_cuts_and_rewrites() {
-    let (mut crashes, mut cuts, mut ops, mut drops) = (0, 0, 0, 0);
+    let (mut crashes, mut cuts, mut ops, mut drops, mut removals, mut leftovers) = (0, 0, 0, 0, 0, 0);
     for seed in seeds() {
         let mut sim = Sim::new(seed);
         sim.run(120);
@@ -434,12 +504,14 @@ fn synced_ops_survive_power_losses_cuts_and_rewrites() {
         cuts += sim.cuts;
         ops += sim.current.len() as u64;
         drops += sim.drops;
+        removals += sim.removals;
+        leftovers += sim.leftovers;
     }
     // The workload reaches what it claims to test.
     if seeds().len() >= 100 {
         assert!(
-            crashes > 1_000 && cuts > 1_000 && ops > 3_000 && drops > 500,
-            "crashes {crashes}, cuts {cuts}, ops {ops}, reopens that dropped unsynced bytes {drops}"
+            crashes > 1_000 && cuts > 1_000 && ops > 3_000 && drops > 500 && removals > 500 && leftovers > 5,
+            "crashes {crashes}, cuts {cuts}, ops {ops}, reopens that dropped unsynced bytes {drops}, removals {removals}, reopens finishing a removal {leftovers}"
         );
     }
 }
@@ -499,8 +571,8 @@ fn a_cut_reaches_back_across_segments_and_writing_goes_on_from_it() {
     // Cut at an op of the second segment.
     let op = (1..=30)
         .find(|&op| {
-            journal.extent(op).expect("extent").segment_base_offset
-                != journal.extent(1).expect("extent").segment_base_offset
+            journal.extent(op).expect("extent").segment_first_op
+                != journal.extent(1).expect("extent").segment_first_op
         })
         .expect("an op in a later segment");
     journal.cut(op).expect("cut");
@@ -527,7 +599,7 @@ fn a_flip_below_the_frontier_is_refused() {
     journal.sync().expect("sync");
     let extent = *journal.extent(5).expect("op 5");
     drop(journal);
-    let path = dir.join(cairn_storage::log::segment_log_name(0));
+    let path = dir.join(cairn_storage::log::segment_log_name(1));
     let mut bytes = disk.read_volatile(&path).expect("segment");
     bytes[(extent.position_bytes + extent.len_bytes - 1) as usize] ^= 1;
     assert!(disk.overwrite_durable(&path, bytes.clone()));
@@ -659,7 +731,7 @@ fn polls_on_real_files_serve_the_rewritten_batches_after_a_cut() {
     // Cut into the first segment, then write the same shapes again: the segments are started
     // again at the same offsets, under the same names.
     let cut_op = (1..=12)
-        .find(|&op| journal.extent(op).expect("extent").segment_base_offset != 0)
+        .find(|&op| journal.extent(op).expect("extent").segment_first_op != 1)
         .expect("an op in the second segment")
         - 1;
     journal.cut(cut_op).expect("cut");
@@ -692,4 +764,47 @@ fn polls_on_real_files_serve_the_rewritten_batches_after_a_cut() {
             "a replaced batch was served: {messages:?}"
         );
     }
+}
+
+/// A partition that only stores offsets (op records, no message) rotates its segments like
+/// one that receives messages, and its oldest segments can be removed once its checkpoint is
+/// past them; the removal survives a reopen.
+#[test]
+fn op_records_alone_rotate_segments_and_the_oldest_can_be_removed() {
+    let (disk, dir, mut journal) = created(600);
+    for op in 1..=40 {
+        journal
+            .write_op(op, 1, timestamp_of(op), &[op as u8; 100], &[])
+            .expect("write");
+    }
+    journal.sync().expect("sync");
+    let segments = journal.segments();
+    assert!(segments.len() >= 5, "{segments:?}");
+    assert!(segments.iter().all(|segment| segment.base_offset == 0));
+    assert!(segments.iter().all(|segment| segment.size_bytes < 600 + 200));
+
+    // Nothing goes while the checkpoint is below the second segment's first op.
+    assert_eq!(
+        journal
+            .remove_oldest_segments(segments[1].first_op, u64::MAX)
+            .expect("remove")
+            .len(),
+        1
+    );
+    let removed = journal.remove_oldest_segments(30, u64::MAX).expect("remove");
+    assert!(!removed.is_empty());
+    let first_op = journal.first_op();
+    assert!(first_op > segments[1].first_op && first_op <= 30, "{first_op}");
+    assert_eq!(journal.segments()[0].first_op, first_op);
+    assert!(journal.extent(first_op - 1).is_none());
+    assert_eq!(journal.read_op_record(40).expect("read"), vec![40u8; 100]);
+    drop(journal);
+
+    let journal = open(&disk, &dir).expect("reopen");
+    assert_eq!((journal.first_op(), journal.last_op()), (first_op, 40));
+    assert_eq!(disk_logs(&disk, &dir).len(), journal.segments().len());
+    assert_eq!(
+        journal.read_op_record(first_op).expect("read"),
+        vec![first_op as u8; 100]
+    );
 }
