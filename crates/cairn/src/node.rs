@@ -440,14 +440,26 @@ impl<S: StateMachine> LocalGroup<S, RingJournal> {
         group: u64,
         fresh: impl FnOnce() -> S,
     ) -> Result<Option<LocalGroup<S>>, GroupError> {
-        if !dir.join(SUPERBLOCK_FILE).exists() {
-            return Ok(None);
-        }
-        LocalGroup::recover(dir, group, &(), fresh, true).map(Some)
+        LocalGroup::open_read_only_with(dir, group, &(), fresh)
     }
 }
 
 impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
+    /// Recover the group in `dir` (journal `J`, made from `params`) in memory as
+    /// [`LocalGroup::open_with`] would, writing nothing (the offline checker). `Ok(None)` when
+    /// there is no group yet.
+    pub fn open_read_only_with(
+        dir: &Path,
+        group: u64,
+        params: &J::Params,
+        fresh: impl FnOnce() -> S,
+    ) -> Result<Option<LocalGroup<S, J>>, GroupError> {
+        if !dir.join(SUPERBLOCK_FILE).exists() {
+            return Ok(None);
+        }
+        LocalGroup::recover(dir, group, params, fresh, true).map(Some)
+    }
+
     /// Open the group in `dir` with journal `J` (made from `params`): recover it from its
     /// files, or format it when `dir` holds no formatted group (then `fresh()` is the state it
     /// starts from).

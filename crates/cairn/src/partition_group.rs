@@ -21,9 +21,11 @@
 //! (`SlotState::Durable`); the replica reads a body back when it applies the op, so a boot
 //! holds headers in memory, not batches.
 //!
+//! A read-only open (the offline checker's) recovers the group from what lies below the
+//! journal's durable frontier, which is what an open keeps, and writes nothing.
+//!
 //! Not wired into the server yet: the server's sends still take the writer's direct path
-//! (issue 13, next step). A read-only open (the offline checker's) is not supported yet,
-//! because opening the journal drops what lies above its durable frontier.
+//! (issue 13, next step).
 
 use crate::node::{GroupError, GroupJournal, LocalGroup};
 use cairn_machine::partition::{self, OPERATION_APPEND, PartitionMachine};
@@ -97,6 +99,56 @@ impl LogJournal {
         }
         Some((timestamp_us, batches))
     }
+
+    /// The journal opened over `log`, and what its window holds for the replica.
+    #[allow(clippy::type_complexity)]
+    fn recovered(
+        log_dir: PathBuf,
+        log: JournalLog,
+        partition_id: u32,
+        cluster: u128,
+        group: u64,
+    ) -> Result<(LogJournal, Vec<SlotState>, Vec<String>), GroupError> {
+        let journal = LogJournal {
+            dir: log_dir,
+            log,
+            partition_id,
+        };
+        let journal_slots = <Self as GroupJournal>::SHAPE.journal_slots;
+        let mut slots = vec![SlotState::Empty; journal_slots];
+        let mut damaged = Vec::new();
+        let last = journal.log.last_op();
+        let first = journal
+            .log
+            .first_op()
+            .max((last + 1).saturating_sub(journal_slots as u64));
+        for op in first..=last {
+            let payload = journal
+                .log
+                .read_op_record(op)
+                .map_err(|error| journal.storage_error(error))?;
+            let header = payload
+                .get(..HEADER_SIZE)
+                .and_then(|bytes| Header::decode(bytes).ok())
+                .filter(|header| {
+                    header.command == Command::Prepare
+                        && header.op == op
+                        && header.cluster == cluster
+                        && header.group == group
+                });
+            let slot = (op % journal_slots as u64) as usize;
+            match header {
+                Some(header) => slots[slot] = SlotState::Durable(header),
+                None => {
+                    // The record verified, yet holds no prepare header of this op: a writer
+                    // bug or a foreign log. It may hold an acknowledged prepare.
+                    slots[slot] = SlotState::Faulty { header: None };
+                    damaged.push(format!("op {op}"));
+                }
+            }
+        }
+        Ok((journal, slots, damaged))
+    }
 }
 
 impl GroupJournal for LogJournal {
@@ -145,26 +197,24 @@ impl GroupJournal for LogJournal {
         group: u64,
     ) -> Result<(LogJournal, Vec<SlotState>, Vec<String>), GroupError> {
         let log_dir = dir.join(LOG_DIR);
-        if read_only {
-            return Err(GroupError::Refused {
-                dir: log_dir,
-                reason: "a partition's journal cannot be opened read-only yet (opening it drops what lies above its durable frontier)".into(),
-            });
-        }
-        let (log, recovery) = JournalLog::open_on(
-            Arc::new(RealDisk),
-            &log_dir,
-            params.partition_id,
-            JournalConfig {
-                segment_size_bytes: params.segment_size_bytes,
-            },
-        )
-        .map_err(|error| GroupError::Refused {
+        let config = JournalConfig {
+            segment_size_bytes: params.segment_size_bytes,
+        };
+        let refused = |error: cairn_storage::StorageError| GroupError::Refused {
             dir: log_dir.clone(),
             reason: format!(
                 "the partition's journal cannot be opened, its files are left as they are: {error}"
             ),
-        })?;
+        };
+        if read_only {
+            // What the open would keep, read in place (the checker's view).
+            let (log, _) =
+                JournalLog::open_read_only_on(Arc::new(RealDisk), &log_dir, params.partition_id, config)
+                    .map_err(refused)?;
+            return Self::recovered(log_dir, log, params.partition_id, cluster, group);
+        }
+        let (log, recovery) = JournalLog::open_on(Arc::new(RealDisk), &log_dir, params.partition_id, config)
+            .map_err(refused)?;
         if recovery.dropped_bytes > 0 {
             tracing::warn!(
                 dir = %log_dir.display(),
@@ -173,45 +223,7 @@ impl GroupJournal for LogJournal {
                 "dropped the journal's bytes above its durable frontier: writes never reported durable (an unsynced or partly written op, or what a cut had removed)"
             );
         }
-        let journal = LogJournal {
-            dir: log_dir,
-            log,
-            partition_id: params.partition_id,
-        };
-        let journal_slots = Self::SHAPE.journal_slots;
-        let mut slots = vec![SlotState::Empty; journal_slots];
-        let mut damaged = Vec::new();
-        let last = journal.log.last_op();
-        let first = journal
-            .log
-            .first_op()
-            .max((last + 1).saturating_sub(journal_slots as u64));
-        for op in first..=last {
-            let payload = journal
-                .log
-                .read_op_record(op)
-                .map_err(|error| journal.storage_error(error))?;
-            let header = payload
-                .get(..HEADER_SIZE)
-                .and_then(|bytes| Header::decode(bytes).ok())
-                .filter(|header| {
-                    header.command == Command::Prepare
-                        && header.op == op
-                        && header.cluster == cluster
-                        && header.group == group
-                });
-            let slot = (op % journal_slots as u64) as usize;
-            match header {
-                Some(header) => slots[slot] = SlotState::Durable(header),
-                None => {
-                    // The record verified, yet holds no prepare header of this op: a writer
-                    // bug or a foreign log. It may hold an acknowledged prepare.
-                    slots[slot] = SlotState::Faulty { header: None };
-                    damaged.push(format!("op {op}"));
-                }
-            }
-        }
-        Ok((journal, slots, damaged))
+        Self::recovered(log_dir, log, params.partition_id, cluster, group)
     }
 
     fn write_prepare(&mut self, message: &Message) -> Result<(), GroupError> {
@@ -434,6 +446,15 @@ mod tests {
         let synced_len = bytes.len();
         bytes.extend_from_slice(&[0xA5; 300]);
         std::fs::write(&segment, &bytes).expect("tear");
+        // The checker's read-only open recovers the same state and leaves the tail in place.
+        let read_only = PartitionGroup::open_read_only_with(&dir, GROUP, &PARAMS, || {
+            PartitionMachine::new(PARAMS.partition_id)
+        })
+        .expect("a read-only open")
+        .expect("a formatted group");
+        assert_eq!(read_only.state_machine().state(), &before);
+        drop(read_only);
+        assert_eq!(std::fs::read(&segment).expect("segment"), bytes);
         let group = open(&dir, GROUP, PARAMS).expect("a torn tail opens");
         assert_eq!(group.state_machine().state(), &before);
         drop(group);

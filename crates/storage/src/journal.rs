@@ -190,7 +190,9 @@ pub struct JournalLog {
     /// Invariant: at least one; first ops strictly increasing, start offsets non-decreasing;
     /// every one but the last (the active one) holds an op.
     segments: Vec<Segment>,
-    active: Box<dyn WriteFile>,
+    /// The write handle of the last segment; `None` in a read-only journal (which is
+    /// stopped, so no write path reaches it).
+    active: Option<Box<dyn WriteFile>>,
     /// The chain after the last record written.
     chain: Chain,
     /// Every op in the journal, by op. Invariant: contiguous from `start.next_op` to
@@ -202,7 +204,10 @@ pub struct JournalLog {
     /// The read handle of the segment polls read last. Emptied by a cut: a segment a cut
     /// removed may be started again under the same name.
     read_cache: Mutex<Option<CachedReader>>,
-    state: StateFile,
+    /// The state file; `None` in a read-only journal.
+    state: Option<StateFile>,
+    /// The frontier last published (or loaded).
+    frontier: Frontier,
     /// Set by a failed write or barrier: nothing more is written until a reopen.
     stopped: Option<String>,
 }
@@ -253,11 +258,8 @@ impl JournalLog {
         )?;
         let segment = Segment { start, len_bytes: 0 };
         let active = disk.create_new(&segment.path(dir))?;
-        let state = StateFile::create(
-            disk.as_ref(),
-            &dir.join(STATE_FILE_NAME),
-            journal_state(frontier_at(&segment, start)),
-        )?;
+        let frontier = frontier_at(&segment, start);
+        let state = StateFile::create(disk.as_ref(), &dir.join(STATE_FILE_NAME), journal_state(frontier))?;
         disk.sync_dir(dir)?;
         Ok(JournalLog {
             disk,
@@ -266,12 +268,13 @@ impl JournalLog {
             config,
             start,
             segments: vec![segment],
-            active,
+            active: Some(active),
             chain: start,
             ops: BTreeMap::new(),
             batches: Vec::new(),
             read_cache: Mutex::new(None),
-            state,
+            state: Some(state),
+            frontier,
             stopped: None,
         })
     }
@@ -318,8 +321,13 @@ impl JournalLog {
             disk.sync_dir(dir)?;
         }
         let journal = JournalLog {
-            active,
-            state: StateFile::open(disk.as_ref(), &dir.join(STATE_FILE_NAME), loaded)?,
+            active: Some(active),
+            state: Some(StateFile::open(
+                disk.as_ref(),
+                &dir.join(STATE_FILE_NAME),
+                loaded,
+            )?),
+            frontier: loaded.frontier,
             disk,
             dir: dir.to_path_buf(),
             partition_id,
@@ -352,14 +360,39 @@ impl JournalLog {
         partition_id: u32,
     ) -> Result<JournalInspection, StorageError> {
         let plan = plan_open(disk, dir, partition_id)?;
-        Ok(JournalInspection {
-            first_op: plan.start.next_op,
-            last_op: plan.chain.next_op - 1,
-            durable_op: plan.loaded.frontier.chain.next_op - 1,
-            next_offset: plan.chain.next_offset,
-            bytes_above_frontier: plan.dropped_bytes + plan.above.iter().map(|&(_, len)| len).sum::<u64>(),
-            segments_below_start: u32::try_from(plan.below_start.len()).unwrap_or(u32::MAX),
-        })
+        Ok(inspection_of(&plan))
+    }
+
+    /// The journal in `dir` as [`JournalLog::open_on`] would keep it, writing nothing (the
+    /// offline checker): ops and polls read what lies below the durable frontier; every write
+    /// is refused. Also says what an open would do.
+    pub fn open_read_only_on(
+        disk: Arc<dyn Disk>,
+        dir: &Path,
+        partition_id: u32,
+        config: JournalConfig,
+    ) -> Result<(JournalLog, JournalInspection), StorageError> {
+        check_config(&config)?;
+        let plan = plan_open(disk.as_ref(), dir, partition_id)?;
+        let inspection = inspection_of(&plan);
+        let journal = JournalLog {
+            disk,
+            dir: dir.to_path_buf(),
+            partition_id,
+            config,
+            start: plan.start,
+            segments: plan.segments,
+            active: None,
+            chain: plan.chain,
+            ops: plan.ops,
+            batches: plan.batches,
+            read_cache: Mutex::new(None),
+            state: None,
+            frontier: plan.loaded.frontier,
+            stopped: Some("opened read-only".into()),
+        };
+        journal.check_invariants();
+        Ok((journal, inspection))
     }
 
     /// The op of the last record, or `start.next_op - 1` when the journal holds none.
@@ -374,7 +407,7 @@ impl JournalLog {
 
     /// The last op at or below the published frontier.
     pub fn durable_op(&self) -> u64 {
-        let frontier = &self.state.current().frontier;
+        let frontier = &self.frontier;
         frontier.chain.next_op - 1
     }
 
@@ -737,9 +770,9 @@ impl JournalLog {
             parts.push(&batch[BATCH_HEADER_SIZE..]);
         }
         let len_bytes: u64 = parts.iter().map(|part| part.len() as u64).sum();
-        if let Err(error) = self.active.write_all_vectored_at(position_bytes, &parts) {
+        if let Err(error) = self.active_file().write_all_vectored_at(position_bytes, &parts) {
             // Cut a partial write back so the file ends at the last whole op again.
-            if let Err(cut_error) = self.active.set_len(position_bytes) {
+            if let Err(cut_error) = self.active_file().set_len(position_bytes) {
                 self.stopped = Some(format!("cannot cut back a failed write: {cut_error}"));
             }
             return Err(error);
@@ -772,14 +805,14 @@ impl JournalLog {
         self.check_not_stopped()?;
         let segment = *self.segments.last().expect("one segment");
         let frontier = frontier_at(&segment, self.chain);
-        if self.state.current().frontier == frontier {
+        if self.frontier == frontier {
             return Ok(self.last_op());
         }
-        if let Err(error) = self.active.sync_data() {
+        if let Err(error) = self.active_file().sync_data() {
             self.stopped = Some(format!("a data barrier failed: {error}"));
             return Err(error);
         }
-        if let Err(error) = self.state.publish(journal_state(frontier)) {
+        if let Err(error) = self.publish(frontier) {
             self.stopped = Some(format!("publishing the frontier failed: {error}"));
             return Err(error);
         }
@@ -834,8 +867,7 @@ impl JournalLog {
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
         // 1. The frontier first, if the cut reaches below it.
         if self.durable_op() >= extent.op {
-            self.state
-                .publish(journal_state(frontier_at(&cut_segment, extent.chain_before)))?;
+            self.publish(frontier_at(&cut_segment, extent.chain_before))?;
         }
         // 2. Segments above the cut, newest first.
         let removed_any = segment_index + 1 < self.segments.len();
@@ -845,10 +877,10 @@ impl JournalLog {
         }
         // 3. Truncate the cut segment and sync it.
         if removed_any {
-            self.active = self.disk.open_write(&cut_segment.path(&self.dir))?;
+            self.active = Some(self.disk.open_write(&cut_segment.path(&self.dir))?);
         }
-        self.active.set_len(cut_segment.len_bytes)?;
-        self.active.sync_data()?;
+        self.active_file().set_len(cut_segment.len_bytes)?;
+        self.active_file().sync_data()?;
         if removed_any {
             self.disk.sync_dir(&self.dir)?;
         }
@@ -953,7 +985,7 @@ impl JournalLog {
             "a full segment holds an op"
         );
         // Seal the full segment, then start the next one at the chain's next offset.
-        if let Err(error) = self.active.sync_data() {
+        if let Err(error) = self.active_file().sync_data() {
             self.stopped = Some(format!("sealing a segment failed: {error}"));
             return Err(error);
         }
@@ -967,7 +999,7 @@ impl JournalLog {
             .and_then(|file| self.disk.sync_dir(&self.dir).map(|()| file));
         match created {
             Ok(file) => {
-                self.active = file;
+                self.active = Some(file);
                 self.segments.push(segment);
                 Ok(())
             }
@@ -976,6 +1008,24 @@ impl JournalLog {
                 Err(error)
             }
         }
+    }
+
+    /// Publish `frontier` in the state file.
+    fn publish(&mut self, frontier: Frontier) -> Result<(), StorageError> {
+        self.state
+            .as_mut()
+            .expect("a journal that is not stopped was opened for writing")
+            .publish(journal_state(frontier))?;
+        self.frontier = frontier;
+        Ok(())
+    }
+
+    /// The active segment's write handle. Only write paths call it, after
+    /// `check_not_stopped`, which a read-only journal never passes.
+    fn active_file(&mut self) -> &mut Box<dyn WriteFile> {
+        self.active
+            .as_mut()
+            .expect("a journal that is not stopped was opened for writing")
     }
 
     fn check_not_stopped(&self) -> Result<(), StorageError> {
@@ -1337,6 +1387,18 @@ fn plan_open(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<OpenPlan,
         below_start,
         dropped_bytes,
     })
+}
+
+/// What an open would find and do, from its plan.
+fn inspection_of(plan: &OpenPlan) -> JournalInspection {
+    JournalInspection {
+        first_op: plan.start.next_op,
+        last_op: plan.chain.next_op - 1,
+        durable_op: plan.loaded.frontier.chain.next_op - 1,
+        next_offset: plan.chain.next_offset,
+        bytes_above_frontier: plan.dropped_bytes + plan.above.iter().map(|&(_, len)| len).sum::<u64>(),
+        segments_below_start: u32::try_from(plan.below_start.len()).unwrap_or(u32::MAX),
+    }
 }
 
 /// The name (first op) of the segment a frontier lies in: the one holding its last op

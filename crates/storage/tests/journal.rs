@@ -422,10 +422,18 @@ impl Sim {
         let stats = self.disk.stats();
         let inspection = JournalLog::inspect_on(&self.disk, &self.dir, PARTITION)
             .unwrap_or_else(|error| panic!("seed {seed}: a crash alone made the inspection refuse: {error}"));
+        // So does the read-only open: it keeps what the open keeps, and refuses writes.
+        let (mut read_only, inspected) =
+            JournalLog::open_read_only_on(Arc::new(self.disk.clone()), &self.dir, PARTITION, self.config)
+                .unwrap_or_else(|error| {
+                    panic!("seed {seed}: a crash alone made the read-only open refuse: {error}")
+                });
+        assert_eq!(inspected, inspection, "seed {seed}");
+        assert!(read_only.sync().is_err() && read_only.cut(read_only.last_op()).is_err());
         assert_eq!(
             self.disk.stats(),
             stats,
-            "seed {seed}: the inspection synced, created or removed"
+            "seed {seed}: the inspection or the read-only open synced, created or removed"
         );
         let (journal, recovery) =
             match JournalLog::open_on(Arc::new(self.disk.clone()), &self.dir, PARTITION, self.config) {
@@ -478,6 +486,19 @@ impl Sim {
             current.insert(op, found.clone());
         }
         self.current = current;
+        assert_eq!(
+            (read_only.first_op(), read_only.last_op(), read_only.chain()),
+            (journal.first_op(), journal.last_op(), journal.chain()),
+            "seed {seed}: the read-only open keeps what the open keeps"
+        );
+        for op in journal.first_op()..=journal.last_op() {
+            assert_eq!(
+                read_only.read_op(op).ok(),
+                journal.read_op(op).ok(),
+                "seed {seed}: op {op}"
+            );
+        }
+        check_reads(&read_only, &self.current, &mut self.rng, seed);
         self.guaranteed = recovery.durable_op;
         self.drops += u64::from(recovery.dropped_bytes > 0);
         check_reads(&journal, &self.current, &mut self.rng, seed);
