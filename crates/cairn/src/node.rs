@@ -68,6 +68,10 @@ pub enum GroupError {
     Stopped { dir: PathBuf, reason: String },
     #[error("a request of {len} bytes exceeds the replicated log's limit of {max} bytes")]
     TooLarge { len: usize, max: usize },
+    /// Writing a prepare failed and the journal undid the write (no space left, say): the op
+    /// was not taken, and the group restarted from its files, so later requests go on.
+    #[error("{}: a write failed and was undone, the request was not taken: {reason}", dir.display())]
+    WriteUndone { dir: PathBuf, reason: String },
 }
 
 /// The shape of a group this shell runs: the metadata group's (the ring journal of whole
@@ -207,7 +211,7 @@ pub trait GroupJournal: Sized {
     /// The shape of the groups that keep their prepares this way.
     const SHAPE: Shape;
     /// What the journal needs besides its directory.
-    type Params;
+    type Params: Clone + Send + Sync + 'static;
     /// Create an empty journal in `dir`, at format.
     fn create(dir: &Path, params: &Self::Params) -> Result<Self, GroupError>;
     /// Open the journal in `dir` and say what it holds: one state per slot of the shape's
@@ -422,14 +426,24 @@ pub struct LocalGroup<S: StateMachine, J: GroupJournal = RingJournal> {
     to_self: VecDeque<Message>,
     /// The reply to the request in flight.
     reply: Option<Message>,
-    /// Set by the first failed write.
+    /// Set by the first failed write that the journal could not undo.
     stopped: Option<String>,
+    /// Reopens the group from its files (after a write the journal undid); `None` for a
+    /// read-only group.
+    reopen: Option<Reopen<S, J>>,
 }
+
+/// How a group reopens itself from its files.
+type Reopen<S, J> = Arc<dyn Fn() -> Result<LocalGroup<S, J>, GroupError> + Send + Sync>;
 
 impl<S: StateMachine> LocalGroup<S, RingJournal> {
     /// Open the metadata-shaped group in `dir`: recover it from its files, or format it when
     /// `dir` holds no formatted group (then `fresh()` is the state it starts from).
-    pub fn open(dir: &Path, group: u64, fresh: impl FnOnce() -> S) -> Result<LocalGroup<S>, GroupError> {
+    pub fn open(
+        dir: &Path,
+        group: u64,
+        fresh: impl Fn() -> S + Clone + Send + Sync + 'static,
+    ) -> Result<LocalGroup<S>, GroupError> {
         LocalGroup::open_with(dir, group, &(), fresh)
     }
 
@@ -467,12 +481,18 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         dir: &Path,
         group: u64,
         params: &J::Params,
-        fresh: impl FnOnce() -> S,
+        fresh: impl Fn() -> S + Clone + Send + Sync + 'static,
     ) -> Result<LocalGroup<S, J>, GroupError> {
-        if !dir.join(SUPERBLOCK_FILE).exists() {
-            return LocalGroup::format(dir, group, params, fresh());
-        }
-        LocalGroup::recover(dir, group, params, fresh, false)
+        let mut opened = if dir.join(SUPERBLOCK_FILE).exists() {
+            LocalGroup::recover(dir, group, params, fresh.clone(), false)?
+        } else {
+            LocalGroup::format(dir, group, params, fresh())?
+        };
+        let (dir, params) = (dir.to_path_buf(), params.clone());
+        opened.reopen = Some(Arc::new(move || {
+            LocalGroup::open_with(&dir, group, &params, fresh.clone())
+        }));
+        Ok(opened)
     }
 
     fn recover(
@@ -659,6 +679,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             to_self: VecDeque::new(),
             reply: None,
             stopped: None,
+            reopen: None,
         }
     }
 
@@ -707,6 +728,29 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     /// The highest op the group has applied.
     pub fn commit_op(&self) -> u64 {
         self.replica.commit_min()
+    }
+
+    /// The op of the checkpoint the superblock names: the group never reads an op at or below
+    /// it back from its journal again.
+    pub fn checkpoint_op(&self) -> u64 {
+        self.superblock.0.checkpoint_op
+    }
+
+    /// The journal, for reads (polls read a partition's log through it).
+    pub fn journal(&self) -> &J {
+        &self.journal
+    }
+
+    /// The journal, for the upkeep that is not an op (a partition's removal of segments its
+    /// checkpoint and start offset left behind).
+    pub fn journal_mut(&mut self) -> &mut J {
+        &mut self.journal
+    }
+
+    /// Why the group takes no more requests, if it stopped.
+    #[cfg_attr(not(test), expect(dead_code, reason = "read by the partition switch, next"))]
+    pub fn stopped_reason(&self) -> Option<&str> {
+        self.stopped.as_deref()
     }
 
     /// Replicate one request and return the state machine's reply to it. When this returns
@@ -760,7 +804,9 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         self.reply = None;
         self.replica.on_message(&message);
         for _ in 0..REQUEST_TICKS_MAX {
-            self.pump()?;
+            if let Err(error) = self.pump() {
+                return Err(self.after_failed_write(error));
+            }
             if let Some(reply) = self.reply.take() {
                 return Ok(reply);
             }
@@ -776,6 +822,34 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         })
     }
 
+    /// A request failed on `error`. A write the journal undid leaves the files as they were
+    /// before the request: the group reopens from them (as a restart would), dropping the op
+    /// the replica had prepared in memory, and goes on. Anything else stops the group.
+    fn after_failed_write(&mut self, error: GroupError) -> GroupError {
+        if !matches!(error, GroupError::WriteUndone { .. }) {
+            return error;
+        }
+        let reopened = match &self.reopen {
+            Some(reopen) => reopen(),
+            None => Err(refused(&self.files.dir, "a read-only group cannot reopen".into())),
+        };
+        match reopened {
+            Ok(group) => {
+                tracing::warn!(dir = %self.files.dir.display(), %error, "reopened the replicated log from its files after an undone write");
+                *self = group;
+                error
+            }
+            Err(reopen_error) => {
+                let reason = format!("{error}; reopening from the files then failed: {reopen_error}");
+                self.stopped = Some(reason.clone());
+                GroupError::Stopped {
+                    dir: self.files.dir.clone(),
+                    reason,
+                }
+            }
+        }
+    }
+
     /// Perform what the replica asks, feeding back each completion, until it asks nothing.
     fn pump(&mut self) -> Result<(), GroupError> {
         loop {
@@ -785,7 +859,9 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             }
             for output in outputs {
                 if let Err(error) = self.perform(output) {
-                    self.stopped = Some(error.to_string());
+                    if !matches!(error, GroupError::WriteUndone { .. }) {
+                        self.stopped = Some(error.to_string());
+                    }
                     return Err(error);
                 }
             }

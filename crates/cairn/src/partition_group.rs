@@ -28,9 +28,11 @@
 //! (issue 13, next step).
 
 use crate::node::{GroupError, GroupJournal, LocalGroup};
-use cairn_machine::partition::{self, OPERATION_APPEND, PartitionMachine};
-use cairn_storage::io::RealDisk;
-use cairn_storage::journal::{JournalConfig, JournalLog};
+use cairn_machine::partition::{self, OPERATION_APPEND, Owner, PartitionMachine};
+use cairn_storage::StorageError;
+use cairn_storage::io::{Disk, RealDisk};
+use cairn_storage::journal::{JournalConfig, JournalLog, JournalSegment};
+use cairn_storage::read::{ReadOutcome, ReadPart};
 use cairn_storage::record::Chain;
 use cairn_vsr::constants::{HEADER_SIZE, Shape};
 use cairn_vsr::header::{Command, Header, Message};
@@ -43,11 +45,24 @@ use std::sync::Arc;
 const LOG_DIR: &str = "log";
 
 /// What a partition's journal needs besides its directory.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct LogParams {
     /// The partition's id in its records (and the machine's).
     pub partition_id: u32,
     pub segment_size_bytes: u64,
+    /// Where the journal's files are (the real filesystem, or a fault-injecting one in tests).
+    pub disk: Arc<dyn Disk>,
+}
+
+impl LogParams {
+    /// A partition journal on the real filesystem.
+    pub fn new(partition_id: u32, segment_size_bytes: u64) -> LogParams {
+        LogParams {
+            partition_id,
+            segment_size_bytes,
+            disk: Arc::new(RealDisk),
+        }
+    }
 }
 
 /// A partition group's journal: its segment log (see the module doc).
@@ -170,7 +185,7 @@ impl GroupJournal for LogJournal {
             }
         }
         let log = JournalLog::create_on(
-            Arc::new(RealDisk),
+            Arc::clone(&params.disk),
             &log_dir,
             params.partition_id,
             JournalConfig {
@@ -208,13 +223,18 @@ impl GroupJournal for LogJournal {
         };
         if read_only {
             // What the open would keep, read in place (the checker's view).
-            let (log, _) =
-                JournalLog::open_read_only_on(Arc::new(RealDisk), &log_dir, params.partition_id, config)
-                    .map_err(refused)?;
+            let (log, _) = JournalLog::open_read_only_on(
+                Arc::clone(&params.disk),
+                &log_dir,
+                params.partition_id,
+                config,
+            )
+            .map_err(refused)?;
             return Self::recovered(log_dir, log, params.partition_id, cluster, group);
         }
-        let (log, recovery) = JournalLog::open_on(Arc::new(RealDisk), &log_dir, params.partition_id, config)
-            .map_err(refused)?;
+        let (log, recovery) =
+            JournalLog::open_on(Arc::clone(&params.disk), &log_dir, params.partition_id, config)
+                .map_err(refused)?;
         if recovery.dropped_bytes > 0 {
             tracing::warn!(
                 dir = %log_dir.display(),
@@ -247,10 +267,15 @@ impl GroupJournal for LogJournal {
                 )
             }
         };
-        written
-            .and_then(|()| self.log.sync())
-            .map(|_| ())
-            .map_err(|error| self.storage_error(error))
+        match written.and_then(|()| self.log.sync()) {
+            Ok(_) => Ok(()),
+            // The journal cut the failed write back and goes on: the op was never written.
+            Err(error) if self.log.stopped_reason().is_none() => Err(GroupError::WriteUndone {
+                dir: self.dir.clone(),
+                reason: error.to_string(),
+            }),
+            Err(error) => Err(self.storage_error(error)),
+        }
     }
 
     fn read_prepare(&mut self, op: u64, checksum: u128) -> Option<Message> {
@@ -300,7 +325,193 @@ pub type PartitionGroup = LocalGroup<PartitionMachine, LogJournal>;
 
 /// Open (or format) the partition group in `dir`.
 pub fn open(dir: &Path, group: u64, params: LogParams) -> Result<PartitionGroup, GroupError> {
-    LocalGroup::open_with(dir, group, &params, || PartitionMachine::new(params.partition_id))
+    let partition_id = params.partition_id;
+    LocalGroup::open_with(dir, group, &params, move || PartitionMachine::new(partition_id))
+}
+
+/// Why a partition operation did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum PartitionError {
+    #[error(transparent)]
+    Group(#[from] GroupError),
+    /// The machine refused the op, which changed nothing: an Iggy status code
+    /// (`cairn_wire::codes`).
+    #[error("the partition refused the operation (status {0})")]
+    Status(u32),
+    /// A committed append did not continue the log (a minting bug): the partition takes no
+    /// more writes.
+    #[error("the partition stopped: {0}")]
+    Faulted(String),
+}
+
+/// A partition's counts, as stats and listings show them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionStats {
+    pub segments_count: u32,
+    /// Messages a poll can reach: from the start offset to the next one (no gaps).
+    pub messages_count: u64,
+    /// Bytes in the journal's segments (op records included).
+    pub size_bytes: u64,
+}
+
+/// What the server asks of a partition: each change is one op, committed and applied before
+/// the call returns; each read sees exactly the committed state (the caller holds the
+/// partition's lock, so the journal's end and the machine agree).
+impl LocalGroup<PartitionMachine, LogJournal> {
+    /// The partition's segment log, for reads.
+    pub fn log(&self) -> &JournalLog {
+        &self.journal().log
+    }
+
+    fn state(&self) -> &partition::PartitionState {
+        self.state_machine().state()
+    }
+
+    /// Replicate one op and return its reply, refusing once the machine has faulted.
+    fn op(&mut self, operation: u8, body: &[u8]) -> Result<Vec<u8>, PartitionError> {
+        if let Some(fault) = self.state_machine().fault() {
+            return Err(PartitionError::Faulted(fault.to_string()));
+        }
+        let reply = self.submit(operation, body)?;
+        if let Some(fault) = self.state_machine().fault() {
+            return Err(PartitionError::Faulted(fault.to_string()));
+        }
+        Ok(reply)
+    }
+
+    fn status_op(&mut self, operation: u8, body: &[u8]) -> Result<(), PartitionError> {
+        match partition::reply_status(&self.op(operation, body)?) {
+            partition::STATUS_OK => Ok(()),
+            status => Err(PartitionError::Status(status)),
+        }
+    }
+
+    /// Append the batches of a group of sends (validated client batches) as one op stamped
+    /// `timestamp_us`: the base offset each batch got, in order.
+    pub fn append(&mut self, timestamp_us: u64, batches: &[&[u8]]) -> Result<Vec<u64>, PartitionError> {
+        let reply = self.op(OPERATION_APPEND, &partition::encode_append(timestamp_us, batches))?;
+        partition::decode_append_reply(&reply).map_err(PartitionError::Status)
+    }
+
+    /// Store `owner`'s offset (at most the last offset the partition holds).
+    pub fn store_offset(&mut self, owner: &Owner, offset: u64) -> Result<(), PartitionError> {
+        self.status_op(
+            partition::OPERATION_STORE_OFFSET,
+            &partition::encode_offset_op(owner, Some(offset)),
+        )
+    }
+
+    /// Delete `owner`'s stored offset (`Status(CONSUMER_OFFSET_NOT_FOUND)` when none).
+    pub fn delete_offset(&mut self, owner: &Owner) -> Result<(), PartitionError> {
+        self.status_op(
+            partition::OPERATION_DELETE_OFFSET,
+            &partition::encode_offset_op(owner, None),
+        )
+    }
+
+    /// Purge every message below `target` and every stored offset (offsets keep counting).
+    pub fn purge(&mut self, target: u64) -> Result<(), PartitionError> {
+        self.status_op(partition::OPERATION_PURGE, &partition::encode_purge(target))
+    }
+
+    /// Retention: the messages below `below_offset` leave.
+    pub fn trim(&mut self, below_offset: u64) -> Result<(), PartitionError> {
+        self.status_op(partition::OPERATION_TRIM, &partition::encode_trim(below_offset))
+    }
+
+    pub fn stored_offset(&self, owner: &Owner) -> Option<u64> {
+        self.state().offsets.get(owner).copied()
+    }
+
+    /// The first offset still retained.
+    pub fn start_offset(&self) -> u64 {
+        self.state().start_offset
+    }
+
+    /// The offset the next message gets: every offset below it is committed.
+    pub fn next_offset(&self) -> u64 {
+        self.state().next_offset
+    }
+
+    /// The oldest message a poll can reach, if any.
+    pub fn first_offset(&self) -> Option<u64> {
+        (self.start_offset() < self.next_offset()).then(|| self.start_offset())
+    }
+
+    /// The newest message a poll can reach, if any.
+    pub fn last_offset(&self) -> Option<u64> {
+        (self.start_offset() < self.next_offset()).then(|| self.next_offset() - 1)
+    }
+
+    /// [`JournalLog::read_parts`] over what a poll may see: retained and committed messages.
+    pub fn read_parts(
+        &self,
+        from_offset: u64,
+        max_messages: u32,
+        out: &mut Vec<u8>,
+        parts: &mut Vec<ReadPart>,
+    ) -> Result<ReadOutcome, StorageError> {
+        self.log().read_parts(
+            from_offset.max(self.start_offset()),
+            max_messages,
+            self.next_offset(),
+            out,
+            parts,
+        )
+    }
+
+    /// [`JournalLog::read_into`] over what a poll may see.
+    pub fn read_into(
+        &self,
+        from_offset: u64,
+        max_messages: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<ReadOutcome, StorageError> {
+        self.log().read_into(
+            from_offset.max(self.start_offset()),
+            max_messages,
+            self.next_offset(),
+            out,
+        )
+    }
+
+    /// The first retained, committed message appended at or after `timestamp_us`, if any
+    /// (timestamps never go back, so when the first such batch was purged or trimmed, every
+    /// retained message qualifies).
+    pub fn offset_at_timestamp(&self, timestamp_us: u64) -> Option<u64> {
+        self.log()
+            .offset_at_timestamp(timestamp_us, self.next_offset())
+            .map(|offset| offset.max(self.start_offset()))
+            .filter(|&offset| offset < self.next_offset())
+    }
+
+    pub fn stats(&self) -> PartitionStats {
+        PartitionStats {
+            segments_count: u32::try_from(self.log().segments().len()).unwrap_or(u32::MAX),
+            messages_count: self.next_offset() - self.start_offset(),
+            size_bytes: self.log().size_bytes(),
+        }
+    }
+
+    /// The segments retention may still trim: sealed (not the one written) and holding a
+    /// retained message, oldest first.
+    pub fn sealed_retained_segments(&self) -> Vec<JournalSegment> {
+        let mut segments = self.log().segments();
+        segments.pop();
+        segments.retain(|segment| segment.end_offset > self.start_offset());
+        segments
+    }
+
+    /// Remove the segments the group no longer needs: every op in them at or below its
+    /// checkpoint, every message below its start offset (after a purge or a trim). Returns
+    /// what went.
+    pub fn remove_released_segments(&mut self) -> Result<Vec<JournalSegment>, StorageError> {
+        let below_op = self.checkpoint_op() + 1;
+        let below_offset = self.start_offset();
+        self.journal_mut()
+            .log
+            .remove_oldest_segments(below_op, below_offset)
+    }
 }
 
 #[cfg(test)]
@@ -310,10 +521,11 @@ mod tests {
     use cairn_machine::partition::{OPERATION_STORE_OFFSET, Owner, decode_append_reply, encode_append};
 
     const GROUP: u64 = 7;
-    const PARAMS: LogParams = LogParams {
-        partition_id: 3,
-        segment_size_bytes: 4096,
-    };
+    const PARTITION_ID: u32 = 3;
+
+    fn params() -> LogParams {
+        LogParams::new(PARTITION_ID, 4096)
+    }
 
     /// Append `sends` requests of two batches each; returns every base offset minted.
     fn append(group: &mut PartitionGroup, sends: u32) -> Vec<u64> {
@@ -335,7 +547,7 @@ mod tests {
     fn a_restart_recovers_every_op_from_the_segment_log() {
         let temp = tempfile::tempdir().expect("tempdir");
         let dir = temp.path().join("partition");
-        let mut group = open(&dir, GROUP, PARAMS).expect("format");
+        let mut group = open(&dir, GROUP, params()).expect("format");
         let minted = append(&mut group, 300);
         // Offsets continue, each batch where the last one ended.
         assert_eq!(minted.first(), Some(&0));
@@ -356,13 +568,185 @@ mod tests {
         assert!(segments > 3, "{segments} segments");
         drop(group);
 
-        let mut group = open(&dir, GROUP, PARAMS).expect("recover");
+        let mut group = open(&dir, GROUP, params()).expect("recover");
         assert_eq!(group.state_machine().state(), &before);
         assert_eq!(group.state_machine().state().offsets.get(&owner), Some(&17));
         // And it goes on from there.
         let next = append(&mut group, 1);
         assert_eq!(next.first(), Some(&before.next_offset));
         assert!(group.state_machine().fault().is_none());
+    }
+
+    /// Every message a poll of everything from `from` returns: (offset, timestamp, first
+    /// payload byte).
+    fn poll_all(group: &PartitionGroup, from: u64) -> Vec<(u64, u64, u8)> {
+        let mut out = vec![0u8; 64];
+        let outcome = group.read_into(from, u32::MAX, &mut out).expect("poll");
+        let messages: Vec<(u64, u64, u8)> = batch::messages(&out[64..])
+            .expect("whole batches")
+            .iter()
+            .map(|message| (message.offset, message.timestamp, message.payload[0]))
+            .collect();
+        assert_eq!(outcome.messages_count as usize, messages.len());
+        messages
+    }
+
+    /// The server's view of a partition group: appends mint contiguous offsets, polls see
+    /// what is retained and committed, stored offsets are bounded by the log, a trim and a
+    /// purge move the start, the segments they and the checkpoint release are removed, and
+    /// all of it comes back after a restart.
+    #[test]
+    fn the_partition_api_over_a_group() {
+        let temp = tempfile::tempdir().expect("tempdir");
+        let dir = temp.path().join("partition");
+        let mut group = open(&dir, GROUP, params()).expect("format");
+        let mut bases = Vec::new();
+        for send in 0..300u64 {
+            let first = client_batch(2, 20, send as u8);
+            let second = client_batch(1, 30, send as u8);
+            let minted = group.append(10_000 + send, &[&first, &second]).expect("append");
+            assert_eq!(minted.len(), 2);
+            bases.push(minted[0]);
+        }
+        assert_eq!((group.start_offset(), group.next_offset()), (0, 900));
+        assert_eq!((group.first_offset(), group.last_offset()), (Some(0), Some(899)));
+        let all = poll_all(&group, 0);
+        assert_eq!(all.len(), 900);
+        assert!(
+            all.iter()
+                .enumerate()
+                .all(|(index, message)| message.0 == index as u64)
+        );
+        assert_eq!(all[3], (3, 10_001, 1), "send 1's first message");
+        assert_eq!(group.offset_at_timestamp(10_010), Some(bases[10]));
+        assert_eq!(group.offset_at_timestamp(20_000), None);
+        assert_eq!(group.stats().messages_count, 900);
+
+        // Offsets: bounded by the log's end; a delete of nothing is refused.
+        let owner = Owner::Consumer(4);
+        group.store_offset(&owner, 899).expect("store");
+        assert!(matches!(
+            group.store_offset(&owner, 900),
+            Err(PartitionError::Status(cairn_wire::codes::INVALID_OFFSET))
+        ));
+        assert_eq!(group.stored_offset(&owner), Some(899));
+        group.delete_offset(&owner).expect("delete");
+        assert!(matches!(
+            group.delete_offset(&owner),
+            Err(PartitionError::Status(
+                cairn_wire::codes::CONSUMER_OFFSET_NOT_FOUND
+            ))
+        ));
+
+        // Retention trims up to the end of the third sealed segment; polls start there.
+        let sealed = group.sealed_retained_segments();
+        assert!(sealed.len() > 4, "{sealed:?}");
+        let trim_to = sealed[2].end_offset;
+        group.trim(trim_to).expect("trim");
+        assert_eq!(group.start_offset(), trim_to);
+        assert_eq!(poll_all(&group, 0), all[trim_to as usize..].to_vec());
+        assert_eq!(group.offset_at_timestamp(0), Some(trim_to));
+        assert_eq!(group.sealed_retained_segments()[0].base_offset, trim_to);
+        // The checkpoint is past them (300 ops, one every 256), so the three go.
+        assert!(group.checkpoint_op() >= 256);
+        let removed = group.remove_released_segments().expect("remove");
+        assert_eq!(removed.len(), 3, "{removed:?}");
+        assert_eq!(group.log().first_offset(), trim_to);
+        let before = group.state_machine().state().clone();
+        drop(group);
+
+        let mut group = open(&dir, GROUP, params()).expect("recover after a removal");
+        assert_eq!(group.state_machine().state(), &before);
+        assert_eq!(poll_all(&group, 0), all[trim_to as usize..].to_vec());
+        assert_eq!(
+            group.append(20_000, &[&client_batch(1, 8, 7)]).expect("append"),
+            vec![900]
+        );
+
+        // A purge: nothing left to poll, offsets keep counting, stored offsets cleared.
+        group.store_offset(&owner, 5).expect("store");
+        group.purge(901).expect("purge");
+        assert_eq!((group.first_offset(), group.last_offset()), (None, None));
+        assert!(poll_all(&group, 0).is_empty());
+        assert_eq!(group.offset_at_timestamp(0), None);
+        assert_eq!(group.stored_offset(&owner), None);
+        assert_eq!(group.stats().messages_count, 0);
+        assert_eq!(
+            group.append(20_001, &[&client_batch(1, 8, 7)]).expect("append"),
+            vec![901]
+        );
+        assert_eq!(poll_all(&group, 0).len(), 1);
+    }
+
+    /// A write the disk refuses (no space: half written, then ENOSPC) is undone: the request
+    /// fails, nothing of it is visible, and the group goes on from its files once space
+    /// returns, minting the offsets the failed op never handed out. A failed barrier instead
+    /// stops the group until it is reopened, which drops the op never reported durable.
+    #[test]
+    fn a_write_the_disk_refuses_is_undone_and_the_group_goes_on() {
+        use crate::test_support::{DISK_FULL, Faults, FaultyDisk};
+        use std::sync::atomic::Ordering;
+        let temp = tempfile::tempdir().expect("tempdir");
+        let dir = temp.path().join("partition");
+        let faults = Arc::new(Faults::default());
+        let params = LogParams {
+            disk: Arc::new(FaultyDisk {
+                faults: Arc::clone(&faults),
+            }),
+            ..params()
+        };
+        let mut group = open(&dir, GROUP, params.clone()).expect("format");
+        for send in 0..5 {
+            group
+                .append(100 + send, &[&client_batch(2, 50, send as u8)])
+                .expect("append");
+        }
+        let owner = Owner::Consumer(1);
+        let before = group.state_machine().state().clone();
+        let polled = poll_all(&group, 0);
+
+        faults.log_writes_to_fail.store(DISK_FULL, Ordering::Relaxed);
+        for attempt in 0..3 {
+            match group.append(200 + attempt, &[&client_batch(3, 50, 9)]) {
+                Err(PartitionError::Group(GroupError::WriteUndone { reason, .. })) => {
+                    assert!(reason.contains("No space left"), "{reason}");
+                }
+                other => panic!("expected an undone write, got {other:?}"),
+            }
+        }
+        assert!(matches!(
+            group.store_offset(&owner, 3),
+            Err(PartitionError::Group(GroupError::WriteUndone { .. }))
+        ));
+        assert_eq!(group.stopped_reason(), None);
+        assert_eq!(group.state_machine().state(), &before);
+        assert_eq!(poll_all(&group, 0), polled);
+
+        // Space returns: the next append gets the offsets the failed ones never handed out.
+        faults.log_writes_to_fail.store(0, Ordering::Relaxed);
+        assert_eq!(
+            group.append(300, &[&client_batch(1, 50, 1)]).expect("append"),
+            vec![before.next_offset]
+        );
+        group.store_offset(&owner, 3).expect("store");
+        let after = group.state_machine().state().clone();
+
+        // A failed barrier stops the group; the op it covered is never acknowledged.
+        faults.syncs_fail.store(true, Ordering::Relaxed);
+        assert!(group.append(400, &[&client_batch(1, 50, 2)]).is_err());
+        assert!(group.stopped_reason().is_some());
+        assert!(matches!(
+            group.append(401, &[&client_batch(1, 50, 2)]),
+            Err(PartitionError::Group(GroupError::Stopped { .. }))
+        ));
+        drop(group);
+        faults.syncs_fail.store(false, Ordering::Relaxed);
+        let group = open(&dir, GROUP, params).expect("reopen");
+        assert_eq!(group.state_machine().state(), &after);
+        let mut out = vec![0u8; 64];
+        let mut parts = Vec::new();
+        let outcome = group.read_parts(0, u32::MAX, &mut out, &mut parts).expect("poll");
+        assert_eq!(u64::from(outcome.messages_count), after.next_offset);
     }
 
     /// An append prepare of op `op`, its batches stamped from `next_offset` as the primary's
@@ -372,7 +756,7 @@ mod tests {
         let mut batches = vec![client_batch(2, 40, fill), client_batch(3, 10, fill ^ 1)];
         let mut offset = next_offset;
         for bytes in &mut batches {
-            batch::stamp(bytes, u64::from(PARAMS.partition_id), offset, timestamp_us);
+            batch::stamp(bytes, u64::from(PARTITION_ID), offset, timestamp_us);
             offset += u64::from(batch::header(bytes).expect("header").message_count);
         }
         let parts: Vec<&[u8]> = batches.iter().map(Vec::as_slice).collect();
@@ -390,7 +774,7 @@ mod tests {
     #[test]
     fn a_rewritten_append_is_stored_as_batches_where_the_old_one_began() {
         let temp = tempfile::tempdir().expect("tempdir");
-        let mut journal = LogJournal::create(temp.path(), &PARAMS).expect("create");
+        let mut journal = LogJournal::create(temp.path(), &params()).expect("create");
         let first = append_prepare(1, 0, 1);
         journal.write_prepare(&first).expect("op 1");
         let old = append_prepare(2, 5, 2);
@@ -419,9 +803,9 @@ mod tests {
         let temp = tempfile::tempdir().expect("tempdir");
         let dir = temp.path().join("partition");
         std::fs::create_dir_all(&dir).expect("dir");
-        drop(LogJournal::create(&dir, &PARAMS).expect("create"));
+        drop(LogJournal::create(&dir, &params()).expect("create"));
         assert!(!dir.join("superblock").exists());
-        let mut group = open(&dir, GROUP, PARAMS).expect("formats over the leftovers");
+        let mut group = open(&dir, GROUP, params()).expect("formats over the leftovers");
         assert_eq!(append(&mut group, 1).first(), Some(&0));
     }
 
@@ -431,7 +815,7 @@ mod tests {
     fn a_torn_tail_is_dropped_and_damage_is_refused() {
         let temp = tempfile::tempdir().expect("tempdir");
         let dir = temp.path().join("partition");
-        let mut group = open(&dir, GROUP, PARAMS).expect("format");
+        let mut group = open(&dir, GROUP, params()).expect("format");
         append(&mut group, 5);
         let before = group.state_machine().state().clone();
         drop(group);
@@ -447,15 +831,15 @@ mod tests {
         bytes.extend_from_slice(&[0xA5; 300]);
         std::fs::write(&segment, &bytes).expect("tear");
         // The checker's read-only open recovers the same state and leaves the tail in place.
-        let read_only = PartitionGroup::open_read_only_with(&dir, GROUP, &PARAMS, || {
-            PartitionMachine::new(PARAMS.partition_id)
+        let read_only = PartitionGroup::open_read_only_with(&dir, GROUP, &params(), || {
+            PartitionMachine::new(PARTITION_ID)
         })
         .expect("a read-only open")
         .expect("a formatted group");
         assert_eq!(read_only.state_machine().state(), &before);
         drop(read_only);
         assert_eq!(std::fs::read(&segment).expect("segment"), bytes);
-        let group = open(&dir, GROUP, PARAMS).expect("a torn tail opens");
+        let group = open(&dir, GROUP, params()).expect("a torn tail opens");
         assert_eq!(group.state_machine().state(), &before);
         drop(group);
         assert_eq!(std::fs::read(&segment).expect("segment").len(), synced_len);
@@ -463,7 +847,7 @@ mod tests {
         let mut bytes = std::fs::read(&segment).expect("segment");
         bytes[synced_len / 2] ^= 0x10;
         std::fs::write(&segment, &bytes).expect("flip");
-        match open(&dir, GROUP, PARAMS) {
+        match open(&dir, GROUP, params()) {
             Err(GroupError::Refused { reason, .. }) => {
                 assert!(reason.contains("damaged"), "{reason}");
             }

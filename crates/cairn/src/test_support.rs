@@ -1,6 +1,11 @@
 //! Helpers shared by the crate's unit tests.
 
+use cairn_storage::StorageError;
+use cairn_storage::io::{Disk, ReadFile, RealDisk, WriteFile};
 use cairn_wire::batch::{self, BATCH_HEADER_SIZE, BatchLimits, FRAME_HEADER_SIZE};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// A valid client batch (what `batch::validate` accepts) of `count` messages of
 /// `payload_bytes` bytes each; message `i`'s payload bytes are all `fill + i`.
@@ -30,4 +35,107 @@ pub fn client_batch(count: u32, payload_bytes: usize, fill: u8) -> Vec<u8> {
     };
     assert!(batch::validate(&batch, count, &limits).is_ok());
     batch
+}
+
+/// Fault model: the next `log_writes_to_fail` writes to a `.log` fail with ENOSPC after
+/// writing half their bytes (a partial write, as a full disk may leave), and while
+/// `syncs_fail` is set every fdatasync fails with EIO. Everything else goes to the real
+/// filesystem.
+#[derive(Debug, Default)]
+pub struct Faults {
+    pub log_writes_to_fail: AtomicU64,
+    pub syncs_fail: AtomicBool,
+}
+
+/// "The disk is full until further notice."
+pub const DISK_FULL: u64 = u64::MAX;
+
+#[derive(Debug)]
+pub struct FaultyDisk {
+    pub faults: Arc<Faults>,
+}
+
+#[derive(Debug)]
+struct FaultyFile {
+    inner: Box<dyn WriteFile>,
+    is_log: bool,
+    faults: Arc<Faults>,
+}
+
+impl FaultyDisk {
+    fn wrap(&self, path: &Path, inner: Box<dyn WriteFile>) -> Box<dyn WriteFile> {
+        Box::new(FaultyFile {
+            inner,
+            is_log: path.extension().is_some_and(|ext| ext == "log"),
+            faults: self.faults.clone(),
+        })
+    }
+}
+
+impl Disk for FaultyDisk {
+    fn create_dir_all(&self, dir: &Path) -> Result<(), StorageError> {
+        RealDisk.create_dir_all(dir)
+    }
+    fn list_dir(&self, dir: &Path) -> Result<Vec<String>, StorageError> {
+        RealDisk.list_dir(dir)
+    }
+    fn file_len(&self, path: &Path) -> Result<Option<u64>, StorageError> {
+        RealDisk.file_len(path)
+    }
+    fn read_all(&self, path: &Path, len_bytes_max: u64) -> Result<Option<Vec<u8>>, StorageError> {
+        RealDisk.read_all(path, len_bytes_max)
+    }
+    fn open_read(&self, path: &Path) -> Result<Box<dyn ReadFile>, StorageError> {
+        RealDisk.open_read(path)
+    }
+    fn create_new(&self, path: &Path) -> Result<Box<dyn WriteFile>, StorageError> {
+        Ok(self.wrap(path, RealDisk.create_new(path)?))
+    }
+    fn open_write(&self, path: &Path) -> Result<Box<dyn WriteFile>, StorageError> {
+        Ok(self.wrap(path, RealDisk.open_write(path)?))
+    }
+    fn write_synced(&self, path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+        RealDisk.write_synced(path, bytes)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> Result<(), StorageError> {
+        RealDisk.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> Result<bool, StorageError> {
+        RealDisk.remove_file(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> Result<(), StorageError> {
+        RealDisk.sync_dir(dir)
+    }
+}
+
+impl WriteFile for FaultyFile {
+    fn write_all_at(&mut self, position_bytes: u64, bytes: &[u8]) -> Result<(), StorageError> {
+        let fail = self.is_log
+            && self
+                .faults
+                .log_writes_to_fail
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(1))
+                .is_ok();
+        if fail {
+            self.inner
+                .write_all_at(position_bytes, &bytes[..bytes.len() / 2])?;
+            return Err(StorageError::Io {
+                path: PathBuf::from("faulty.log"),
+                source: std::io::Error::from_raw_os_error(28), // ENOSPC
+            });
+        }
+        self.inner.write_all_at(position_bytes, bytes)
+    }
+    fn set_len(&mut self, len_bytes: u64) -> Result<(), StorageError> {
+        self.inner.set_len(len_bytes)
+    }
+    fn sync_data(&mut self) -> Result<(), StorageError> {
+        if self.faults.syncs_fail.load(Ordering::Relaxed) {
+            return Err(StorageError::Io {
+                path: PathBuf::from("faulty"),
+                source: std::io::Error::from_raw_os_error(5), // EIO
+            });
+        }
+        self.inner.sync_data()
+    }
 }
