@@ -1203,6 +1203,25 @@ impl<S: StateMachine> Replica<S> {
         {
             return;
         }
+        self.checkpoint_commit_min();
+    }
+
+    /// Checkpoint at the last applied op now, without waiting for the interval: the shell's
+    /// upkeep (a partition releases the segments of its log below its checkpoint). Nothing
+    /// happens unless the replica is normal, no checkpoint is being written, and an op was
+    /// applied since the durable checkpoint. The checkpoint is this replica's own, as the
+    /// interval ones are: other replicas checkpoint where they will.
+    pub fn checkpoint_now(&mut self) {
+        if self.status != Status::Normal
+            || self.checkpoint_cycle.is_some()
+            || self.commit_min <= self.durable.checkpoint_op
+        {
+            return;
+        }
+        self.checkpoint_commit_min();
+    }
+
+    fn checkpoint_commit_min(&mut self) {
         let Some(header) = self.slot(self.commit_min).and_then(|slot| slot.header) else {
             return;
         };
@@ -2140,6 +2159,13 @@ impl<S: StateMachine> Replica<S> {
                 .iter()
                 .flatten()
                 .filter(|dvc| {
+                    // A sender that knows the op committed never nacks it, whatever its log
+                    // says: after a state transfer its commit point can lie above its
+                    // `log_view`'s log (seed 18 003, with checkpoints off the interval, had a
+                    // sender whose installed checkpoint was a prepare of a later view).
+                    if dvc.commit >= canonical.op() {
+                        return false;
+                    }
                     // A replica acknowledges a prepare of view `v` only while normal in a view
                     // at or above `v`, so with `log_view` durable at or above `v`, and
                     // `log_view` never decreases: a sender whose log_view is lower never

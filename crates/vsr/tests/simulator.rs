@@ -234,6 +234,25 @@ fn a_nack_cut_below_a_hole_still_elects_a_primary() {
     }
 }
 
+/// Found when the shell began asking for checkpoints off the interval (issue 13, fifth
+/// session): a replica cut off in view 0 state-transferred to a peer's checkpoint at op 90, a
+/// prepare of view 2, and in the next view change sent a DoViewChange of `log_view` 0 with
+/// its commit point at 90. The implicit nack rule (a sender of a `log_view` below the
+/// prepare's view never acknowledged it) counted it against op 90 with a peer of an old
+/// head, and the new primary asserted that a quorum nacked a committed op. A sender whose
+/// commit point reaches an op never counts as nacking it now.
+#[test]
+fn a_sender_whose_commit_point_passed_its_log_never_nacks_a_committed_op() {
+    let seed = 18_003;
+    let mut options = SimOptions::from_seed(seed);
+    // The rate that seed drew when it was found (checkpoints off the interval are drawn for
+    // groups of one only now).
+    options.forced_checkpoint_ppm = 19_304;
+    if let Err(violation) = run_catching::<ChainMachine>(seed, options) {
+        panic!("seed {seed}: {violation}");
+    }
+}
+
 /// A cluster of one, over 2 000 seeds: power losses tear and lose unsynced writes, and the
 /// replica comes back from its own disk every time with every acknowledged op (the
 /// simulator's checkers), through the fallback election.

@@ -105,6 +105,14 @@ pub struct SimOptions {
     /// which the core must handle too. (Seed 5 021 537 with it on found the view change's
     /// nack-cut liveness gap, fixed by the durable log suffix.)
     pub log_writes_in_order: bool,
+    /// Per tick and replica: chance that the shell asks for a checkpoint now
+    /// (`Replica::checkpoint_now`), off the interval. Drawn for groups of one, which is where
+    /// the partition shell asks for them; 0 with peers, where replicas' checkpoints would
+    /// then stop being at the same ops, and a whole-cluster power loss can leave a replica
+    /// whose state transfer discards the log above the installed checkpoint while that log
+    /// holds committed ops the others lack (seed 29 737 with 2 399 ppm stalls its view change
+    /// that way; see `docs/replication.md`, "Where it stands").
+    pub forced_checkpoint_ppm: u32,
 }
 
 impl SimOptions {
@@ -147,6 +155,9 @@ impl SimOptions {
             bugs: Bugs::default(),
             shape: shape_from_seed(seed),
             log_writes_in_order: seed.is_multiple_of(2),
+            // With peers, checkpoints off the interval are not used yet (see
+            // `forced_checkpoint_ppm`).
+            forced_checkpoint_ppm: 0,
         }
     }
 }
@@ -196,6 +207,12 @@ impl SimOptions {
         options.superblock_flip_ppm = 0;
         options.partition_ppm = 0;
         options.power_loss_ppm = options.power_loss_ppm.max(PPM / 2_000);
+        // Its own stream, so adding it left every other option of a seed as it was. Off for
+        // half the seeds.
+        let mut checkpoints = Streams::new(seed).stream("checkpoint_options");
+        if checkpoints.chance_ppm(PPM / 2) {
+            options.forced_checkpoint_ppm = checkpoints.below(20_000) as u32;
+        }
         options
     }
 }
@@ -482,6 +499,8 @@ pub struct Sim<M: SimMachine> {
     partitions: Prng,
     clients_prng: Prng,
     storage_latency: Prng,
+    /// When the shell asks a replica for a checkpoint off the interval.
+    forced_checkpoints: Prng,
     now: u64,
     trace: TraceHash,
     /// The canonical committed log: op → prepare checksum.
@@ -595,6 +614,7 @@ impl<M: SimMachine> Sim<M> {
             partitions: streams.stream(stream_names::PARTITIONS),
             clients_prng: streams.stream(stream_names::CLIENTS),
             storage_latency: streams.stream(stream_names::STORAGE_FAULTS),
+            forced_checkpoints: streams.stream("forced_checkpoints"),
             now: 0,
             trace: TraceHash::new(),
             canonical: BTreeMap::new(),
@@ -781,6 +801,13 @@ impl<M: SimMachine> Sim<M> {
                 self.restart(replica)?;
             }
             if !self.is_paused(replica) {
+                if self.options.forced_checkpoint_ppm > 0
+                    && self
+                        .forced_checkpoints
+                        .chance_ppm(self.options.forced_checkpoint_ppm)
+                {
+                    self.replicas[replica].checkpoint_now();
+                }
                 self.replicas[replica].on_tick();
                 self.collect(replica);
             }
