@@ -736,6 +736,21 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         self.superblock.0.checkpoint_op
     }
 
+    /// Checkpoint at the last applied op now, off the interval, and wait until the
+    /// superblock names it: what lies in the journal at or below it is then never read again
+    /// (a partition removes those segments). Returns the checkpoint's op.
+    pub fn checkpoint(&mut self) -> Result<u64, GroupError> {
+        if let Some(reason) = &self.stopped {
+            return Err(GroupError::Stopped {
+                dir: self.files.dir.clone(),
+                reason: reason.clone(),
+            });
+        }
+        self.replica.checkpoint_now();
+        self.pump()?;
+        Ok(self.checkpoint_op())
+    }
+
     /// The journal, for reads (polls read a partition's log through it).
     pub fn journal(&self) -> &J {
         &self.journal

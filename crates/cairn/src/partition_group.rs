@@ -393,8 +393,13 @@ impl LocalGroup<PartitionMachine, LogJournal> {
         partition::decode_append_reply(&reply).map_err(PartitionError::Status)
     }
 
-    /// Store `owner`'s offset (at most the last offset the partition holds).
+    /// Store `owner`'s offset (at most the last offset the partition holds). A store of the
+    /// offset already stored takes no op, so a consumer polling an idle partition with
+    /// auto-commit adds nothing to its log.
     pub fn store_offset(&mut self, owner: &Owner, offset: u64) -> Result<(), PartitionError> {
+        if self.stored_offset(owner) == Some(offset) {
+            return Ok(());
+        }
         self.status_op(
             partition::OPERATION_STORE_OFFSET,
             &partition::encode_offset_op(owner, Some(offset)),
@@ -503,14 +508,26 @@ impl LocalGroup<PartitionMachine, LogJournal> {
     }
 
     /// Remove the segments the group no longer needs: every op in them at or below its
-    /// checkpoint, every message below its start offset (after a purge or a trim). Returns
-    /// what went.
-    pub fn remove_released_segments(&mut self) -> Result<Vec<JournalSegment>, StorageError> {
+    /// checkpoint, every message below its start offset (after a purge or a trim). When the
+    /// checkpoint lags the last such segment, checkpoint first (a quiet partition would
+    /// otherwise wait for the interval's ops). Returns what went.
+    pub fn remove_released_segments(&mut self) -> Result<Vec<JournalSegment>, PartitionError> {
+        let start_offset = self.start_offset();
+        let needs_checkpoint = self
+            .log()
+            .segments()
+            .windows(2)
+            .take_while(|pair| pair[1].base_offset <= start_offset)
+            .last()
+            .is_some_and(|pair| pair[1].first_op > self.checkpoint_op() + 1);
+        if needs_checkpoint {
+            self.checkpoint()?;
+        }
         let below_op = self.checkpoint_op() + 1;
-        let below_offset = self.start_offset();
         self.journal_mut()
             .log
-            .remove_oldest_segments(below_op, below_offset)
+            .remove_oldest_segments(below_op, start_offset)
+            .map_err(|error| PartitionError::Group(self.journal().storage_error(error)))
     }
 }
 
@@ -625,6 +642,13 @@ mod tests {
         // Offsets: bounded by the log's end; a delete of nothing is refused.
         let owner = Owner::Consumer(4);
         group.store_offset(&owner, 899).expect("store");
+        let ops = group.log().last_op();
+        group.store_offset(&owner, 899).expect("the same again");
+        assert_eq!(
+            group.log().last_op(),
+            ops,
+            "a store that changes nothing takes no op"
+        );
         assert!(matches!(
             group.store_offset(&owner, 900),
             Err(PartitionError::Status(cairn_wire::codes::INVALID_OFFSET))
@@ -676,6 +700,17 @@ mod tests {
             vec![901]
         );
         assert_eq!(poll_all(&group, 0).len(), 1);
+        // The purged segments go at once: the group checkpoints off the interval to let them.
+        let checkpoint_before = group.checkpoint_op();
+        let removed = group.remove_released_segments().expect("release");
+        assert!(!removed.is_empty());
+        assert!(group.checkpoint_op() > checkpoint_before);
+        assert_eq!(group.stats().segments_count, 1);
+        assert_eq!(poll_all(&group, 0).len(), 1);
+        drop(group);
+        let group = open(&dir, GROUP, params()).expect("recover after the purge");
+        assert_eq!(poll_all(&group, 0).len(), 1);
+        assert_eq!(group.next_offset(), 902);
     }
 
     /// A write the disk refuses (no space: half written, then ENOSPC) is undone: the request
