@@ -401,6 +401,12 @@ fn install_superblock_file(dir: &Path, bytes: &[u8; COPY_SIZE]) -> Result<(), Gr
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
 }
 
+/// Whether `dir` holds a formatted group (its superblock file, written last at format, is
+/// there).
+pub fn is_formatted(dir: &Path) -> bool {
+    dir.join(SUPERBLOCK_FILE).exists()
+}
+
 /// Replace a format-1 superblock file by one holding `bytes` (today's format) in every copy
 /// (see [`install_superblock_file`]), and reopen it.
 fn migrate_superblock(files: &mut Files, bytes: &[u8; COPY_SIZE]) -> Result<(), GroupError> {

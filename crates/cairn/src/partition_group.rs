@@ -30,8 +30,9 @@
 use crate::node::{GroupError, GroupJournal, LocalGroup};
 use cairn_machine::partition::{self, OPERATION_APPEND, Owner, PartitionMachine};
 use cairn_storage::StorageError;
+use cairn_storage::check::{BootAction, Damage, LogSummary, PartitionReport};
 use cairn_storage::io::{Disk, RealDisk};
-use cairn_storage::journal::{JournalConfig, JournalLog, JournalSegment};
+use cairn_storage::journal::{JournalConfig, JournalInspection, JournalLog, JournalSegment};
 use cairn_storage::read::{ReadOutcome, ReadPart};
 use cairn_storage::record::Chain;
 use cairn_vsr::constants::{HEADER_SIZE, Shape};
@@ -70,6 +71,9 @@ pub struct LogJournal {
     dir: PathBuf,
     log: JournalLog,
     partition_id: u32,
+    /// For a read-only open (the checker's): what an open would do. A read-only journal
+    /// writes nothing; a prepare the replica asks to write during its recovery is dropped.
+    inspection: Option<JournalInspection>,
 }
 
 impl LogJournal {
@@ -120,6 +124,7 @@ impl LogJournal {
     fn recovered(
         log_dir: PathBuf,
         log: JournalLog,
+        inspection: Option<JournalInspection>,
         partition_id: u32,
         cluster: u128,
         group: u64,
@@ -128,6 +133,7 @@ impl LogJournal {
             dir: log_dir,
             log,
             partition_id,
+            inspection,
         };
         let journal_slots = <Self as GroupJournal>::SHAPE.journal_slots;
         let mut slots = vec![SlotState::Empty; journal_slots];
@@ -201,6 +207,7 @@ impl GroupJournal for LogJournal {
             dir: log_dir,
             log,
             partition_id: params.partition_id,
+            inspection: None,
         })
     }
 
@@ -223,14 +230,21 @@ impl GroupJournal for LogJournal {
         };
         if read_only {
             // What the open would keep, read in place (the checker's view).
-            let (log, _) = JournalLog::open_read_only_on(
+            let (log, inspection) = JournalLog::open_read_only_on(
                 Arc::clone(&params.disk),
                 &log_dir,
                 params.partition_id,
                 config,
             )
             .map_err(refused)?;
-            return Self::recovered(log_dir, log, params.partition_id, cluster, group);
+            return Self::recovered(
+                log_dir,
+                log,
+                Some(inspection),
+                params.partition_id,
+                cluster,
+                group,
+            );
         }
         let (log, recovery) =
             JournalLog::open_on(Arc::clone(&params.disk), &log_dir, params.partition_id, config)
@@ -243,10 +257,13 @@ impl GroupJournal for LogJournal {
                 "dropped the journal's bytes above its durable frontier: writes never reported durable (an unsynced or partly written op, or what a cut had removed)"
             );
         }
-        Self::recovered(log_dir, log, params.partition_id, cluster, group)
+        Self::recovered(log_dir, log, None, params.partition_id, cluster, group)
     }
 
     fn write_prepare(&mut self, message: &Message) -> Result<(), GroupError> {
+        if self.inspection.is_some() {
+            return Ok(());
+        }
         let header = message.header.encode();
         let written = match self.batches_continuing(message) {
             Some((timestamp_us, batches)) => self.log.write_op(
@@ -328,6 +345,87 @@ pub fn open(dir: &Path, group: u64, params: LogParams) -> Result<PartitionGroup,
     let partition_id = params.partition_id;
     LocalGroup::open_with(dir, group, &params, move || PartitionMachine::new(partition_id))
 }
+
+/// The group id of partition `(stream, topic, partition)`: derived from ids that never
+/// change, so it is stable, and its top bit set, so it is never the metadata group's. A
+/// partition directory found under another partition's name is refused (its prepares name
+/// another group).
+pub fn group_id(stream_id: u32, topic_id: u32, partition_id: u32) -> u64 {
+    let mut ids = [0u8; 12];
+    ids[..4].copy_from_slice(&stream_id.to_le_bytes());
+    ids[4..8].copy_from_slice(&topic_id.to_le_bytes());
+    ids[8..].copy_from_slice(&partition_id.to_le_bytes());
+    xxhash_rust::xxh3::xxh3_64(&ids) | 1 << 63
+}
+
+/// The offline checker's verdict on the partition directory `dir` of `(stream, topic,
+/// partition)` when it holds a partition group (`None` when it holds a record log): the
+/// group recovered read-only, as boot would recover it, writing nothing.
+pub fn check(dir: &Path, (stream_id, topic_id, partition_id): (u32, u32, u32)) -> Option<PartitionReport> {
+    if !crate::node::is_formatted(dir) {
+        return None;
+    }
+    let mut report = PartitionReport::empty(dir, partition_id);
+    let log_dir = dir.join(LOG_DIR);
+    report.segment_files = std::fs::read_dir(&log_dir).map_or(0, |entries| {
+        entries
+            .filter_map(Result::ok)
+            .filter(|entry| entry.file_name().to_string_lossy().ends_with(".log"))
+            .count()
+    });
+    // The segment size matters to writes only; a read-only open writes nothing.
+    let params = LogParams::new(partition_id, JOURNAL_SEGMENT_SIZE_ANY);
+    let opened = PartitionGroup::open_read_only_with(
+        dir,
+        group_id(stream_id, topic_id, partition_id),
+        &params,
+        move || PartitionMachine::new(partition_id),
+    );
+    match opened {
+        Ok(Some(group)) => {
+            let log = group.log();
+            report.log = Some(LogSummary {
+                segments_count: log.segments().len(),
+                batch_records: log.batch_count() as u64,
+                gap_records: 0,
+                messages: group.next_offset() - group.start_offset(),
+                verified_bytes: log.size_bytes(),
+                start_offset: group.start_offset(),
+                end_offset: group.next_offset(),
+            });
+            report.resume_offset = Some(group.next_offset());
+            if let Some(inspection) = &group.journal().inspection {
+                if inspection.bytes_above_frontier > 0 {
+                    report.actions.push(BootAction::DropAboveFrontier {
+                        path: log_dir.clone(),
+                        bytes: inspection.bytes_above_frontier,
+                    });
+                }
+                if inspection.segments_below_start > 0 {
+                    report.actions.push(BootAction::FinishSegmentRemoval {
+                        path: log_dir.clone(),
+                        segments: inspection.segments_below_start,
+                    });
+                }
+            }
+            report.notes.push(format!(
+                "a partition group (a replicated log of one replica): checkpoint at op {}, ops applied up to {}",
+                group.checkpoint_op(),
+                group.commit_op()
+            ));
+        }
+        Ok(None) => return None,
+        Err(error) => report.damage.push(Damage {
+            path: dir.to_path_buf(),
+            position: 0,
+            reason: format!("the partition group cannot be recovered: {error}"),
+        }),
+    }
+    Some(report)
+}
+
+/// Any valid journal segment size, for opens that write nothing.
+const JOURNAL_SEGMENT_SIZE_ANY: u64 = 1 << 30;
 
 /// Why a partition operation did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -782,6 +880,63 @@ mod tests {
         let mut parts = Vec::new();
         let outcome = group.read_parts(0, u32::MAX, &mut out, &mut parts).expect("poll");
         assert_eq!(u64::from(outcome.messages_count), after.next_offset);
+    }
+
+    /// `cairn check` reads a partition group in place: healthy when it opens as it is,
+    /// recoverable with a tail above the frontier (which it leaves there), damaged with a
+    /// flipped byte below it or under another partition's name; a record-log directory is
+    /// left to the storage checker.
+    #[test]
+    fn the_checker_reads_a_partition_group_in_place() {
+        use cairn_storage::check::Verdict;
+        let temp = tempfile::tempdir().expect("tempdir");
+        let dir = temp.path().join("partition");
+        let ids = (1, 2, PARTITION_ID);
+        let mut group = open(&dir, group_id(1, 2, PARTITION_ID), params()).expect("format");
+        for send in 0..40u64 {
+            group
+                .append(1_000 + send, &[&client_batch(3, 40, send as u8)])
+                .expect("append");
+        }
+        group.store_offset(&Owner::Consumer(1), 7).expect("store");
+        drop(group);
+
+        let report = check(&dir, ids).expect("a partition group");
+        assert_eq!(report.verdict(), Verdict::Healthy, "{report}");
+        let log = report.log.expect("a log summary");
+        assert_eq!((log.start_offset, log.end_offset, log.messages), (0, 120, 120));
+        assert_eq!(log.batch_records, 40);
+        assert_eq!(report.resume_offset, Some(120));
+
+        // A tail above the frontier: recoverable, and the checker leaves it in place.
+        let segment = std::fs::read_dir(dir.join(LOG_DIR))
+            .expect("log dir")
+            .map(|entry| entry.expect("entry").path())
+            .filter(|path| path.extension().is_some_and(|extension| extension == "log"))
+            .max()
+            .expect("a segment");
+        let mut bytes = std::fs::read(&segment).expect("segment");
+        let synced_len = bytes.len();
+        bytes.extend_from_slice(&[0x5A; 100]);
+        std::fs::write(&segment, &bytes).expect("tear");
+        let report = check(&dir, ids).expect("a partition group");
+        assert_eq!(report.verdict(), Verdict::Recoverable, "{report}");
+        assert!(report.to_string().contains("drop 100 bytes"), "{report}");
+        assert_eq!(std::fs::read(&segment).expect("segment"), bytes);
+
+        // Under another partition's name: its prepares name another group.
+        let report = check(&dir, (9, 2, PARTITION_ID)).expect("a partition group");
+        assert_eq!(report.verdict(), Verdict::Damaged, "{report}");
+
+        // A flipped byte below the frontier.
+        bytes[synced_len / 2] ^= 0x01;
+        std::fs::write(&segment, &bytes).expect("flip");
+        let report = check(&dir, ids).expect("a partition group");
+        assert_eq!(report.verdict(), Verdict::Damaged, "{report}");
+        assert_eq!(std::fs::read(&segment).expect("segment"), bytes);
+
+        // No superblock: a record log, which the storage checker reads.
+        assert!(check(&temp.path().join("elsewhere"), ids).is_none());
     }
 
     /// An append prepare of op `op`, its batches stamped from `next_offset` as the primary's

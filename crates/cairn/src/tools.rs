@@ -23,7 +23,11 @@ const EXIT_USAGE_OR_IO: u8 = 2;
 
 /// `cairn check <data-dir>`.
 pub fn run_check(data_dir: &Path) -> ExitCode {
-    match check::check_data_dir_with(data_dir, metadata_report(data_dir)) {
+    match check::check_data_dir_with(
+        data_dir,
+        metadata_report(data_dir),
+        &crate::partition_group::check,
+    ) {
         Ok(report) => {
             print!("{report}");
             if report.verdict() == Verdict::Healthy {

@@ -135,6 +135,12 @@ pub enum BootAction {
     RemoveOffsetStaging { path: PathBuf },
     /// Create the missing consumer offsets directory.
     CreateOffsetsDir { path: PathBuf },
+    /// A partition group's journal: drop what lies above its durable frontier (writes never
+    /// reported durable: unsynced, partly written, or what a cut had removed).
+    DropAboveFrontier { path: PathBuf, bytes: u64 },
+    /// A partition group's journal: remove segments an interrupted removal left below its
+    /// start (their messages were already given up).
+    FinishSegmentRemoval { path: PathBuf, segments: u32 },
 }
 
 impl fmt::Display for BootAction {
@@ -183,6 +189,16 @@ impl fmt::Display for BootAction {
                     path.display()
                 )
             }
+            BootAction::DropAboveFrontier { path, bytes } => write!(
+                f,
+                "drop {bytes} bytes of {} above its durable frontier (writes never reported durable)",
+                path.display()
+            ),
+            BootAction::FinishSegmentRemoval { path, segments } => write!(
+                f,
+                "remove {segments} segment(s) of {} left below its start by an interrupted removal",
+                path.display()
+            ),
         }
     }
 }
@@ -265,7 +281,8 @@ pub struct PartitionReport {
 }
 
 impl PartitionReport {
-    fn empty(dir: &Path, partition_id: u32) -> PartitionReport {
+    /// A report with nothing found yet (for a checker of another layout to fill in).
+    pub fn empty(dir: &Path, partition_id: u32) -> PartitionReport {
         PartitionReport {
             dir: dir.to_path_buf(),
             partition_id,
@@ -1470,15 +1487,22 @@ impl fmt::Display for DataDirReport {
 /// Verify a whole data directory without changing anything: the metadata document and every
 /// partition directory, named or not. `Err` if the data directory cannot be read at all.
 pub fn check_data_dir(data_dir: &Path) -> Result<DataDirReport, StorageError> {
-    check_data_dir_with(data_dir, None)
+    check_data_dir_with(data_dir, None, &|_, _| None)
 }
 
+/// A checker for partition directories of a layout this crate does not open itself (a
+/// partition group: the server's shell recovers it read-only): given the directory and the
+/// `(stream, topic, partition)` ids, its report, or `None` when the directory is a record
+/// log, which this crate checks.
+pub type OtherLayoutCheck<'a> = &'a dyn Fn(&Path, (u32, u32, u32)) -> Option<PartitionReport>;
+
 /// [`check_data_dir`] with the metadata's verdict given by the caller (the server reads its
-/// replicated metadata log, which this crate does not know); `None` reads the metadata
-/// document `<data_dir>/metadata`.
+/// replicated metadata log, which this crate does not know; `None` reads the metadata
+/// document `<data_dir>/metadata`), and a checker for partitions of another layout.
 pub fn check_data_dir_with(
     data_dir: &Path,
     metadata: Option<MetadataReport>,
+    other_layout: OtherLayoutCheck<'_>,
 ) -> Result<DataDirReport, StorageError> {
     let disk = RealDisk;
     // Listing fails with an IO error (path included) for a missing or unreadable directory.
@@ -1509,14 +1533,16 @@ pub fn check_data_dir_with(
             (Some(dir), _) => {
                 // One unreadable partition must not hide the verdicts of the others: open
                 // refuses it, so it is reported as damage.
-                let mut report = check_partition_on(&disk, dir, partition_id).unwrap_or_else(|error| {
-                    let mut report = PartitionReport::empty(dir, partition_id);
-                    report.damage.push(Damage {
-                        path: dir.clone(),
-                        position: 0,
-                        reason: format!("cannot be read: {error}"),
-                    });
-                    report
+                let mut report = other_layout(dir, id).unwrap_or_else(|| {
+                    check_partition_on(&disk, dir, partition_id).unwrap_or_else(|error| {
+                        let mut report = PartitionReport::empty(dir, partition_id);
+                        report.damage.push(Damage {
+                            path: dir.clone(),
+                            position: 0,
+                            reason: format!("cannot be read: {error}"),
+                        });
+                        report
+                    })
                 });
                 if let Some(&purge_target) = metadata.purge_targets.get(&id) {
                     apply_purge_target(&mut report, purge_target);

@@ -570,6 +570,11 @@ impl JournalLog {
             .collect()
     }
 
+    /// Batch records in the journal.
+    pub fn batch_count(&self) -> usize {
+        self.batches.len()
+    }
+
     /// Bytes in the journal's segments.
     pub fn size_bytes(&self) -> u64 {
         self.segments.iter().map(|segment| segment.len_bytes).sum()
