@@ -585,9 +585,10 @@ impl Catalog {
                     let owner = OffsetOwner::Group(group_id);
                     for partition in &runtime.partitions {
                         if let PartitionState::Serving(data) = &mut *lock(&partition.state)
-                            && let Err(error) = data.offsets.delete(&owner)
+                            && let Err(status) = data.delete_offset(&owner)
+                            && status != codes::CONSUMER_OFFSET_NOT_FOUND
                         {
-                            tracing::warn!(%error, partition_dir = %partition.dir.display(), group_id, "cannot delete a deleted group's stored offset; it stays on disk, inert (group ids are never reused)");
+                            tracing::warn!(status, partition_dir = %partition.dir.display(), group_id, "cannot delete a deleted group's stored offset; it stays on disk, inert (group ids are never reused)");
                         }
                     }
                 }

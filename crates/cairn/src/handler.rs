@@ -11,11 +11,11 @@
 use crate::auth;
 use crate::catalog::{self, Catalog, Topic};
 use crate::config::Config;
-use crate::partition::{PartitionData, PartitionState, lock, serving};
+use crate::partition::{FlushError, PartitionData, PartitionState, lock, serving};
 use crate::writer;
 use cairn_machine::metadata::{self, GroupDoc, MetadataOp, Outcome, PurgeMark, Stream};
-use cairn_storage::log::ReadPart;
 use cairn_storage::offsets::OffsetOwner;
+use cairn_storage::read::ReadPart;
 use cairn_wire::batch::{self, BatchLimits};
 use cairn_wire::codes;
 use cairn_wire::command::Command;
@@ -434,22 +434,19 @@ impl Server {
                 let partition = self.partition(&stream, &topic, partition_id)?;
                 let mut state = lock(&partition.state);
                 let data = serving(&mut state)?;
-                if data.log.stopped_reason().is_some() {
-                    return Err(writer::PARTITION_STOPPED_STATUS);
+                match data.flush(fsync) {
+                    Ok(()) => Ok(Vec::new()),
+                    Err(FlushError::Stopped) => Err(writer::PARTITION_STOPPED_STATUS),
+                    Err(FlushError::BarrierFailed(error)) => {
+                        tracing::error!(
+                            partition_dir = %partition.dir.display(),
+                            %error,
+                            "barrier requested by a client failed: partition stopped taking writes until restart; \
+                             relaxed-mode messages acknowledged since the last successful barrier may be lost if the OS crashes"
+                        );
+                        Err(writer::BARRIER_FAILED_STATUS)
+                    }
                 }
-                // In durable mode everything acknowledged is stable already; this covers
-                // relaxed-mode writes the background barrier has not reached yet.
-                if fsync && let Err(error) = writer::barrier(&mut data.log) {
-                    tracing::error!(
-                        partition_dir = %partition.dir.display(),
-                        %error,
-                        next_offset = data.log.next_offset(),
-                        "barrier requested by a client failed: partition stopped taking writes until restart; \
-                         relaxed-mode messages acknowledged since the last successful barrier may be lost if the OS crashes"
-                    );
-                    return Err(writer::BARRIER_FAILED_STATUS);
-                }
-                Ok(Vec::new())
             }
             Command::GetConsumerOffset {
                 consumer,
@@ -464,8 +461,8 @@ impl Server {
                 partition_id,
                 |owner, partition_id, data| {
                     let mut out = Vec::new();
-                    if let Some(stored) = data.offsets.get(owner) {
-                        reply::consumer_offset(&mut out, partition_id, current_offset(&data.log), stored);
+                    if let Some(stored) = data.stored_offset(owner) {
+                        reply::consumer_offset(&mut out, partition_id, data.current_offset(), stored);
                     }
                     Ok(out)
                 },
@@ -483,7 +480,7 @@ impl Server {
                 &topic,
                 partition_id,
                 |owner, _, data| {
-                    data.offsets.store(owner, offset).map_err(storage_status)?;
+                    data.store_offset(owner, offset)?;
                     Ok(Vec::new())
                 },
             ),
@@ -499,9 +496,7 @@ impl Server {
                 &topic,
                 partition_id,
                 |owner, _, data| {
-                    if !data.offsets.delete(owner).map_err(storage_status)? {
-                        return Err(codes::CONSUMER_OFFSET_NOT_FOUND);
-                    }
+                    data.delete_offset(owner)?;
                     Ok(Vec::new())
                 },
             ),
@@ -805,7 +800,7 @@ impl Server {
             s.consumer_groups_count += topic.doc.consumer_groups.len() as u32;
             for partition in topic.partitions {
                 if let PartitionState::Serving(data) = &*lock(&partition.state) {
-                    let log_stats = data.log.stats();
+                    let log_stats = data.stats();
                     s.segments_count += log_stats.segments_count;
                     s.messages_count += log_stats.messages_count;
                     s.messages_size_bytes += log_stats.size_bytes;
@@ -1081,63 +1076,20 @@ impl Server {
         let partition = self.partition(stream, topic, partition_id)?;
         let mut state = lock(&partition.state);
         let data = serving(&mut state)?;
-        // Polls see only what the log makes visible: in durable mode the committed frontier,
-        // so a poll never returns a message a crash could take back.
-        let next_offset = data.log.visible_next_offset();
-        let first_offset = data.log.first_offset();
-        let start = match (strategy, first_offset) {
-            (_, None) => None,
-            (PollingStrategy::Offset(v), Some(_)) => Some(v),
-            (PollingStrategy::First, Some(first)) => Some(first),
-            // The last `count` offsets up to the newest message. (Across an offset gap left
-            // by an unclean stop this returns fewer than `count` messages: gap offsets hold
-            // none.)
-            (PollingStrategy::Last, Some(first)) => Some(
-                data.log
-                    .last_offset()
-                    .map_or(first, |last| (last + 1).saturating_sub(count as u64).max(first)),
-            ),
-            (PollingStrategy::Next, Some(first)) => Some(
-                data.offsets
-                    .get(&owner)
-                    .map(|stored| stored.saturating_add(1))
-                    .unwrap_or(first),
-            ),
-            (PollingStrategy::Timestamp(t), Some(_)) => {
-                data.log.offset_at_timestamp(t).map_err(storage_status)?
-            }
-        };
         // The reply is built in one buffer: prefix, poll head (count patched below), then the
         // batches, read straight from the segment files behind the head.
         let mut out = PrefixedPayload::new();
-        reply::poll_head(&mut out.buffer, partition.id, current_offset(&data.log), 0);
+        reply::poll_head(&mut out.buffer, partition.id, data.current_offset(), 0);
         let batches_start = out.buffer.len();
         out.parts_start = batches_start;
-        let mut read = cairn_storage::log::ReadOutcome {
-            messages_count: 0,
-            last_offset: None,
-        };
-        let mut first_returned = 0;
-        if let (Some(start), Some(first)) = (start, first_offset)
-            && count > 0
-            && start < next_offset
-        {
-            first_returned = start.max(first);
-            read = data
-                .log
-                .read_parts(first_returned, count, &mut out.buffer, &mut out.parts)
-                .map_err(storage_status)?;
-        }
-        if auto_commit && read.messages_count > 0 {
-            // The last returned offset comes from the batches themselves: offsets may skip a
-            // gap (an unclean stop's reservation), so the count alone does not give it.
-            let Some(last) = read.last_offset else {
-                tracing::error!(partition_dir = %partition.dir.display(), "poll read batches without a last offset");
-                return Err(codes::ERROR);
-            };
-            debug_assert!(last >= first_returned && last < next_offset);
-            data.offsets.store(&owner, last).map_err(storage_status)?;
-        }
+        let read = data.poll(
+            &owner,
+            strategy,
+            count,
+            auto_commit,
+            &mut out.buffer,
+            &mut out.parts,
+        )?;
         crate::stats::record_read(out.payload_len() - (batches_start - PrefixedPayload::PREFIX_BYTES));
         out.buffer[batches_start - 4..batches_start].copy_from_slice(&read.messages_count.to_le_bytes());
         Ok(out)
@@ -1167,17 +1119,6 @@ fn read_trimmed(path: &str) -> String {
     std::fs::read_to_string(path)
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
-}
-
-/// `current_offset` in replies: the offset of the newest visible message, 0 when none (the
-/// protocol's "partition's highest offset"; offsets of a gap hold no message).
-fn current_offset(log: &cairn_storage::log::PartitionLog) -> u64 {
-    log.last_offset().unwrap_or(0)
-}
-
-fn storage_status(error: impl std::fmt::Display) -> u32 {
-    tracing::error!(%error, "storage operation failed");
-    codes::ERROR
 }
 
 impl Server {
@@ -1210,7 +1151,7 @@ impl Server {
             marks.push(PurgeMark {
                 topic_id: *topic_id,
                 partition_id: partition.id,
-                target: serving(guard)?.log.next_offset(),
+                target: serving(guard)?.purge_target(),
             });
         }
         // Nothing is purged unless the marks are durable; a refused commit changed nothing.
@@ -1221,12 +1162,7 @@ impl Server {
         crate::faults::crash_point("purge-after-marker");
         for (((_, partition), guard), mark) in partitions.iter().zip(guards.iter_mut()).zip(marks) {
             let target = mark.target;
-            let data = serving(guard)?;
-            // Offsets first: a crash after them is finished at boot (the log still starts
-            // below the target); no stored offset outlives its purge.
-            data.offsets.clear().map_err(storage_status)?;
-            data.log.purge().map_err(storage_status)?;
-            debug_assert_eq!(data.log.start_offset(), target);
+            serving(guard)?.purge(target)?;
             tracing::info!(partition_dir = %partition.dir.display(), purged_below = target, "purged partition");
             crate::faults::crash_point("purge-after-first-partition");
         }
@@ -1329,9 +1265,9 @@ fn partition_record(partition: &catalog::Partition) -> reply::PartitionRecord {
         messages_count: 0,
     };
     if let PartitionState::Serving(data) = &*lock(&partition.state) {
-        let stats = data.log.stats();
+        let stats = data.stats();
         record.segments_count = stats.segments_count;
-        record.current_offset = current_offset(&data.log);
+        record.current_offset = data.current_offset();
         record.size_bytes = stats.size_bytes;
         record.messages_count = stats.messages_count;
     }

@@ -437,7 +437,7 @@ async fn stop_partitions(server: &handler::Server) {
             partition::PartitionState::Closed,
         );
         if let partition::PartitionState::Serving(data) = state {
-            let stopped = data.log.stopped_reason().map(str::to_string);
+            let stopped = data.stopped_reason().map(str::to_string);
             match (data.log.close(), stopped) {
                 (Ok(()), _) => {}
                 (Err(_), Some(reason)) => tracing::warn!(

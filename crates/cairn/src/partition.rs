@@ -2,12 +2,18 @@
 //! offsets), refused at boot, deleted, or closed. One mutex guards it; the writer, the
 //! handler, retention and the clean stop take it for each change.
 //!
+//! `PartitionData`'s methods are what the request handler asks of a serving partition
+//! (polls, stored offsets, stats, flush, purge): the handler never reaches into the log or
+//! the offsets store itself, so what backs a partition can change behind them.
+//!
 //! This module sits below the catalog, the writer and retention, and imports none of them.
 
 use cairn_storage::StorageError;
-use cairn_storage::log::PartitionLog;
-use cairn_storage::offsets::ConsumerOffsets;
+use cairn_storage::log::{LogStats, PartitionLog};
+use cairn_storage::offsets::{ConsumerOffsets, OffsetOwner};
+use cairn_storage::read::{ReadOutcome, ReadPart};
 use cairn_wire::codes;
+use cairn_wire::types::PollingStrategy;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -31,6 +37,144 @@ pub enum PartitionState {
 pub struct PartitionData {
     pub log: PartitionLog,
     pub offsets: ConsumerOffsets,
+}
+
+/// Why a client's flush did not happen.
+#[derive(Debug)]
+pub enum FlushError {
+    /// The partition stopped taking writes earlier (a failed barrier).
+    Stopped,
+    /// This barrier failed: the partition stops taking writes until a restart.
+    BarrierFailed(StorageError),
+}
+
+impl PartitionData {
+    /// Why the partition takes no more writes, if it stopped.
+    pub fn stopped_reason(&self) -> Option<&str> {
+        self.log.stopped_reason()
+    }
+
+    /// The offset of the newest message polls may see, 0 when none: `current_offset` in
+    /// replies (offsets of a gap hold no message).
+    pub fn current_offset(&self) -> u64 {
+        self.log.last_offset().unwrap_or(0)
+    }
+
+    /// Segment count, message count and bytes, for stats and listings.
+    pub fn stats(&self) -> LogStats {
+        self.log.stats()
+    }
+
+    /// Poll for `owner`: resolve `strategy` against what polls may see (in durable mode the
+    /// committed frontier, so a poll never returns a message a crash could take back), append
+    /// the batches of at most `count` messages (`read_parts`), and with `auto_commit` store
+    /// the last offset returned as `owner`'s.
+    pub fn poll(
+        &mut self,
+        owner: &OffsetOwner,
+        strategy: PollingStrategy,
+        count: u32,
+        auto_commit: bool,
+        out: &mut Vec<u8>,
+        parts: &mut Vec<ReadPart>,
+    ) -> Result<ReadOutcome, u32> {
+        let nothing = ReadOutcome {
+            messages_count: 0,
+            last_offset: None,
+        };
+        let next_offset = self.log.visible_next_offset();
+        let Some(first_offset) = self.log.first_offset() else {
+            return Ok(nothing);
+        };
+        let start = match strategy {
+            PollingStrategy::Offset(value) => Some(value),
+            PollingStrategy::First => Some(first_offset),
+            // The last `count` offsets up to the newest message. (Across an offset gap left
+            // by an unclean stop this returns fewer than `count` messages: gap offsets hold
+            // none.)
+            PollingStrategy::Last => Some(self.log.last_offset().map_or(first_offset, |last| {
+                (last + 1).saturating_sub(u64::from(count)).max(first_offset)
+            })),
+            PollingStrategy::Next => Some(
+                self.offsets
+                    .get(owner)
+                    .map(|stored| stored.saturating_add(1))
+                    .unwrap_or(first_offset),
+            ),
+            PollingStrategy::Timestamp(t) => self.log.offset_at_timestamp(t).map_err(storage_status)?,
+        };
+        let Some(start) = start.filter(|&start| count > 0 && start < next_offset) else {
+            return Ok(nothing);
+        };
+        let first_returned = start.max(first_offset);
+        let read = self
+            .log
+            .read_parts(first_returned, count, out, parts)
+            .map_err(storage_status)?;
+        if auto_commit && read.messages_count > 0 {
+            // The last returned offset comes from the batches themselves: offsets may skip a
+            // gap (an unclean stop's reservation), so the count alone does not give it.
+            let Some(last) = read.last_offset else {
+                tracing::error!(partition_dir = %self.log.dir().display(), "poll read batches without a last offset");
+                return Err(codes::ERROR);
+            };
+            debug_assert!(last >= first_returned && last < next_offset);
+            self.offsets.store(owner, last).map_err(storage_status)?;
+        }
+        Ok(read)
+    }
+
+    /// `owner`'s stored offset, if any.
+    pub fn stored_offset(&self, owner: &OffsetOwner) -> Option<u64> {
+        self.offsets.get(owner)
+    }
+
+    pub fn store_offset(&mut self, owner: &OffsetOwner, offset: u64) -> Result<(), u32> {
+        self.offsets.store(owner, offset).map_err(storage_status)
+    }
+
+    /// Delete `owner`'s stored offset (`CONSUMER_OFFSET_NOT_FOUND` when none).
+    pub fn delete_offset(&mut self, owner: &OffsetOwner) -> Result<(), u32> {
+        if self.offsets.delete(owner).map_err(storage_status)? {
+            Ok(())
+        } else {
+            Err(codes::CONSUMER_OFFSET_NOT_FOUND)
+        }
+    }
+
+    /// A client's flush: refused once the partition stopped; with `fsync`, a barrier over
+    /// everything written (in durable mode everything acknowledged is stable already; this
+    /// covers relaxed-mode writes the background barrier has not reached yet).
+    pub fn flush(&mut self, fsync: bool) -> Result<(), FlushError> {
+        if self.log.stopped_reason().is_some() {
+            return Err(FlushError::Stopped);
+        }
+        if fsync {
+            self.log.commit().map_err(FlushError::BarrierFailed)?;
+        }
+        Ok(())
+    }
+
+    /// The offset a purge of the partition now would purge up to: its append counter.
+    pub fn purge_target(&self) -> u64 {
+        self.log.next_offset()
+    }
+
+    /// Purge every message below `target` (the [`PartitionData::purge_target`] the metadata
+    /// recorded) and every stored offset: offsets first, so a crash after them is finished at
+    /// boot (the log still starts below the target) and no stored offset outlives its purge.
+    pub fn purge(&mut self, target: u64) -> Result<(), u32> {
+        self.offsets.clear().map_err(storage_status)?;
+        self.log.purge().map_err(storage_status)?;
+        debug_assert_eq!(self.log.start_offset(), target);
+        Ok(())
+    }
+}
+
+/// A storage failure as a client sees it (logged here with its cause).
+pub fn storage_status(error: impl std::fmt::Display) -> u32 {
+    tracing::error!(%error, "storage operation failed");
+    codes::ERROR
 }
 
 /// The data of a serving partition, or the status for one that is not.

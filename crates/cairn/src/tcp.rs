@@ -10,7 +10,7 @@
 
 use crate::handler::{self, Server, Session};
 use bytes::BytesMut;
-use cairn_storage::log::ReadPart;
+use cairn_storage::read::ReadPart;
 use cairn_wire::codes;
 use cairn_wire::command::Command;
 use cairn_wire::frame::{self, EvictionReason, HEADER_SIZE, HeaderError, RequestHeader};

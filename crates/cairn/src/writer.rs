@@ -678,7 +678,7 @@ async fn stabilize(shared: &Arc<WriterShared>) -> bool {
             // Deleted (or refused): nothing to make stable.
             return true;
         };
-        if data.log.stopped_reason().is_some() {
+        if data.stopped_reason().is_some() {
             return false;
         }
         let started = Instant::now();
@@ -966,7 +966,7 @@ mod tests {
 
     fn stopped(shared: &WriterShared) -> bool {
         match &*lock(&shared.state) {
-            PartitionState::Serving(data) => data.log.stopped_reason().is_some(),
+            PartitionState::Serving(data) => data.stopped_reason().is_some(),
             _ => panic!("partition not serving"),
         }
     }
