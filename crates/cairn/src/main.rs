@@ -438,7 +438,7 @@ async fn stop_partitions(server: &handler::Server) {
         );
         if let partition::PartitionState::Serving(data) = state {
             let stopped = data.stopped_reason().map(str::to_string);
-            match (data.log.close(), stopped) {
+            match (data.close(), stopped) {
                 (Ok(()), _) => {}
                 (Err(_), Some(reason)) => tracing::warn!(
                     partition_dir = %partition.dir.display(),

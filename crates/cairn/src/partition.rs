@@ -9,7 +9,7 @@
 //! This module sits below the catalog, the writer and retention, and imports none of them.
 
 use cairn_storage::StorageError;
-use cairn_storage::log::{LogStats, PartitionLog};
+use cairn_storage::log::{LogStats, PartitionLog, SegmentInfo};
 use cairn_storage::offsets::{ConsumerOffsets, OffsetOwner};
 use cairn_storage::read::{ReadOutcome, ReadPart};
 use cairn_wire::codes;
@@ -153,6 +153,26 @@ impl PartitionData {
             self.log.commit().map_err(FlushError::BarrierFailed)?;
         }
         Ok(())
+    }
+
+    /// The oldest sealed segment retention may delete, if any (never the one written).
+    pub fn oldest_sealed_segment(&self) -> Option<SegmentInfo> {
+        self.log.oldest_sealed_segment()
+    }
+
+    /// Delete the oldest `count` sealed segments (fewer if fewer are sealed), oldest first.
+    pub fn delete_oldest_segments(&mut self, count: usize) -> Result<Vec<SegmentInfo>, StorageError> {
+        self.log.delete_oldest_segments(count)
+    }
+
+    /// The first offset still retained.
+    pub fn start_offset(&self) -> u64 {
+        self.log.start_offset()
+    }
+
+    /// The clean stop: everything made stable, so the next start continues without a gap.
+    pub fn close(self) -> Result<(), StorageError> {
+        self.log.close()
     }
 
     /// The offset a purge of the partition now would purge up to: its append counter.

@@ -2,8 +2,8 @@
 //! (`max_topic_size`), on a timer, plus the DeleteSegments request's deletion.
 //!
 //! Only sealed segments are ever deleted (never a partition's active segment), always the
-//! oldest first, through [`cairn_storage::log::PartitionLog::delete_oldest_segments`], which
-//! advances `start.meta` before removing files. Each deletion takes the partition lock for one
+//! oldest first, through [`crate::partition::PartitionData::delete_oldest_segments`] (the
+//! log advances `start.meta` before removing files). Each deletion takes the partition lock for one
 //! segment only, so sends to the partition wait at most one deletion (one `start.meta` write
 //! and two unlinks).
 //!
@@ -45,7 +45,7 @@ impl Reason {
 pub fn delete_segments(partition: &Partition, count: usize, reason: Reason) -> Result<Vec<SegmentInfo>, u32> {
     let mut state = lock(&partition.state);
     let data = serving(&mut state)?;
-    let deleted = data.log.delete_oldest_segments(count).map_err(|error| {
+    let deleted = data.delete_oldest_segments(count).map_err(|error| {
         tracing::error!(
             partition_dir = %partition.dir.display(),
             %error,
@@ -55,7 +55,7 @@ pub fn delete_segments(partition: &Partition, count: usize, reason: Reason) -> R
         );
         cairn_wire::codes::ERROR
     })?;
-    let start_offset = data.log.start_offset();
+    let start_offset = data.start_offset();
     drop(state);
     for info in &deleted {
         tracing::info!(
@@ -120,8 +120,7 @@ fn expire(partition: &Partition, cutoff_us: u64) {
             let Ok(data) = serving(&mut state) else {
                 return;
             };
-            data.log
-                .oldest_sealed_segment()
+            data.oldest_sealed_segment()
                 .is_some_and(|oldest| oldest.newest_timestamp_us.is_none_or(|t| t < cutoff_us))
         };
         // A send may seal another segment in between; deleting the oldest one is still right
@@ -144,8 +143,8 @@ fn shrink(partitions: &[Arc<Partition>], max_size_bytes: u64) {
             let Ok(data) = serving(&mut state) else {
                 continue;
             };
-            size_bytes = size_bytes.saturating_add(data.log.stats().size_bytes);
-            if let Some(segment) = data.log.oldest_sealed_segment() {
+            size_bytes = size_bytes.saturating_add(data.stats().size_bytes);
+            if let Some(segment) = data.oldest_sealed_segment() {
                 let newest_us = segment.newest_timestamp_us.unwrap_or(0);
                 if oldest.is_none_or(|(_, best_us)| newest_us < best_us) {
                     oldest = Some((position, newest_us));
