@@ -367,12 +367,7 @@ pub fn check(dir: &Path, (stream_id, topic_id, partition_id): (u32, u32, u32)) -
     }
     let mut report = PartitionReport::empty(dir, partition_id);
     let log_dir = dir.join(LOG_DIR);
-    report.segment_files = std::fs::read_dir(&log_dir).map_or(0, |entries| {
-        entries
-            .filter_map(Result::ok)
-            .filter(|entry| entry.file_name().to_string_lossy().ends_with(".log"))
-            .count()
-    });
+    report.segment_files = segment_files(&log_dir).len();
     // The segment size matters to writes only; a read-only open writes nothing.
     let params = LogParams::new(partition_id, JOURNAL_SEGMENT_SIZE_ANY);
     let opened = PartitionGroup::open_read_only_with(
@@ -422,6 +417,20 @@ pub fn check(dir: &Path, (stream_id, topic_id, partition_id): (u32, u32, u32)) -
         }),
     }
     Some(report)
+}
+
+/// The journal's segment files in `log_dir`, in name order (by first op); none if it cannot
+/// be listed.
+fn segment_files(log_dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(log_dir).map_or(Vec::new(), |entries| {
+        entries
+            .filter_map(Result::ok)
+            .map(|entry| entry.path())
+            .filter(|path| path.extension().is_some_and(|extension| extension == "log"))
+            .collect()
+    });
+    files.sort();
+    files
 }
 
 /// Any valid journal segment size, for opens that write nothing.
@@ -672,14 +681,7 @@ mod tests {
         group.submit(OPERATION_STORE_OFFSET, &store).expect("store");
         let before = group.state_machine().state().clone();
         assert!(group.commit_op() > Shape::PARTITION.checkpoint_interval_ops);
-        let segments = std::fs::read_dir(dir.join(LOG_DIR))
-            .expect("log dir")
-            .filter(|entry| {
-                entry
-                    .as_ref()
-                    .is_ok_and(|entry| entry.file_name().to_string_lossy().ends_with(".log"))
-            })
-            .count();
+        let segments = segment_files(&dir.join(LOG_DIR)).len();
         assert!(segments > 3, "{segments} segments");
         drop(group);
 
@@ -909,12 +911,7 @@ mod tests {
         assert_eq!(report.resume_offset, Some(120));
 
         // A tail above the frontier: recoverable, and the checker leaves it in place.
-        let segment = std::fs::read_dir(dir.join(LOG_DIR))
-            .expect("log dir")
-            .map(|entry| entry.expect("entry").path())
-            .filter(|path| path.extension().is_some_and(|extension| extension == "log"))
-            .max()
-            .expect("a segment");
+        let segment = segment_files(&dir.join(LOG_DIR)).pop().expect("a segment");
         let mut bytes = std::fs::read(&segment).expect("segment");
         let synced_len = bytes.len();
         bytes.extend_from_slice(&[0x5A; 100]);
@@ -1010,12 +1007,7 @@ mod tests {
         let before = group.state_machine().state().clone();
         drop(group);
         // The active segment: the last one.
-        let segment = std::fs::read_dir(dir.join(LOG_DIR))
-            .expect("log dir")
-            .map(|entry| entry.expect("entry").path())
-            .filter(|path| path.extension().is_some_and(|extension| extension == "log"))
-            .max()
-            .expect("a segment");
+        let segment = segment_files(&dir.join(LOG_DIR)).pop().expect("a segment");
         let mut bytes = std::fs::read(&segment).expect("segment");
         let synced_len = bytes.len();
         bytes.extend_from_slice(&[0xA5; 300]);
