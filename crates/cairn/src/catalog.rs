@@ -16,15 +16,15 @@
 //!   removed at boot, so deleted data never comes back.
 
 use crate::node::{GroupError, LocalGroup};
-use crate::partition::{PartitionData, PartitionState, finish_purge, lock, offsets_dir, remove_dir};
+use crate::partition::{PartitionData, PartitionState, lock, remove_dir};
 use crate::writer::{CommitCounters, WriterContext, WriterHandle};
 use cairn_machine::metadata::{
     Applied, Effect, Metadata, MetadataMachine, MetadataOp, OPERATION_METADATA, PartitionDoc, Stream,
     TopicDoc,
 };
 use cairn_storage::StorageError;
-use cairn_storage::log::{LogConfig, PartitionLog};
-use cairn_storage::offsets::{ConsumerOffsets, OffsetOwner};
+use cairn_storage::log::LogConfig;
+use cairn_storage::offsets::OffsetOwner;
 use cairn_wire::codes;
 use cairn_wire::types::Identifier;
 use std::collections::BTreeMap;
@@ -216,7 +216,7 @@ impl Partition {
     }
 
     fn open(dir: PathBuf, doc: PartitionDoc, log_config: LogConfig, writers: &WriterContext) -> Partition {
-        let state = match Self::open_data(&dir, doc, log_config) {
+        let state = match PartitionData::open(&dir, doc.id, doc.purge_target, log_config) {
             Ok(data) => PartitionState::Serving(Box::new(data)),
             Err(error) => {
                 tracing::error!(
@@ -232,17 +232,6 @@ impl Partition {
         Partition::assemble(dir, doc, state, writers)
     }
 
-    fn open_data(
-        dir: &Path,
-        doc: PartitionDoc,
-        log_config: LogConfig,
-    ) -> Result<PartitionData, StorageError> {
-        let mut log = PartitionLog::open(dir, doc.id, log_config)?;
-        let mut offsets = ConsumerOffsets::open(&offsets_dir(dir))?;
-        finish_purge(dir, doc.purge_target, &mut log, &mut offsets)?;
-        Ok(PartitionData { log, offsets })
-    }
-
     /// Create the files of a new partition. An orphan directory left by an interrupted
     /// create (never named by metadata, never acknowledged) is cleared first.
     fn create(
@@ -255,9 +244,7 @@ impl Partition {
             tracing::warn!(partition_dir = %dir.display(), "removing orphan partition directory left by an interrupted create");
             remove_dir(&dir)?;
         }
-        let log = PartitionLog::create(&dir, doc.id, log_config)?;
-        let offsets = ConsumerOffsets::open(&offsets_dir(&dir))?;
-        let state = PartitionState::Serving(Box::new(PartitionData { log, offsets }));
+        let state = PartitionState::Serving(Box::new(PartitionData::create(&dir, doc.id, log_config)?));
         Ok(Partition::assemble(dir, doc, state, writers))
     }
 

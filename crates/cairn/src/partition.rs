@@ -9,7 +9,7 @@
 //! This module sits below the catalog, the writer and retention, and imports none of them.
 
 use cairn_storage::StorageError;
-use cairn_storage::log::{LogStats, PartitionLog, SegmentInfo};
+use cairn_storage::log::{LogConfig, LogStats, PartitionLog, SegmentInfo};
 use cairn_storage::offsets::{ConsumerOffsets, OffsetOwner};
 use cairn_storage::read::{ReadOutcome, ReadPart};
 use cairn_wire::codes;
@@ -49,6 +49,31 @@ pub enum FlushError {
 }
 
 impl PartitionData {
+    /// Open the partition in `dir`: recover its log and stored offsets, and finish a purge
+    /// the metadata recorded up to `purge_target` that did not reach it.
+    pub fn open(
+        dir: &Path,
+        partition_id: u32,
+        purge_target: u64,
+        log_config: LogConfig,
+    ) -> Result<PartitionData, StorageError> {
+        let mut log = PartitionLog::open(dir, partition_id, log_config)?;
+        let mut offsets = ConsumerOffsets::open(&offsets_dir(dir))?;
+        finish_purge(dir, purge_target, &mut log, &mut offsets)?;
+        Ok(PartitionData { log, offsets })
+    }
+
+    /// Create the files of a new, empty partition in `dir`.
+    pub fn create(
+        dir: &Path,
+        partition_id: u32,
+        log_config: LogConfig,
+    ) -> Result<PartitionData, StorageError> {
+        let log = PartitionLog::create(dir, partition_id, log_config)?;
+        let offsets = ConsumerOffsets::open(&offsets_dir(dir))?;
+        Ok(PartitionData { log, offsets })
+    }
+
     /// Why the partition takes no more writes, if it stopped.
     pub fn stopped_reason(&self) -> Option<&str> {
         self.log.stopped_reason()
