@@ -48,8 +48,9 @@
 //! only then may the core count those ops durable (and acknowledge them). At open, everything
 //! below the frontier must verify (damage is refused, never cut), and everything above it is
 //! dropped: it was never reported durable, and it may hold an op only partly written (its
-//! records are one write, and a crash can keep a prefix of it). A failed write or barrier
-//! stops the journal until it is reopened.
+//! records are one write, and a crash can keep a prefix of it). A failed write is cut back
+//! (and a segment it left empty removed), and the journal goes on; if that undo fails, or a
+//! barrier fails, the journal stops until it is reopened.
 //!
 //! # Cutting back (a view change replaced a prepare)
 //!
@@ -779,6 +780,13 @@ impl JournalLog {
             // Cut a partial write back so the file ends at the last whole op again.
             if let Err(cut_error) = self.active_file().set_len(position_bytes) {
                 self.stopped = Some(format!("cannot cut back a failed write: {cut_error}"));
+            } else if position_bytes == 0
+                && self.segments.len() > 1
+                && let Err(undo_error) = self.drop_empty_active_segment()
+            {
+                self.stopped = Some(format!(
+                    "cannot remove the segment a failed write left empty: {undo_error}"
+                ));
             }
             return Err(error);
         }
@@ -978,6 +986,20 @@ impl JournalLog {
             .map_err(|fault| damaged(format!("op {op}'s op record does not verify on read: {fault}")))?;
         record.drain(..RECORD_HEADER_SIZE);
         Ok(record)
+    }
+
+    /// Undo a rotation whose first write failed: remove the empty segment it started, so the
+    /// frontier never lies at the start of a segment but the first (a sync now would put it
+    /// there, and an open looks for it in the segment of its last op), and write to the
+    /// previous segment again.
+    fn drop_empty_active_segment(&mut self) -> Result<(), StorageError> {
+        debug_assert!(self.segments.len() > 1);
+        debug_assert_eq!(self.segments.last().map(|segment| segment.len_bytes), Some(0));
+        let previous = self.segments[self.segments.len() - 2];
+        self.active = Some(self.disk.open_write(&previous.path(&self.dir))?);
+        let empty = self.segments.pop().expect("more than one segment");
+        self.disk.remove_file(&empty.path(&self.dir))?;
+        self.disk.sync_dir(&self.dir)
     }
 
     fn rotate_if_full(&mut self) -> Result<(), StorageError> {

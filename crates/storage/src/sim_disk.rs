@@ -135,6 +135,8 @@ struct SimState {
     ops_until_power_cut: Option<u64>,
     power_cut: bool,
     sync_data_failures_left: u32,
+    /// Writes that fail as a full disk does: half the bytes written, then ENOSPC.
+    write_failures_left: u32,
     inodes: BTreeMap<u64, Inode>,
     next_inode: u64,
     namespace: BTreeMap<PathBuf, u64>,
@@ -262,6 +264,12 @@ impl SimDisk {
         self.lock().sync_data_failures_left = count;
     }
 
+    /// The next `count` file writes fail as on a full disk: the first half of their bytes is
+    /// written (unsynced), then ENOSPC is reported.
+    pub fn fail_next_writes(&self, count: u32) {
+        self.lock().write_failures_left = count;
+    }
+
     /// Cut the power after `ops` more operations: operation number `ops` (0-based) is applied
     /// but reports an error, every later one fails without effect, until [`SimDisk::crash`].
     pub fn cut_power_after(&self, ops: u64) {
@@ -327,6 +335,7 @@ impl SimDisk {
         state.power_cut = false;
         state.ops_until_power_cut = None;
         state.sync_data_failures_left = 0;
+        state.write_failures_left = 0;
         state.stats.crash_count += 1;
     }
 
@@ -616,13 +625,21 @@ impl ReadFile for SimFile {
 impl WriteFile for SimFile {
     fn write_all_at(&mut self, position_bytes: u64, bytes: &[u8]) -> Result<(), StorageError> {
         let (mut state, cut) = self.begin()?;
+        let full = state.write_failures_left > 0;
+        if full {
+            state.write_failures_left -= 1;
+        }
         let inode = state.inodes.get_mut(&self.inode).expect("checked by begin");
+        let written = if full { &bytes[..bytes.len() / 2] } else { bytes };
         let op = DataOp::Write {
             position_bytes,
-            bytes: bytes.to_vec(),
+            bytes: written.to_vec(),
         };
         apply_data_op(&mut inode.volatile, &op);
         inode.pending.push(op);
+        if full {
+            return Err(sim_error(&self.path, ErrorKind::StorageFull, "injected ENOSPC"));
+        }
         SimState::cut_result(cut, &self.path, ())
     }
 
