@@ -286,11 +286,14 @@ impl GroupJournal for LogJournal {
         };
         match written.and_then(|()| self.log.sync()) {
             Ok(_) => Ok(()),
-            // The journal cut the failed write back and goes on: the op was never written.
-            Err(error) if self.log.stopped_reason().is_none() => Err(GroupError::WriteUndone {
-                dir: self.dir.clone(),
-                reason: error.to_string(),
-            }),
+            // An IO error the journal undid (no space left, say): the op was never written.
+            // Anything else (a refused op is a bug upstream) stops the group.
+            Err(error @ StorageError::Io { .. }) if self.log.stopped_reason().is_none() => {
+                Err(GroupError::WriteUndone {
+                    dir: self.dir.clone(),
+                    reason: error.to_string(),
+                })
+            }
             Err(error) => Err(self.storage_error(error)),
         }
     }
