@@ -911,7 +911,20 @@ impl JournalLog {
             .get(&op)
             .ok_or_else(|| StorageError::Invalid(format!("no op {op} in the journal")))?;
         let path = self.dir.join(segment_log_name(extent.segment_first_op));
-        let file = self.disk.open_read(&path)?;
+        // The read handle polls share: recovery reads the op records of a whole window, and
+        // the replica reads bodies back op by op, mostly from one segment.
+        let file = {
+            let mut cache = self
+                .read_cache
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            Arc::clone(read::cached_file(
+                &mut cache,
+                self.disk.as_ref(),
+                &path,
+                extent.segment_first_op,
+            )?)
+        };
         let mut bytes = vec![0u8; extent.len_bytes as usize];
         file.read_exact_at(extent.position_bytes, &mut bytes)?;
         let mut chain = extent.chain_before;
@@ -965,7 +978,20 @@ impl JournalLog {
             .get(&op)
             .ok_or_else(|| StorageError::Invalid(format!("no op {op} in the journal")))?;
         let path = self.dir.join(segment_log_name(extent.segment_first_op));
-        let file = self.disk.open_read(&path)?;
+        // The read handle polls share: recovery reads the op records of a whole window, and
+        // the replica reads bodies back op by op, mostly from one segment.
+        let file = {
+            let mut cache = self
+                .read_cache
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            Arc::clone(read::cached_file(
+                &mut cache,
+                self.disk.as_ref(),
+                &path,
+                extent.segment_first_op,
+            )?)
+        };
         let mut head = [0u8; RECORD_HEADER_SIZE];
         file.read_exact_at(extent.position_bytes, &mut head)?;
         let damaged = |reason: String| StorageError::Damaged {
@@ -998,6 +1024,11 @@ impl JournalLog {
         let previous = self.segments[self.segments.len() - 2];
         self.active = Some(self.disk.open_write(&previous.path(&self.dir))?);
         let empty = self.segments.pop().expect("more than one segment");
+        // Its name is started again by the next rotation.
+        *self
+            .read_cache
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
         self.disk.remove_file(&empty.path(&self.dir))?;
         self.disk.sync_dir(&self.dir)
     }
