@@ -103,13 +103,9 @@ impl PartitionData {
         out: &mut Vec<u8>,
         parts: &mut Vec<ReadPart>,
     ) -> Result<ReadOutcome, u32> {
-        let nothing = ReadOutcome {
-            messages_count: 0,
-            last_offset: None,
-        };
         let next_offset = self.log.visible_next_offset();
         let Some(first_offset) = self.log.first_offset() else {
-            return Ok(nothing);
+            return Ok(ReadOutcome::NOTHING);
         };
         let start = match strategy {
             PollingStrategy::Offset(value) => Some(value),
@@ -129,7 +125,7 @@ impl PartitionData {
             PollingStrategy::Timestamp(t) => self.log.offset_at_timestamp(t).map_err(storage_status)?,
         };
         let Some(start) = start.filter(|&start| count > 0 && start < next_offset) else {
-            return Ok(nothing);
+            return Ok(ReadOutcome::NOTHING);
         };
         let first_returned = start.max(first_offset);
         let read = self

@@ -794,10 +794,7 @@ impl PartitionLog {
         let visible_end_offset = self.visible_next_offset();
         let start_offset = from_offset.max(self.first_offset().unwrap_or(visible_end_offset));
         if start_offset >= visible_end_offset {
-            return Ok(ReadOutcome {
-                messages_count: 0,
-                last_offset: None,
-            });
+            return Ok(ReadOutcome::NOTHING);
         }
         PollRead::run(
             self.partition_id,

@@ -56,8 +56,17 @@ pub struct ReadOutcome {
     pub last_offset: Option<u64>,
 }
 
+impl ReadOutcome {
+    /// A read that appended nothing.
+    pub const NOTHING: ReadOutcome = ReadOutcome {
+        messages_count: 0,
+        last_offset: None,
+    };
+}
+
 /// A segment's `.log` open for reads, kept across polls (consumers mostly read on in the
-/// segment they read last). Keyed by base offset, which no later segment of a log reuses.
+/// segment they read last). Keyed by the number in the segment's name; a log that removes a
+/// segment whose name a later one may take again empties the cache.
 #[derive(Debug)]
 pub(crate) struct CachedReader {
     base_offset: u64,
