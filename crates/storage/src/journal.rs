@@ -63,7 +63,7 @@
 
 use crate::StorageError;
 use crate::atomic_file;
-use crate::io::{Disk, WriteFile};
+use crate::io::{Disk, ReadFile, WriteFile};
 use crate::log::{EntryName, decode_start, encode_start, parse_entry_name, segment_log_name};
 use crate::read::{self, CachedReader, PollRead, ReadOutcome, ReadPart};
 use crate::record::{
@@ -120,8 +120,8 @@ pub struct StoredOp {
 }
 
 /// Where one batch record of an append lies: the journal's index for polls, in offset
-/// order. The segment holding it is the last one whose base offset is at or below its base
-/// offset (segments are named by the chain's offset when they start).
+/// order. The segment holding it is the last one whose start offset is at or below its base
+/// offset (see [`JournalLog::segment_of`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct BatchEntry {
     base_offset: u64,
@@ -132,6 +132,13 @@ struct BatchEntry {
     /// The append's timestamp, raised to the one before it if lower (lookups binary-search;
     /// the partition machine never stamps one lower).
     timestamp_us: u64,
+}
+
+impl BatchEntry {
+    /// The offset after its last message.
+    fn end_offset(&self) -> u64 {
+        self.base_offset + u64::from(self.message_count)
+    }
 }
 
 /// A segment of the journal, for retention and stats.
@@ -202,8 +209,9 @@ pub struct JournalLog {
     /// Every batch record, in offset order. Invariant: contiguous offsets from
     /// `start.next_offset` to `chain.next_offset`.
     batches: Vec<BatchEntry>,
-    /// The read handle of the segment polls read last. Emptied by a cut: a segment a cut
-    /// removed may be started again under the same name.
+    /// The read handle of the segment read last (polls and ops read back). Emptied whenever
+    /// a segment is removed ([`JournalLog::forget_read_handle`]): a removed segment's name
+    /// may be started again.
     read_cache: Mutex<Option<CachedReader>>,
     /// The state file; `None` in a read-only journal.
     state: Option<StateFile>,
@@ -289,28 +297,19 @@ impl JournalLog {
         config: JournalConfig,
     ) -> Result<(JournalLog, JournalRecovery), StorageError> {
         check_config(&config)?;
-        let OpenPlan {
-            start,
-            loaded,
-            segments,
-            ops,
-            batches,
-            chain,
-            above,
-            below_start,
-            mut dropped_bytes,
-        } = plan_open(disk.as_ref(), dir, partition_id)?;
-        let frontier = loaded.frontier;
+        let plan = plan_open(disk.as_ref(), dir, partition_id)?;
+        let frontier = plan.loaded.frontier;
         // Only now, with everything kept verified: finish a removal of the oldest segments
         // that a crash interrupted, and drop what lies above the frontier.
-        for &first_op in &below_start {
+        for &first_op in &plan.below_start {
             disk.remove_file(&dir.join(segment_log_name(first_op)))?;
         }
-        for &(first_op, len) in above.iter().rev() {
+        let mut dropped_bytes = plan.dropped_bytes;
+        for &(first_op, len) in plan.above.iter().rev() {
             dropped_bytes += len;
             disk.remove_file(&dir.join(segment_log_name(first_op)))?;
         }
-        let active_path = segments.last().expect("the frontier's segment").path(dir);
+        let active_path = plan.segments.last().expect("the frontier's segment").path(dir);
         let mut active = disk.open_write(&active_path)?;
         if dropped_bytes > 0 {
             active.set_len(frontier.segment_len_bytes)?;
@@ -318,30 +317,11 @@ impl JournalLog {
         }
         // Even an empty segment's removal is made durable: a stale segment coming back under a
         // name at or below a later frontier's op would be taken for the frontier's segment.
-        if dropped_bytes > 0 || !above.is_empty() || !below_start.is_empty() {
+        if dropped_bytes > 0 || !plan.above.is_empty() || !plan.below_start.is_empty() {
             disk.sync_dir(dir)?;
         }
-        let journal = JournalLog {
-            active: Some(active),
-            state: Some(StateFile::open(
-                disk.as_ref(),
-                &dir.join(STATE_FILE_NAME),
-                loaded,
-            )?),
-            frontier: loaded.frontier,
-            disk,
-            dir: dir.to_path_buf(),
-            partition_id,
-            config,
-            start,
-            segments,
-            chain,
-            ops,
-            batches,
-            read_cache: Mutex::new(None),
-            stopped: None,
-        };
-        journal.check_invariants();
+        let state = StateFile::open(disk.as_ref(), &dir.join(STATE_FILE_NAME), plan.loaded)?;
+        let journal = JournalLog::from_plan(disk, dir, partition_id, config, plan, Some((active, state)));
         let durable_op = journal.durable_op();
         Ok((
             journal,
@@ -376,6 +356,24 @@ impl JournalLog {
         check_config(&config)?;
         let plan = plan_open(disk.as_ref(), dir, partition_id)?;
         let inspection = inspection_of(&plan);
+        Ok((
+            JournalLog::from_plan(disk, dir, partition_id, config, plan, None),
+            inspection,
+        ))
+    }
+
+    /// The journal an open's plan describes, with the write handles of the active segment and
+    /// the state file; without them it is read-only (stopped, so every write is refused).
+    fn from_plan(
+        disk: Arc<dyn Disk>,
+        dir: &Path,
+        partition_id: u32,
+        config: JournalConfig,
+        plan: OpenPlan,
+        writable: Option<(Box<dyn WriteFile>, StateFile)>,
+    ) -> JournalLog {
+        let stopped = writable.is_none().then(|| "opened read-only".to_string());
+        let (active, state) = writable.unzip();
         let journal = JournalLog {
             disk,
             dir: dir.to_path_buf(),
@@ -383,17 +381,17 @@ impl JournalLog {
             config,
             start: plan.start,
             segments: plan.segments,
-            active: None,
+            active,
             chain: plan.chain,
             ops: plan.ops,
             batches: plan.batches,
             read_cache: Mutex::new(None),
-            state: None,
+            state,
             frontier: plan.loaded.frontier,
-            stopped: Some("opened read-only".into()),
+            stopped,
         };
         journal.check_invariants();
-        Ok((journal, inspection))
+        journal
     }
 
     /// The op of the last record, or `start.next_op - 1` when the journal holds none.
@@ -476,10 +474,7 @@ impl JournalLog {
         let end_offset = end_offset.min(self.chain.next_offset);
         let start_offset = from_offset.max(self.start.next_offset);
         if start_offset >= end_offset {
-            return Ok(ReadOutcome {
-                messages_count: 0,
-                last_offset: None,
-            });
+            return Ok(ReadOutcome::NOTHING);
         }
         PollRead::run(
             self.partition_id,
@@ -497,13 +492,13 @@ impl JournalLog {
         let start_offset = read.start_offset();
         let first = self
             .batches
-            .partition_point(|entry| entry.base_offset + u64::from(entry.message_count) <= start_offset);
+            .partition_point(|entry| entry.end_offset() <= start_offset);
         let mut cache = self
             .read_cache
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         for entry in &self.batches[first..] {
-            if entry.base_offset + u64::from(entry.message_count) > end_offset {
+            if entry.end_offset() > end_offset {
                 break;
             }
             let segment = self.segment_of(entry.base_offset);
@@ -540,7 +535,7 @@ impl JournalLog {
             .partition_point(|entry| entry.timestamp_us < timestamp_us);
         self.batches
             .get(found)
-            .filter(|entry| entry.base_offset + u64::from(entry.message_count) <= end_offset)
+            .filter(|entry| entry.end_offset() <= end_offset)
             .map(|entry| entry.base_offset)
     }
 
@@ -634,10 +629,7 @@ impl JournalLog {
             .batches
             .partition_point(|entry| entry.base_offset < new_start.next_offset);
         self.batches.drain(..first_kept);
-        *self
-            .read_cache
-            .get_mut()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+        self.forget_read_handle();
         self.check_invariants();
         for segment in &gone {
             self.disk.remove_file(&segment.path(&self.dir))?;
@@ -850,23 +842,21 @@ impl JournalLog {
     }
 
     fn cut_steps(&mut self, extent: &OpExtent) -> Result<(), StorageError> {
-        let mut segment_index = self
+        let op_segment = self
             .segments
             .iter()
             .position(|segment| segment.first_op() == extent.segment_first_op)
             .expect("an op's segment is in the journal");
-        // A cut at a segment's first op removes that segment too (the frontier then lies at
-        // the end of the one before, never at the start of a segment but the first).
-        if extent.position_bytes == 0 && segment_index > 0 {
-            segment_index -= 1;
-        }
-        let cut_segment = Segment {
-            len_bytes: if extent.segment_first_op == self.segments[segment_index].first_op() {
-                extent.position_bytes
-            } else {
-                self.segments[segment_index].len_bytes
-            },
-            ..self.segments[segment_index]
+        // A cut at a segment's first op removes that segment too: the log then ends with the
+        // one before, whole (the frontier never lies at the start of a segment but the first).
+        let (segment_index, cut_segment) = if extent.position_bytes == 0 && op_segment > 0 {
+            (op_segment - 1, self.segments[op_segment - 1])
+        } else {
+            let segment = Segment {
+                len_bytes: extent.position_bytes,
+                ..self.segments[op_segment]
+            };
+            (op_segment, segment)
         };
         // Polls stop seeing the cut batches before any file changes (on a failure the
         // journal stops, and what it holds is then settled by a reopen).
@@ -874,10 +864,7 @@ impl JournalLog {
             .batches
             .partition_point(|entry| entry.base_offset < extent.chain_before.next_offset);
         self.batches.truncate(kept);
-        *self
-            .read_cache
-            .get_mut()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+        self.forget_read_handle();
         // 1. The frontier first, if the cut reaches below it.
         if self.durable_op() >= extent.op {
             self.publish(frontier_at(&cut_segment, extent.chain_before))?;
@@ -910,21 +897,7 @@ impl JournalLog {
             .ops
             .get(&op)
             .ok_or_else(|| StorageError::Invalid(format!("no op {op} in the journal")))?;
-        let path = self.dir.join(segment_log_name(extent.segment_first_op));
-        // The read handle polls share: recovery reads the op records of a whole window, and
-        // the replica reads bodies back op by op, mostly from one segment.
-        let file = {
-            let mut cache = self
-                .read_cache
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            Arc::clone(read::cached_file(
-                &mut cache,
-                self.disk.as_ref(),
-                &path,
-                extent.segment_first_op,
-            )?)
-        };
+        let (path, file) = self.segment_reader(extent.segment_first_op)?;
         let mut bytes = vec![0u8; extent.len_bytes as usize];
         file.read_exact_at(extent.position_bytes, &mut bytes)?;
         let mut chain = extent.chain_before;
@@ -977,21 +950,7 @@ impl JournalLog {
             .ops
             .get(&op)
             .ok_or_else(|| StorageError::Invalid(format!("no op {op} in the journal")))?;
-        let path = self.dir.join(segment_log_name(extent.segment_first_op));
-        // The read handle polls share: recovery reads the op records of a whole window, and
-        // the replica reads bodies back op by op, mostly from one segment.
-        let file = {
-            let mut cache = self
-                .read_cache
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            Arc::clone(read::cached_file(
-                &mut cache,
-                self.disk.as_ref(),
-                &path,
-                extent.segment_first_op,
-            )?)
-        };
+        let (path, file) = self.segment_reader(extent.segment_first_op)?;
         let mut head = [0u8; RECORD_HEADER_SIZE];
         file.read_exact_at(extent.position_bytes, &mut head)?;
         let damaged = |reason: String| StorageError::Damaged {
@@ -1014,6 +973,33 @@ impl JournalLog {
         Ok(record)
     }
 
+    /// The path and the read handle of the segment named `first_op`, through the cache polls
+    /// use too: recovery reads the op records of a whole window, and the replica reads bodies
+    /// back op by op, mostly from one segment.
+    fn segment_reader(&self, first_op: u64) -> Result<(PathBuf, Arc<dyn ReadFile>), StorageError> {
+        let path = self.dir.join(segment_log_name(first_op));
+        let mut cache = self
+            .read_cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let file = Arc::clone(read::cached_file(
+            &mut cache,
+            self.disk.as_ref(),
+            &path,
+            first_op,
+        )?);
+        Ok((path, file))
+    }
+
+    /// Drop the cached read handle: a segment is being removed, and its name may be started
+    /// again (a stale handle would serve the removed file's records).
+    fn forget_read_handle(&mut self) {
+        *self
+            .read_cache
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+    }
+
     /// Undo a rotation whose first write failed: remove the empty segment it started, so the
     /// frontier never lies at the start of a segment but the first (a sync now would put it
     /// there, and an open looks for it in the segment of its last op), and write to the
@@ -1025,10 +1011,7 @@ impl JournalLog {
         self.active = Some(self.disk.open_write(&previous.path(&self.dir))?);
         let empty = self.segments.pop().expect("more than one segment");
         // Its name is started again by the next rotation.
-        *self
-            .read_cache
-            .get_mut()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+        self.forget_read_handle();
         self.disk.remove_file(&empty.path(&self.dir))?;
         self.disk.sync_dir(&self.dir)
     }
@@ -1130,9 +1113,11 @@ impl JournalLog {
                 .first()
                 .is_none_or(|first| first.base_offset == self.start.next_offset)
         );
-        debug_assert!(self.batches.last().is_none_or(|last| {
-            last.base_offset + u64::from(last.message_count) == self.chain.next_offset
-        }));
+        debug_assert!(
+            self.batches
+                .last()
+                .is_none_or(|last| last.end_offset() == self.chain.next_offset)
+        );
     }
 }
 
