@@ -746,12 +746,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     /// superblock names it: what lies in the journal at or below it is then never read again
     /// (a partition removes those segments). Returns the checkpoint's op.
     pub fn checkpoint(&mut self) -> Result<u64, GroupError> {
-        if let Some(reason) = &self.stopped {
-            return Err(GroupError::Stopped {
-                dir: self.files.dir.clone(),
-                reason: reason.clone(),
-            });
-        }
+        self.check_not_stopped()?;
         self.replica.checkpoint_now();
         self.pump()?;
         Ok(self.checkpoint_op())
@@ -778,12 +773,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     /// `Ok`, the op is durable and applied.
     pub fn submit(&mut self, operation: u8, body: &[u8]) -> Result<Vec<u8>, GroupError> {
         debug_assert!(!self.files.read_only, "a read-only group takes no requests");
-        if let Some(reason) = &self.stopped {
-            return Err(GroupError::Stopped {
-                dir: self.files.dir.clone(),
-                reason: reason.clone(),
-            });
-        }
+        self.check_not_stopped()?;
         if body.len() > J::SHAPE.body_size_max() {
             return Err(GroupError::TooLarge {
                 len: body.len(),
@@ -841,6 +831,17 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             dir: self.files.dir.clone(),
             reason,
         })
+    }
+
+    /// `Stopped` once a failed write stopped the group.
+    fn check_not_stopped(&self) -> Result<(), GroupError> {
+        match &self.stopped {
+            Some(reason) => Err(GroupError::Stopped {
+                dir: self.files.dir.clone(),
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// A request failed on `error`. A write the journal undid leaves the files as they were
