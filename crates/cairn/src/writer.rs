@@ -100,7 +100,8 @@ impl AckMode {
 
 /// The one barrier of a group: `PartitionLog::commit` makes everything appended so far stable
 /// (one fdatasync of the data) and publishes the frontier in place (durable mode: only then do
-/// polls see it). The only place the server makes data stable.
+/// polls see it). The only other caller of `commit` is a client's explicit flush
+/// (`PartitionData::flush`).
 pub fn barrier(log: &mut PartitionLog) -> Result<CommitInfo, StorageError> {
     log.commit()
 }
