@@ -16,15 +16,14 @@
 //!   removed at boot, so deleted data never comes back.
 
 use crate::node::{GroupError, LocalGroup};
-use crate::partition::{PartitionData, PartitionState, lock, remove_dir};
+use crate::partition::{PartitionData, PartitionIds, PartitionState, lock, remove_dir};
 use crate::writer::{CommitCounters, WriterContext, WriterHandle};
 use cairn_machine::metadata::{
     Applied, Effect, Metadata, MetadataMachine, MetadataOp, OPERATION_METADATA, PartitionDoc, Stream,
     TopicDoc,
 };
+use cairn_machine::partition::Owner;
 use cairn_storage::StorageError;
-use cairn_storage::log::LogConfig;
-use cairn_storage::offsets::OffsetOwner;
 use cairn_wire::codes;
 use cairn_wire::types::Identifier;
 use std::collections::BTreeMap;
@@ -145,7 +144,8 @@ impl Membership {
 /// The whole catalog. Guarded by one `RwLock` in the server; partitions have their own locks.
 pub struct Catalog {
     pub data_dir: PathBuf,
-    pub log_config: LogConfig,
+    /// The server's segment size (`storage.segment_size_bytes`); a topic may set its own.
+    pub segment_size_bytes: u64,
     /// Starts each partition's writer when the partition is opened or created.
     pub writers: WriterContext,
     /// The replicated metadata log; its state machine holds the committed metadata, changed
@@ -182,6 +182,8 @@ pub enum CatalogError {
     Storage(#[from] StorageError),
     #[error("the replicated metadata log: {0}")]
     Group(GroupError),
+    #[error("a partition's replicated log: {0}")]
+    Partition(GroupError),
 }
 
 impl Partition {
@@ -215,8 +217,15 @@ impl Partition {
         lock(&self.writer).take()
     }
 
-    fn open(dir: PathBuf, doc: PartitionDoc, log_config: LogConfig, writers: &WriterContext) -> Partition {
-        let state = match PartitionData::open(&dir, doc.id, doc.purge_target, log_config) {
+    fn open(
+        dir: PathBuf,
+        ids: PartitionIds,
+        doc: PartitionDoc,
+        segment_size_bytes: u64,
+        writers: &WriterContext,
+    ) -> Partition {
+        debug_assert_eq!(ids.partition_id, doc.id);
+        let state = match PartitionData::open(&dir, ids, doc.purge_target, segment_size_bytes) {
             Ok(data) => PartitionState::Serving(Box::new(data)),
             Err(error) => {
                 tracing::error!(
@@ -237,14 +246,16 @@ impl Partition {
     fn create(
         dir: PathBuf,
         doc: PartitionDoc,
-        log_config: LogConfig,
+        ids: PartitionIds,
+        segment_size_bytes: u64,
         writers: &WriterContext,
-    ) -> Result<Partition, StorageError> {
+    ) -> Result<Partition, CatalogError> {
         if dir.exists() {
             tracing::warn!(partition_dir = %dir.display(), "removing orphan partition directory left by an interrupted create");
             remove_dir(&dir)?;
         }
-        let state = PartitionState::Serving(Box::new(PartitionData::create(&dir, doc.id, log_config)?));
+        let data = PartitionData::create(&dir, ids, segment_size_bytes).map_err(CatalogError::Partition)?;
+        let state = PartitionState::Serving(Box::new(data));
         Ok(Partition::assemble(dir, doc, state, writers))
     }
 
@@ -284,7 +295,7 @@ impl Catalog {
     /// The flag is true when no metadata existed (first start).
     pub fn load(
         data_dir: &Path,
-        log_config: LogConfig,
+        segment_size_bytes: u64,
         writers: WriterContext,
     ) -> Result<(Catalog, bool), CatalogError> {
         std::fs::create_dir_all(data_dir).map_err(|source| StorageError::Io {
@@ -300,13 +311,18 @@ impl Catalog {
         let mut runtime = BTreeMap::new();
         for stream in meta.streams.values() {
             for topic in stream.topics.values() {
-                let topic_config = topic_log_config(log_config, topic);
+                let topic_segment_size = topic_segment_size(segment_size_bytes, topic);
                 let partitions = topic
                     .partitions
                     .iter()
                     .map(|p| {
                         let dir = partition_dir(data_dir, stream.id, topic.id, p.id);
-                        Arc::new(Partition::open(dir, *p, topic_config, &writers))
+                        let ids = PartitionIds {
+                            stream_id: stream.id,
+                            topic_id: topic.id,
+                            partition_id: p.id,
+                        };
+                        Arc::new(Partition::open(dir, ids, *p, topic_segment_size, &writers))
                     })
                     .collect();
                 runtime.insert(
@@ -320,7 +336,7 @@ impl Catalog {
         }
         let catalog = Catalog {
             data_dir: data_dir.to_path_buf(),
-            log_config,
+            segment_size_bytes,
             writers,
             group,
             runtime,
@@ -420,15 +436,19 @@ impl Catalog {
     }
 
     /// The part of an op's effects that comes before it is durable.
-    fn stage(&self, next: &Metadata, effects: &[Effect]) -> Result<Vec<Staged>, StorageError> {
+    fn stage(&self, next: &Metadata, effects: &[Effect]) -> Result<Vec<Staged>, CatalogError> {
         let mut staged: Vec<Staged> = Vec::new();
         for effect in effects {
             let result = match *effect {
                 Effect::CreateStream { stream_id } => {
-                    clear_orphan(&stream_dir(&self.data_dir, stream_id), "stream").map(|()| None)
+                    clear_orphan(&stream_dir(&self.data_dir, stream_id), "stream")
+                        .map(|()| None)
+                        .map_err(CatalogError::from)
                 }
                 Effect::CreateTopic { stream_id, topic_id } => {
-                    clear_orphan(&topic_dir(&self.data_dir, stream_id, topic_id), "topic").map(|()| None)
+                    clear_orphan(&topic_dir(&self.data_dir, stream_id, topic_id), "topic")
+                        .map(|()| None)
+                        .map_err(CatalogError::from)
                 }
                 Effect::CreatePartitions {
                     stream_id,
@@ -481,17 +501,22 @@ impl Catalog {
         topic_id: u32,
         first: u32,
         count: u32,
-    ) -> Result<Staged, StorageError> {
+    ) -> Result<Staged, CatalogError> {
         let Some(topic) = next.streams.get(&stream_id).and_then(|s| s.topics.get(&topic_id)) else {
-            return Err(StorageError::Invalid(format!(
+            return Err(CatalogError::Storage(StorageError::Invalid(format!(
                 "new partitions of topic {stream_id}/{topic_id}, which the metadata does not hold"
-            )));
+            ))));
         };
-        let config = topic_log_config(self.log_config, topic);
+        let segment_size_bytes = topic_segment_size(self.segment_size_bytes, topic);
         let mut partitions = Vec::with_capacity(count as usize);
         for doc in topic.partitions.iter().skip(first as usize).take(count as usize) {
             let dir = partition_dir(&self.data_dir, stream_id, topic_id, doc.id);
-            match Partition::create(dir, *doc, config, &self.writers) {
+            let ids = PartitionIds {
+                stream_id,
+                topic_id,
+                partition_id: doc.id,
+            };
+            match Partition::create(dir, *doc, ids, segment_size_bytes, &self.writers) {
                 Ok(partition) => partitions.push(Arc::new(partition)),
                 Err(error) => {
                     destroy_all(&partitions);
@@ -569,9 +594,10 @@ impl Catalog {
                         continue;
                     };
                     lock(&runtime.members).remove(&group_id);
-                    let owner = OffsetOwner::Group(group_id);
+                    let owner = Owner::Group(group_id);
                     for partition in &runtime.partitions {
                         if let PartitionState::Serving(data) = &mut *lock(&partition.state)
+                            && data.stored_offset(&owner).is_some()
                             && let Err(status) = data.delete_offset(&owner)
                             && status != codes::CONSUMER_OFFSET_NOT_FOUND
                         {
@@ -628,15 +654,12 @@ impl Catalog {
     }
 }
 
-/// The log configuration of a topic's partitions: the server's, with the topic's own segment
-/// size when it has one.
-fn topic_log_config(server: LogConfig, topic: &TopicDoc) -> LogConfig {
+/// The segment size of a topic's partitions: the topic's own when it has one, else the
+/// server's.
+fn topic_segment_size(server: u64, topic: &TopicDoc) -> u64 {
     match topic.segment_size_bytes {
         0 => server,
-        segment_size_bytes => LogConfig {
-            segment_size_bytes,
-            ..server
-        },
+        segment_size_bytes => segment_size_bytes,
     }
 }
 

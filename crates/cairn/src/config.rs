@@ -84,19 +84,19 @@ pub const KEYS: &[Key] = &[
         path: "storage.segment_size_bytes",
         kind: ValueKind::Integer,
         default: "1073741824",
-        about: "a partition starts a new segment once its current .log reaches this size",
+        about: "a partition starts a new segment file once its current one reaches this size",
     },
     Key {
         path: "storage.durability",
         kind: ValueKind::Text,
         default: "durable",
-        about: "durable: a send is acknowledged after an fdatasync covering it (shared by concurrent sends); relaxed: after the OS has the write, made stable within storage.flush_interval_ms",
+        about: "durable: a send is acknowledged after an fdatasync covering it (shared by concurrent sends); relaxed: accepted, and for now the same as durable (acknowledging before the barrier is not built for the replicated log yet)",
     },
     Key {
         path: "storage.flush_interval_ms",
         kind: ValueKind::Integer,
         default: "1000",
-        about: "relaxed durability only: longest time an acknowledged write waits for its fdatasync",
+        about: "relaxed durability only, and no effect for now (relaxed behaves as durable): longest time an acknowledged write would wait for its fdatasync",
     },
     Key {
         path: "storage.retention_interval_ms",
@@ -295,7 +295,12 @@ impl Sources {
     pub fn build(&self) -> Result<Config, ConfigError> {
         let min_batch =
             (cairn_wire::batch::BATCH_HEADER_SIZE + cairn_wire::batch::FRAME_HEADER_SIZE + 1) as u64;
-        let batch_bytes_max = self.integer("limits.batch_bytes_max", min_batch, u32::MAX as u64)? as u32;
+        // A send's batch is one op of its partition's replicated log: it must fit one.
+        let batch_bytes_max = self.integer(
+            "limits.batch_bytes_max",
+            min_batch,
+            crate::writer::BATCH_BYTES_LIMIT,
+        )? as u32;
         let max_frame_bytes = self.integer("tcp.max_frame_bytes", 256, u32::MAX as u64)? as u32;
         let segment_size_bytes = self.integer("storage.segment_size_bytes", 4096, u32::MAX as u64)?;
         let config = Config {

@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::partition::{FlushError, PartitionData, PartitionState, lock, serving};
 use crate::writer;
 use cairn_machine::metadata::{self, GroupDoc, MetadataOp, Outcome, PurgeMark, Stream};
-use cairn_storage::offsets::OffsetOwner;
+use cairn_machine::partition::Owner;
 use cairn_storage::read::ReadPart;
 use cairn_wire::batch::{self, BatchLimits};
 use cairn_wire::codes;
@@ -429,23 +429,15 @@ impl Server {
                 stream,
                 topic,
                 partition_id,
-                fsync,
+                fsync: _,
             } => {
+                // Every acknowledged send is durable already (with or without `fsync`): the
+                // flush only tells a client whether the partition still takes writes.
                 let partition = self.partition(&stream, &topic, partition_id)?;
                 let mut state = lock(&partition.state);
-                let data = serving(&mut state)?;
-                match data.flush(fsync) {
+                match serving(&mut state)?.flush() {
                     Ok(()) => Ok(Vec::new()),
                     Err(FlushError::Stopped) => Err(writer::PARTITION_STOPPED_STATUS),
-                    Err(FlushError::BarrierFailed(error)) => {
-                        tracing::error!(
-                            partition_dir = %partition.dir.display(),
-                            %error,
-                            "barrier requested by a client failed: partition stopped taking writes until restart; \
-                             relaxed-mode messages acknowledged since the last successful barrier may be lost if the OS crashes"
-                        );
-                        Err(writer::BARRIER_FAILED_STATUS)
-                    }
                 }
             }
             Command::GetConsumerOffset {
@@ -894,10 +886,10 @@ impl Server {
         stream: &Identifier,
         topic: &Identifier,
         partition_id: Option<u32>,
-        apply: impl FnOnce(&OffsetOwner, u32, &mut PartitionData) -> Reply,
+        apply: impl FnOnce(&Owner, u32, &mut PartitionData) -> Reply,
     ) -> Reply {
         let (owner, partition_id) = match consumer {
-            Consumer::Consumer(id) => (OffsetOwner::Consumer(consumer_key(id)), partition_id.unwrap_or(0)),
+            Consumer::Consumer(id) => (consumer_owner(id), partition_id.unwrap_or(0)),
             Consumer::Group(group) => {
                 let catalog = self.read();
                 let topic = find_topic(&catalog, stream, topic)?;
@@ -920,7 +912,7 @@ impl Server {
                             .ok_or(codes::PARTITION_NOT_FOUND)?
                     }
                 };
-                (OffsetOwner::Group(group_id), partition_id)
+                (Owner::Group(group_id), partition_id)
             }
         };
         let partition = self.partition(stream, topic, partition_id)?;
@@ -939,7 +931,7 @@ impl Server {
         stream: &Identifier,
         topic: &Identifier,
         partition_id: Option<u32>,
-    ) -> Result<Option<(OffsetOwner, u32)>, u32> {
+    ) -> Result<Option<(Owner, u32)>, u32> {
         let catalog = self.read();
         let topic = find_topic(&catalog, stream, topic)?;
         let group_id = topic.doc.find_group(group)?.id;
@@ -962,7 +954,7 @@ impl Server {
         if let Some(member) = membership.members.get_mut(index) {
             member.last_served = Some(partition_id);
         }
-        Ok(Some((OffsetOwner::Group(group_id), partition_id)))
+        Ok(Some((Owner::Group(group_id), partition_id)))
     }
 
     /// Remove `client_id` from every consumer group (Logout, connection close).
@@ -1058,7 +1050,7 @@ impl Server {
     ) -> Result<PrefixedPayload, u32> {
         let (owner, partition_id) = match consumer {
             // A kind-1 consumer without a partition reads partition 0 (what the SDK documents).
-            Consumer::Consumer(id) => (OffsetOwner::Consumer(consumer_key(id)), partition_id.unwrap_or(0)),
+            Consumer::Consumer(id) => (consumer_owner(id), partition_id.unwrap_or(0)),
             Consumer::Group(group) => {
                 match self.group_poll_partition(session, group, stream, topic, partition_id)? {
                     Some(pair) => pair,
@@ -1127,10 +1119,10 @@ impl Server {
     ///
     /// Durable across a crash at any point: under the catalog write lock and every affected
     /// partition's lock (so no send slips in between), the purge target of each partition (its
-    /// append counter) is recorded in the metadata first; then each partition is purged
-    /// (consumer offsets, then the log via `start.meta`). A boot finds any partition whose log
-    /// still starts below its target and finishes the purge before serving
-    /// (`catalog::finish_purge`). Refused before anything changes if a partition does not serve.
+    /// next offset) is recorded in the metadata first; then each partition's group commits a
+    /// PURGE op (messages and consumer offsets at once). A boot finds any partition that still
+    /// starts below its target and finishes the purge before serving
+    /// (`PartitionData::open`). Refused before anything changes if a partition does not serve.
     fn purge(&self, stream: &Identifier, topic: Option<&Identifier>) -> Reply {
         let mut catalog = self.write();
         let stream = find_stream(&catalog, stream)?;
@@ -1199,10 +1191,12 @@ fn group_record(topic: &Topic<'_>, group: &GroupDoc) -> reply::GroupRecord {
     }
 }
 
-fn consumer_key(id: &Identifier) -> cairn_storage::offsets::ConsumerKey {
+/// The offset owner a single consumer's identifier names: consumer 5 and consumer "5" are
+/// different owners.
+fn consumer_owner(id: &Identifier) -> Owner {
     match id {
-        Identifier::Numeric(n) => cairn_storage::offsets::ConsumerKey::Id(*n),
-        Identifier::Name(name) => cairn_storage::offsets::ConsumerKey::Name(name.clone()),
+        Identifier::Numeric(n) => Owner::Consumer(*n),
+        Identifier::Name(name) => Owner::ConsumerName(name.clone()),
     }
 }
 

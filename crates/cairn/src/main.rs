@@ -20,14 +20,6 @@ mod handler;
 mod http;
 mod node;
 mod partition;
-// Not on the server's path yet: the next step of issue 13 wires partitions through it.
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "the partition group shell lands before the server is wired through it"
-    )
-)]
 mod partition_group;
 mod retention;
 mod stats;
@@ -198,19 +190,15 @@ fn load_config(args: &ServeArgs) -> Result<config::Config, config::ConfigError> 
 }
 
 async fn serve(config: config::Config) -> Result<(), String> {
-    // In both modes appends never sync: the partition writers commit, once per group of
-    // sends (durable) or at least once per flush interval (relaxed).
-    let log_config = cairn_storage::log::LogConfig::new(
-        config.segment_size_bytes,
-        match config.durability {
-            config::Durability::Durable => cairn_storage::log::SyncMode::GroupCommit,
-            config::Durability::Relaxed => cairn_storage::log::SyncMode::Os,
-        },
-    );
-    let writers = writer::WriterContext::new(
-        tokio::runtime::Handle::current(),
-        writer::AckMode::new(config.durability, config.flush_interval_ms),
-    );
+    if config.durability == config::Durability::Relaxed {
+        tracing::warn!(
+            "storage.durability = relaxed: sends are acknowledged once durable, as in durable mode \
+             (acknowledging before the barrier is not built for the replicated log yet); storage.flush_interval_ms ({} ms) has no effect",
+            config.flush_interval_ms
+        );
+    }
+    // Each partition's writer commits one op per group of sends, durable before its ACK.
+    let writers = writer::WriterContext::new(tokio::runtime::Handle::current());
     let global_counters = writers.global_counters().clone();
     let data_dir = config.data_dir.clone();
     std::fs::create_dir_all(&data_dir)
@@ -218,7 +206,7 @@ async fn serve(config: config::Config) -> Result<(), String> {
     // Held until the server has closed every partition: a second server, or `cairn repair`,
     // on the same directory is refused instead of corrupting it.
     let _data_dir_lock = cairn_storage::lock::DataDirLock::acquire(&data_dir).map_err(|e| e.to_string())?;
-    let (mut catalog, first_start) = catalog::Catalog::load(&data_dir, log_config, writers)
+    let (mut catalog, first_start) = catalog::Catalog::load(&data_dir, config.segment_size_bytes, writers)
         .map_err(|e| format!("cannot load the data directory {}: {e}", data_dir.display()))?;
     let clock: Box<dyn handler::Clock> = Box::new(handler::SystemClock);
     let generated_password = ensure_root_user(&mut catalog, &config, clock.now_us(), first_start)?;
@@ -430,8 +418,8 @@ async fn stop_partitions(server: &handler::Server) {
         }
     }
     for partition in &partitions {
-        // Closing commits, then collapses the offset reservation so the next start continues
-        // without a gap. The partition stays `Closed`: nothing may write after this.
+        // Closing checkpoints the group at its last op, so the next start applies nothing.
+        // The partition stays `Closed`: nothing may write after this.
         let state = std::mem::replace(
             &mut *partition::lock(&partition.state),
             partition::PartitionState::Closed,

@@ -764,7 +764,6 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     }
 
     /// Why the group takes no more requests, if it stopped.
-    #[cfg_attr(not(test), expect(dead_code, reason = "read by the partition switch, next"))]
     pub fn stopped_reason(&self) -> Option<&str> {
         self.stopped.as_deref()
     }

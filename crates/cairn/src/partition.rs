@@ -1,16 +1,21 @@
-//! A partition's mutable state as every module sees it: serving (its log and stored consumer
-//! offsets), refused at boot, deleted, or closed. One mutex guards it; the writer, the
-//! handler, retention and the clean stop take it for each change.
+//! A partition's mutable state as every module sees it: serving (its replicated log, a
+//! partition group), refused at boot, deleted, or closed. One mutex guards it; the writer,
+//! the handler, retention and the clean stop take it for each change.
 //!
 //! `PartitionData`'s methods are what the request handler asks of a serving partition
-//! (polls, stored offsets, stats, flush, purge): the handler never reaches into the log or
-//! the offsets store itself, so what backs a partition can change behind them.
+//! (polls, stored offsets, stats, flush, purge, segment deletion): each change is one op of
+//! the partition's group ([`crate::partition_group`]), durable and applied before the method
+//! returns, and each read sees exactly the committed state (the lock is held, so the
+//! journal's end and the state machine agree: the commit point is the next offset).
 //!
 //! This module sits below the catalog, the writer and retention, and imports none of them.
 
+use crate::node::GroupError;
+use crate::partition_group::{self, LogParams, PartitionError, PartitionGroup, PartitionStats};
+use cairn_machine::partition::Owner;
 use cairn_storage::StorageError;
-use cairn_storage::log::{LogConfig, LogStats, PartitionLog, SegmentInfo};
-use cairn_storage::offsets::{ConsumerOffsets, OffsetOwner};
+use cairn_storage::check::{Damage, PartitionReport};
+use cairn_storage::journal::JournalSegment;
 use cairn_storage::read::{ReadOutcome, ReadPart};
 use cairn_wire::codes;
 use cairn_wire::types::PollingStrategy;
@@ -21,6 +26,21 @@ use std::sync::Mutex;
 /// error at boot). 3003 CannotOpenPartitionLogFile: the 0.11 SDK does not retry it.
 pub const PARTITION_REFUSED_STATUS: u32 = codes::CANNOT_OPEN_PARTITION_LOG_FILE;
 
+/// Answered to every send of a group whose op stopped the partition (a failed barrier, a
+/// write that could not be undone): 10009 `CannotSyncFile`. The send was NOT acknowledged;
+/// its bytes may or may not be present after a restart. The 0.11 SDK does not retry it.
+pub const BARRIER_FAILED_STATUS: u32 = codes::CANNOT_SYNC_FILE;
+
+/// Answered to requests that change a partition whose log stopped after a failed write,
+/// until the server restarts: 3003 `CannotOpenPartitionLogFile`, the same "partition
+/// unavailable" status as a partition refused at boot. Not retried by the 0.11 SDK.
+pub const PARTITION_STOPPED_STATUS: u32 = PARTITION_REFUSED_STATUS;
+
+/// Answered to a send whose write failed and was undone (disk full, a transient IO error):
+/// 4006 `CannotSaveMessagesToSegment`. Nothing of the send was stored; the partition keeps
+/// serving, so the same send may be tried again later.
+pub const WRITE_FAILED_STATUS: u32 = codes::CANNOT_SAVE_MESSAGES_TO_SEGMENT;
+
 pub enum PartitionState {
     Serving(Box<PartitionData>),
     /// Open failed (damage or IO): every request to it gets the refusal status; files are
@@ -30,192 +50,391 @@ pub enum PartitionState {
     },
     /// Deleted or its topic/stream deleted: late holders of the `Arc` must not write.
     Deleted,
-    /// The log was closed at a clean stop; nothing may use it any more.
+    /// Closed at a clean stop; nothing may use it any more.
     Closed,
 }
 
+/// A serving partition: its group, and where it lives (for log lines).
 pub struct PartitionData {
-    pub log: PartitionLog,
-    pub offsets: ConsumerOffsets,
+    group: PartitionGroup,
+    dir: PathBuf,
+}
+
+/// Which partition a directory holds: the ids its group id derives from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionIds {
+    pub stream_id: u32,
+    pub topic_id: u32,
+    pub partition_id: u32,
+}
+
+impl PartitionIds {
+    fn group_id(self) -> u64 {
+        partition_group::group_id(self.stream_id, self.topic_id, self.partition_id)
+    }
+}
+
+/// Why a partition did not open at boot (it is refused; its files are left as they are).
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The directory holds the record log of a Cairn from before partitions were
+    /// replicated logs.
+    #[error(
+        "{}: this partition was written by an earlier Cairn as a plain segment log (segment files, `state` and \
+         `offsets/` in the partition directory); this version keeps every partition as a replicated log and cannot \
+         read that layout yet. Its files are left untouched: serve this data directory with the earlier version, \
+         or move it aside to start empty",
+        dir.display()
+    )]
+    EarlierLayout { dir: PathBuf },
+    #[error(
+        "{}: the metadata names this partition but its directory holds no replicated log (no `superblock`): its files \
+         are missing; nothing was created in their place, so no offset is handed out twice",
+        dir.display()
+    )]
+    NotFormatted { dir: PathBuf },
+    #[error(transparent)]
+    Group(#[from] GroupError),
+    #[error("{}: finishing a purge recorded in the metadata failed: {source}", dir.display())]
+    Purge { dir: PathBuf, source: PartitionError },
+    #[error(
+        "{}: the log ends at offset {next_offset}, below the purge target {purge_target} recorded in the metadata (lost data)",
+        dir.display()
+    )]
+    BehindPurgeTarget {
+        dir: PathBuf,
+        next_offset: u64,
+        purge_target: u64,
+    },
 }
 
 /// Why a client's flush did not happen.
 #[derive(Debug)]
 pub enum FlushError {
-    /// The partition stopped taking writes earlier (a failed barrier).
+    /// The partition stopped taking writes earlier (a failed write).
     Stopped,
-    /// This barrier failed: the partition stops taking writes until a restart.
-    BarrierFailed(StorageError),
 }
 
 impl PartitionData {
-    /// Open the partition in `dir`: recover its log and stored offsets, and finish a purge
-    /// the metadata recorded up to `purge_target` that did not reach it.
+    /// Open the partition in `dir`: recover its group, and finish a purge the metadata
+    /// recorded up to `purge_target` that did not reach it (an op, like any purge).
     pub fn open(
         dir: &Path,
-        partition_id: u32,
+        ids: PartitionIds,
         purge_target: u64,
-        log_config: LogConfig,
-    ) -> Result<PartitionData, StorageError> {
-        let mut log = PartitionLog::open(dir, partition_id, log_config)?;
-        let mut offsets = ConsumerOffsets::open(&offsets_dir(dir))?;
-        finish_purge(dir, purge_target, &mut log, &mut offsets)?;
-        Ok(PartitionData { log, offsets })
+        segment_size_bytes: u64,
+    ) -> Result<PartitionData, OpenError> {
+        if holds_record_log(dir) {
+            return Err(OpenError::EarlierLayout {
+                dir: dir.to_path_buf(),
+            });
+        }
+        // A partition the metadata names was formatted before its create was committed: a
+        // directory without a formatted group lost its files, and formatting a new one would
+        // hand its offsets out again.
+        if !crate::node::is_formatted(dir) {
+            return Err(OpenError::NotFormatted {
+                dir: dir.to_path_buf(),
+            });
+        }
+        let mut data =
+            PartitionData::open_with(dir, ids, LogParams::new(ids.partition_id, segment_size_bytes))?;
+        data.finish_purge(purge_target)?;
+        Ok(data)
     }
 
-    /// Create the files of a new, empty partition in `dir`.
+    /// Format the group of a new, empty partition in `dir`.
     pub fn create(
         dir: &Path,
-        partition_id: u32,
-        log_config: LogConfig,
-    ) -> Result<PartitionData, StorageError> {
-        let log = PartitionLog::create(dir, partition_id, log_config)?;
-        let offsets = ConsumerOffsets::open(&offsets_dir(dir))?;
-        Ok(PartitionData { log, offsets })
+        ids: PartitionIds,
+        segment_size_bytes: u64,
+    ) -> Result<PartitionData, GroupError> {
+        PartitionData::open_with(dir, ids, LogParams::new(ids.partition_id, segment_size_bytes))
+    }
+
+    /// Open (or format) the group in `dir` with its journal made from `params`.
+    pub fn open_with(dir: &Path, ids: PartitionIds, params: LogParams) -> Result<PartitionData, GroupError> {
+        let group = partition_group::open(dir, ids.group_id(), params)?;
+        Ok(PartitionData {
+            group,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// If the metadata's purge marker says offsets below `purge_target` are purged but the
+    /// partition still starts below it (a purge interrupted before it reached this
+    /// partition), purge now, before the partition serves.
+    fn finish_purge(&mut self, purge_target: u64) -> Result<(), OpenError> {
+        let start_offset = self.group.start_offset();
+        if start_offset >= purge_target {
+            return Ok(());
+        }
+        let next_offset = self.group.next_offset();
+        if next_offset < purge_target {
+            // The target was this partition's next offset, and offsets never go back: a log
+            // ending below it lost data.
+            return Err(OpenError::BehindPurgeTarget {
+                dir: self.dir.clone(),
+                next_offset,
+                purge_target,
+            });
+        }
+        tracing::info!(
+            partition_dir = %self.dir.display(),
+            retained_start_offset = start_offset,
+            purge_target,
+            next_offset,
+            "finishing an interrupted purge recorded in the metadata: purging the partition and its consumer offsets"
+        );
+        self.group
+            .purge(purge_target)
+            .map_err(|source| OpenError::Purge {
+                dir: self.dir.clone(),
+                source,
+            })?;
+        self.remove_released_segments();
+        debug_assert!(self.group.start_offset() >= purge_target);
+        Ok(())
     }
 
     /// Why the partition takes no more writes, if it stopped.
     pub fn stopped_reason(&self) -> Option<&str> {
-        self.log.stopped_reason()
+        self.group
+            .stopped_reason()
+            .or_else(|| self.group.state_machine().fault())
     }
 
     /// The offset of the newest message polls may see, 0 when none: `current_offset` in
-    /// replies (offsets of a gap hold no message).
+    /// replies.
     pub fn current_offset(&self) -> u64 {
-        self.log.last_offset().unwrap_or(0)
+        self.group.last_offset().unwrap_or(0)
     }
 
     /// Segment count, message count and bytes, for stats and listings.
-    pub fn stats(&self) -> LogStats {
-        self.log.stats()
+    pub fn stats(&self) -> PartitionStats {
+        self.group.stats()
     }
 
-    /// Poll for `owner`: resolve `strategy` against what polls may see (in durable mode the
-    /// committed frontier, so a poll never returns a message a crash could take back), append
-    /// the batches of at most `count` messages (`read_parts`), and with `auto_commit` store
-    /// the last offset returned as `owner`'s.
+    /// Append the batches of a group of sends as one op stamped `timestamp_us`: the base
+    /// offset of each batch, in order. Durable and applied when it returns `Ok`.
+    pub fn append(&mut self, timestamp_us: u64, batches: &[&[u8]]) -> Result<Vec<u64>, PartitionError> {
+        self.group.append(timestamp_us, batches)
+    }
+
+    /// fdatasync calls the partition's log has issued so far (for the commit counters).
+    pub fn fdatasyncs(&self) -> u64 {
+        self.group.log().fdatasyncs()
+    }
+
+    /// Poll for `owner`: resolve `strategy` against the committed messages, append the
+    /// batches of at most `count` messages (`read_parts`), and with `auto_commit` store the
+    /// last offset returned as `owner`'s (an op).
     pub fn poll(
         &mut self,
-        owner: &OffsetOwner,
+        owner: &Owner,
         strategy: PollingStrategy,
         count: u32,
         auto_commit: bool,
         out: &mut Vec<u8>,
         parts: &mut Vec<ReadPart>,
     ) -> Result<ReadOutcome, u32> {
-        let next_offset = self.log.visible_next_offset();
-        let Some(first_offset) = self.log.first_offset() else {
+        let next_offset = self.group.next_offset();
+        let Some(first_offset) = self.group.first_offset() else {
             return Ok(ReadOutcome::NOTHING);
         };
         let start = match strategy {
             PollingStrategy::Offset(value) => Some(value),
             PollingStrategy::First => Some(first_offset),
-            // The last `count` offsets up to the newest message. (Across an offset gap left
-            // by an unclean stop this returns fewer than `count` messages: gap offsets hold
-            // none.)
-            PollingStrategy::Last => Some(self.log.last_offset().map_or(first_offset, |last| {
-                (last + 1).saturating_sub(u64::from(count)).max(first_offset)
-            })),
+            // The last `count` offsets up to the newest message.
+            PollingStrategy::Last => Some(next_offset.saturating_sub(u64::from(count)).max(first_offset)),
             PollingStrategy::Next => Some(
-                self.offsets
-                    .get(owner)
+                self.group
+                    .stored_offset(owner)
                     .map(|stored| stored.saturating_add(1))
                     .unwrap_or(first_offset),
             ),
-            PollingStrategy::Timestamp(t) => self.log.offset_at_timestamp(t).map_err(storage_status)?,
+            PollingStrategy::Timestamp(t) => self.group.offset_at_timestamp(t),
         };
         let Some(start) = start.filter(|&start| count > 0 && start < next_offset) else {
             return Ok(ReadOutcome::NOTHING);
         };
         let first_returned = start.max(first_offset);
         let read = self
-            .log
+            .group
             .read_parts(first_returned, count, out, parts)
-            .map_err(storage_status)?;
+            .map_err(|error| storage_status(&self.dir, error))?;
         if auto_commit && read.messages_count > 0 {
-            // The last returned offset comes from the batches themselves: offsets may skip a
-            // gap (an unclean stop's reservation), so the count alone does not give it.
             let Some(last) = read.last_offset else {
-                tracing::error!(partition_dir = %self.log.dir().display(), "poll read batches without a last offset");
+                tracing::error!(partition_dir = %self.dir.display(), "poll read batches without a last offset");
                 return Err(codes::ERROR);
             };
             debug_assert!(last >= first_returned && last < next_offset);
-            self.offsets.store(owner, last).map_err(storage_status)?;
+            self.store_offset(owner, last)?;
         }
         Ok(read)
     }
 
     /// `owner`'s stored offset, if any.
-    pub fn stored_offset(&self, owner: &OffsetOwner) -> Option<u64> {
-        self.offsets.get(owner)
+    pub fn stored_offset(&self, owner: &Owner) -> Option<u64> {
+        self.group.stored_offset(owner)
     }
 
-    pub fn store_offset(&mut self, owner: &OffsetOwner, offset: u64) -> Result<(), u32> {
-        self.offsets.store(owner, offset).map_err(storage_status)
+    /// Store `owner`'s offset: at most the newest message's (`INVALID_OFFSET` otherwise).
+    pub fn store_offset(&mut self, owner: &Owner, offset: u64) -> Result<(), u32> {
+        self.check_not_stopped()?;
+        let result = self.group.store_offset(owner, offset);
+        result.map_err(|error| self.op_status(error, "storing a consumer offset"))
     }
 
     /// Delete `owner`'s stored offset (`CONSUMER_OFFSET_NOT_FOUND` when none).
-    pub fn delete_offset(&mut self, owner: &OffsetOwner) -> Result<(), u32> {
-        if self.offsets.delete(owner).map_err(storage_status)? {
-            Ok(())
-        } else {
-            Err(codes::CONSUMER_OFFSET_NOT_FOUND)
+    pub fn delete_offset(&mut self, owner: &Owner) -> Result<(), u32> {
+        self.check_not_stopped()?;
+        let result = self.group.delete_offset(owner);
+        result.map_err(|error| self.op_status(error, "deleting a consumer offset"))
+    }
+
+    /// A client's flush: refused once the partition stopped. Everything acknowledged is
+    /// durable already (each op is, before its reply), so there is nothing to sync.
+    pub fn flush(&mut self) -> Result<(), FlushError> {
+        match self.stopped_reason() {
+            Some(_) => Err(FlushError::Stopped),
+            None => Ok(()),
         }
     }
 
-    /// A client's flush: refused once the partition stopped; with `fsync`, a barrier over
-    /// everything written (in durable mode everything acknowledged is stable already; this
-    /// covers relaxed-mode writes the background barrier has not reached yet).
-    pub fn flush(&mut self, fsync: bool) -> Result<(), FlushError> {
-        if self.log.stopped_reason().is_some() {
-            return Err(FlushError::Stopped);
-        }
-        if fsync {
-            self.log.commit().map_err(FlushError::BarrierFailed)?;
-        }
-        Ok(())
+    /// The segments retention may still trim: sealed (not the one written) and ending above
+    /// the start offset, oldest first.
+    pub fn sealed_retained_segments(&self) -> Vec<JournalSegment> {
+        self.group.sealed_retained_segments()
     }
 
-    /// The oldest sealed segment retention may delete, if any (never the one written).
-    pub fn oldest_sealed_segment(&self) -> Option<SegmentInfo> {
-        self.log.oldest_sealed_segment()
+    /// Retention and the DeleteSegments request: trim every message of the oldest `count`
+    /// sealed retained segments (one op, none when there is nothing to trim), then remove
+    /// every segment the partition no longer needs. Returns the segments removed.
+    pub fn delete_oldest_segments(&mut self, count: usize) -> Result<Vec<JournalSegment>, u32> {
+        self.check_not_stopped()?;
+        let sealed = self.group.sealed_retained_segments();
+        if let Some(last) = sealed.get(count.min(sealed.len()).wrapping_sub(1))
+            && last.end_offset > self.group.start_offset()
+        {
+            let trimmed = self.group.trim(last.end_offset);
+            trimmed.map_err(|error| self.op_status(error, "trimming messages for retention"))?;
+        }
+        let removed = self.group.remove_released_segments();
+        removed.map_err(|error| self.op_status(error, "removing released segments"))
     }
 
-    /// Delete the oldest `count` sealed segments (fewer if fewer are sealed), oldest first.
-    pub fn delete_oldest_segments(&mut self, count: usize) -> Result<Vec<SegmentInfo>, StorageError> {
-        self.log.delete_oldest_segments(count)
+    /// Remove the segments a purge or trim released, logging (not returning) a failure: the
+    /// messages are gone for polls either way, and the next removal or start retries.
+    fn remove_released_segments(&mut self) {
+        if let Err(error) = self.group.remove_released_segments() {
+            tracing::warn!(
+                partition_dir = %self.dir.display(),
+                %error,
+                "cannot remove segments released by a purge or trim yet; polls no longer see their messages, and a later removal or the next start retries"
+            );
+        }
     }
 
     /// The first offset still retained.
     pub fn start_offset(&self) -> u64 {
-        self.log.start_offset()
+        self.group.start_offset()
     }
 
-    /// The clean stop: everything made stable, so the next start continues without a gap.
-    pub fn close(self) -> Result<(), StorageError> {
-        self.log.close()
+    /// The clean stop: a checkpoint at the last op, so the next start has no op to apply.
+    pub fn close(mut self) -> Result<(), GroupError> {
+        if self.group.commit_op() > self.group.checkpoint_op() {
+            self.group.checkpoint()?;
+        }
+        Ok(())
     }
 
-    /// The offset a purge of the partition now would purge up to: its append counter.
+    /// The offset a purge of the partition now would purge up to: its next offset.
     pub fn purge_target(&self) -> u64 {
-        self.log.next_offset()
+        self.group.next_offset()
     }
 
     /// Purge every message below `target` (the [`PartitionData::purge_target`] the metadata
-    /// recorded) and every stored offset: offsets first, so a crash after them is finished at
-    /// boot (the log still starts below the target) and no stored offset outlives its purge.
+    /// recorded) and every stored offset, as one op; then remove the released segments.
     pub fn purge(&mut self, target: u64) -> Result<(), u32> {
-        self.offsets.clear().map_err(storage_status)?;
-        self.log.purge().map_err(storage_status)?;
-        debug_assert_eq!(self.log.start_offset(), target);
+        self.check_not_stopped()?;
+        let result = self.group.purge(target);
+        result.map_err(|error| self.op_status(error, "purging"))?;
+        self.remove_released_segments();
+        debug_assert!(self.group.start_offset() >= target.min(self.group.next_offset()));
         Ok(())
+    }
+
+    /// `PARTITION_STOPPED_STATUS` once the partition stopped: checked before every op, so an
+    /// op that fails is the one that stopped it (and says so).
+    fn check_not_stopped(&self) -> Result<(), u32> {
+        match self.stopped_reason() {
+            Some(_) => Err(PARTITION_STOPPED_STATUS),
+            None => Ok(()),
+        }
+    }
+
+    /// The status a client gets for an op that did not happen (logged here, except a plain
+    /// refusal by the state machine, which is the client's to hear).
+    fn op_status(&self, error: PartitionError, what: &str) -> u32 {
+        match error {
+            PartitionError::Status(status) => status,
+            PartitionError::Group(GroupError::WriteUndone { .. }) => {
+                tracing::warn!(partition_dir = %self.dir.display(), %error, "{what} failed and was undone: nothing of it was stored; the partition keeps serving");
+                WRITE_FAILED_STATUS
+            }
+            error => {
+                tracing::error!(
+                    partition_dir = %self.dir.display(),
+                    %error,
+                    "{what} failed: the partition stopped taking writes until restart; it was not acknowledged"
+                );
+                codes::ERROR
+            }
+        }
     }
 }
 
+/// The offline checker's verdict on the partition directory `dir` of `(stream, topic,
+/// partition)`: what boot would make of it, writing nothing. A directory boot refuses before
+/// it reads a group (the earlier record-log layout, or no group at all) is damage.
+pub fn check(dir: &Path, ids @ (_, _, partition_id): (u32, u32, u32)) -> Option<PartitionReport> {
+    let refusal = if holds_record_log(dir) {
+        OpenError::EarlierLayout {
+            dir: dir.to_path_buf(),
+        }
+    } else if !crate::node::is_formatted(dir) {
+        OpenError::NotFormatted {
+            dir: dir.to_path_buf(),
+        }
+    } else {
+        return partition_group::check(dir, ids);
+    };
+    let mut report = PartitionReport::empty(dir, partition_id);
+    report.damage.push(Damage {
+        path: dir.to_path_buf(),
+        position: 0,
+        reason: format!("boot refuses it: {refusal}"),
+    });
+    Some(report)
+}
+
+/// Whether `dir` holds the record log of a Cairn from before partitions were groups: a
+/// `state` file, a `start.meta` marker or an `offsets/` directory beside no group superblock.
+fn holds_record_log(dir: &Path) -> bool {
+    !crate::node::is_formatted(dir)
+        && ["state", "start.meta", "offsets"]
+            .iter()
+            .any(|name| dir.join(name).exists())
+}
+
 /// A storage failure as a client sees it (logged here with its cause).
-pub fn storage_status(error: impl std::fmt::Display) -> u32 {
-    tracing::error!(%error, "storage operation failed");
-    codes::ERROR
+pub fn storage_status(dir: &Path, error: StorageError) -> u32 {
+    tracing::error!(partition_dir = %dir.display(), %error, "reading the partition failed");
+    match error {
+        StorageError::Damaged { .. } => PARTITION_REFUSED_STATUS,
+        _ => codes::ERROR,
+    }
 }
 
 /// The data of a serving partition, or the status for one that is not.
@@ -230,43 +449,6 @@ pub fn serving(state: &mut PartitionState) -> Result<&mut PartitionData, u32> {
         // Only after the shell stopped taking requests; a straggler gets a plain error.
         PartitionState::Closed => Err(codes::ERROR),
     }
-}
-
-/// At boot: if the metadata's purge marker says offsets below `purge_target` are purged but
-/// the log still starts below it (a purge interrupted before it reached this partition),
-/// purge now, before the partition serves: consumer offsets first, then the log.
-pub fn finish_purge(
-    dir: &Path,
-    purge_target: u64,
-    log: &mut PartitionLog,
-    offsets: &mut ConsumerOffsets,
-) -> Result<(), StorageError> {
-    if log.start_offset() >= purge_target {
-        return Ok(());
-    }
-    if log.next_offset() < purge_target {
-        // The target was this log's append counter, and the counter never goes back (the
-        // offset reservation is durable): a log ending below it lost data.
-        return Err(StorageError::Damaged {
-            path: dir.to_path_buf(),
-            position: 0,
-            reason: format!(
-                "the log ends at offset {}, below the purge target {purge_target} recorded in the metadata (lost data)",
-                log.next_offset()
-            ),
-        });
-    }
-    tracing::info!(
-        partition_dir = %dir.display(),
-        retained_start_offset = log.start_offset(),
-        purge_target,
-        next_offset = log.next_offset(),
-        "finishing an interrupted purge recorded in the metadata: purging the partition and its consumer offsets"
-    );
-    offsets.clear()?;
-    log.purge()?;
-    debug_assert!(log.start_offset() >= purge_target);
-    Ok(())
 }
 
 /// Lock a std mutex; a poisoned lock means a writer panicked mid-update, which is a bug:
@@ -287,8 +469,4 @@ pub fn remove_dir(dir: &Path) -> Result<(), StorageError> {
             source,
         }),
     }
-}
-
-pub fn offsets_dir(partition_dir: &Path) -> PathBuf {
-    partition_dir.join("offsets")
 }

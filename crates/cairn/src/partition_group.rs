@@ -24,8 +24,7 @@
 //! A read-only open (the offline checker's) recovers the group from what lies below the
 //! journal's durable frontier, which is what an open keeps, and writes nothing.
 //!
-//! Not wired into the server yet: the server's sends still take the writer's direct path
-//! (issue 13, next step).
+//! The server runs every partition as such a group (`crate::partition::PartitionData`).
 
 use crate::node::{GroupError, GroupJournal, LocalGroup};
 use cairn_machine::partition::{self, OPERATION_APPEND, Owner, PartitionMachine};
@@ -576,6 +575,7 @@ impl LocalGroup<PartitionMachine, LogJournal> {
     }
 
     /// [`JournalLog::read_into`] over what a poll may see.
+    #[cfg(test)]
     pub fn read_into(
         &self,
         from_offset: u64,
@@ -608,12 +608,13 @@ impl LocalGroup<PartitionMachine, LogJournal> {
         }
     }
 
-    /// The segments retention may still trim: sealed (not the one written) and holding a
-    /// retained message, oldest first.
+    /// The segments retention may still trim, oldest first: sealed and ending above the start
+    /// offset, and never the one holding the newest message (nor the segments of ops after
+    /// it), so a trim through them keeps the newest messages.
     pub fn sealed_retained_segments(&self) -> Vec<JournalSegment> {
+        let (start_offset, next_offset) = (self.start_offset(), self.next_offset());
         let mut segments = self.log().segments();
-        segments.pop();
-        segments.retain(|segment| segment.end_offset > self.start_offset());
+        segments.retain(|segment| segment.end_offset > start_offset && segment.end_offset < next_offset);
         segments
     }
 

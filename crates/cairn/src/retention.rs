@@ -2,23 +2,24 @@
 //! (`max_topic_size`), on a timer, plus the DeleteSegments request's deletion.
 //!
 //! Only sealed segments are ever deleted (never a partition's active segment), always the
-//! oldest first, through [`crate::partition::PartitionData::delete_oldest_segments`] (the
-//! log advances `start.meta` before removing files). Each deletion takes the partition lock for one
-//! segment only, so sends to the partition wait at most one deletion (one `start.meta` write
-//! and two unlinks).
+//! oldest first, through [`crate::partition::PartitionData::delete_oldest_segments`]:
+//! retention proposes a TRIM op to the partition's group (it commits like any op: the
+//! messages below the new start offset are no longer served), and then the segment files
+//! the group no longer needs are removed (after a checkpoint when the group's last one is
+//! older). A pass that finds nothing to delete adds no op.
 //!
 //! Rules (checked every `storage.retention_interval_ms`, with the server's clock):
 //! - `message_expiry` (µs; 0 and `u64::MAX` = never): a sealed segment whose newest message's
 //!   append timestamp is older than `now - message_expiry` is deleted (a sealed segment with
 //!   no message, sealed by an offset gap, counts as expired).
 //! - `max_topic_size` (bytes; 0 = server default = unlimited, `u64::MAX` = unlimited): while
-//!   the topic's stored size (every segment's `.log`) exceeds it, the sealed segment with the
+//!   the topic's stored size (every segment file, op records included) exceeds it, the sealed segment with the
 //!   oldest newest-message among the topic's partitions is deleted. The active segments are
 //!   never deleted, so a topic can stay above its limit by up to their size.
 
 use crate::catalog::{Catalog, Partition};
 use crate::partition::{lock, serving};
-use cairn_storage::log::SegmentInfo;
+use cairn_storage::journal::JournalSegment;
 use std::sync::{Arc, RwLock};
 
 /// Why segments were deleted (for the log line).
@@ -40,36 +41,41 @@ impl Reason {
     }
 }
 
-/// Delete the oldest `count` sealed segments of `partition` (fewer if fewer are sealed), one
-/// lock hold for all of them, and log each. Errors are Iggy statuses.
-pub fn delete_segments(partition: &Partition, count: usize, reason: Reason) -> Result<Vec<SegmentInfo>, u32> {
+/// Delete the oldest `count` sealed segments of `partition` (fewer if fewer are sealed): one
+/// TRIM op of its group releases their messages, then the files the group no longer needs
+/// go; one lock hold for all of it, each removed segment logged. Errors are Iggy statuses.
+pub fn delete_segments(
+    partition: &Partition,
+    count: usize,
+    reason: Reason,
+) -> Result<Vec<JournalSegment>, u32> {
     let mut state = lock(&partition.state);
     let data = serving(&mut state)?;
-    let deleted = data.delete_oldest_segments(count).map_err(|error| {
+    let removed = data.delete_oldest_segments(count).inspect_err(|status| {
         tracing::error!(
             partition_dir = %partition.dir.display(),
-            %error,
+            status,
             reason = reason.as_str(),
-            "deleting segments failed: the segments are still served; if the new start marker reached the disk \
-             before the failure, the next start removes them"
+            "deleting segments failed: if the trim was committed its messages are no longer served and the next \
+             removal or start removes their files; otherwise nothing changed"
         );
-        cairn_wire::codes::ERROR
     })?;
     let start_offset = data.start_offset();
     drop(state);
-    for info in &deleted {
+    for segment in &removed {
         tracing::info!(
             partition_dir = %partition.dir.display(),
-            segment_base_offset = info.base_offset,
-            segment_end_offset = info.end_offset,
-            messages = info.messages_count,
-            bytes = info.size_bytes,
+            segment_first_op = segment.first_op,
+            segment_base_offset = segment.base_offset,
+            segment_end_offset = segment.end_offset,
+            messages = segment.end_offset - segment.base_offset,
+            bytes = segment.size_bytes,
             reason = reason.as_str(),
             retained_start_offset = start_offset,
             "deleted segment"
         );
     }
-    Ok(deleted)
+    Ok(removed)
 }
 
 /// Whether a topic setting means "no limit".
@@ -111,24 +117,23 @@ pub fn enforce(catalog: &RwLock<Catalog>, now_us: u64) {
     }
 }
 
-/// Delete the partition's oldest sealed segments while their newest message is older than
-/// `cutoff_us`, one lock hold per segment.
+/// Delete the partition's oldest sealed segments whose newest message is older than
+/// `cutoff_us` (or that hold none): one trim through the last of them.
 fn expire(partition: &Partition, cutoff_us: u64) {
-    loop {
-        let expired = {
-            let mut state = lock(&partition.state);
-            let Ok(data) = serving(&mut state) else {
-                return;
-            };
-            data.oldest_sealed_segment()
-                .is_some_and(|oldest| oldest.newest_timestamp_us.is_none_or(|t| t < cutoff_us))
-        };
-        // A send may seal another segment in between; deleting the oldest one is still right
-        // (it is older than the one just checked, or the same one).
-        if !expired || !matches!(delete_segments(partition, 1, Reason::MessageExpiry), Ok(d) if !d.is_empty())
-        {
+    let expired = {
+        let mut state = lock(&partition.state);
+        let Ok(data) = serving(&mut state) else {
             return;
-        }
+        };
+        data.sealed_retained_segments()
+            .iter()
+            .take_while(|segment| segment.newest_timestamp_us.is_none_or(|t| t < cutoff_us))
+            .count()
+    };
+    // A send may seal another segment in between; the oldest `expired` are still the ones
+    // just checked.
+    if expired > 0 {
+        let _ = delete_segments(partition, expired, Reason::MessageExpiry);
     }
 }
 
@@ -144,7 +149,7 @@ fn shrink(partitions: &[Arc<Partition>], max_size_bytes: u64) {
                 continue;
             };
             size_bytes = size_bytes.saturating_add(data.stats().size_bytes);
-            if let Some(segment) = data.oldest_sealed_segment() {
+            if let Some(segment) = data.sealed_retained_segments().first() {
                 let newest_us = segment.newest_timestamp_us.unwrap_or(0);
                 if oldest.is_none_or(|(_, best_us)| newest_us < best_us) {
                     oldest = Some((position, newest_us));

@@ -3,8 +3,10 @@
 //! - `cairn check <data-dir>`: verify the metadata and every partition without changing a byte;
 //!   print a verdict per partition (healthy / recoverable / damaged) and a summary line.
 //! - `cairn repair --accept-loss <stream>/<topic>/<partition> <data-dir>`: make a refused
-//!   partition serve again by cutting it at its first damage; the cut data is moved (never
-//!   deleted) into `quarantine-<n>/` inside the partition directory.
+//!   partition of the earlier record-log layout serve again by cutting it at its first damage;
+//!   the cut data is moved (never deleted) into `quarantine-<n>/` inside the partition
+//!   directory. A partition that is a replicated log is refused: a peer repairs it (state
+//!   transfer), which a single node does not have.
 //!
 //! Thin front-ends over `cairn_storage::check` (where the logic and its tests live): argument
 //! parsing, printing and exit codes.
@@ -23,11 +25,7 @@ const EXIT_USAGE_OR_IO: u8 = 2;
 
 /// `cairn check <data-dir>`.
 pub fn run_check(data_dir: &Path) -> ExitCode {
-    match check::check_data_dir_with(
-        data_dir,
-        metadata_report(data_dir),
-        &crate::partition_group::check,
-    ) {
+    match check::check_data_dir_with(data_dir, metadata_report(data_dir), &crate::partition::check) {
         Ok(report) => {
             print!("{report}");
             if report.verdict() == Verdict::Healthy {
@@ -129,6 +127,16 @@ pub fn run_repair(target: &str, data_dir: &Path) -> ExitCode {
         }
     };
     let dir = crate::catalog::partition_dir(data_dir, stream_id, topic_id, partition_id);
+    if crate::node::is_formatted(&dir) {
+        eprintln!(
+            "cairn repair: refused for {target} ({}): the partition is a replicated log, which is repaired by \
+             state transfer from a peer replica, not by cutting it; a single node has no peer, so there is no \
+             offline repair for it yet. Nothing was changed; keep its files (the damage `cairn check` names is \
+             left as it is)",
+            dir.display()
+        );
+        return ExitCode::from(EXIT_FINDINGS);
+    }
     match check::repair_accept_loss(&dir, partition_id) {
         Ok(report) => {
             print!("{report}");

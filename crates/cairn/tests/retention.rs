@@ -180,14 +180,16 @@ async fn message_expiry_deletes_old_segments_while_traffic_runs() {
         "consumer reached the end"
     );
 
-    // With no more writes, every sealed segment expires; the active one stays.
+    // With no more writes, every sealed segment expires; the one holding the newest
+    // messages stays (and the segments of later ops alone, such as the trims themselves).
+    let pdir = partition_dir(dir.path(), s, t, 0);
     let topic = wait_topic(
         &client,
         s,
         t,
-        "only the active segment left",
+        "only the newest messages' segment left",
         Duration::from_secs(20),
-        |topic| topic.partitions[0].segments_count == 1,
+        |_| message_segments(&pdir).len() == 1,
     )
     .await;
     let first = first_polled_offset(&client, s, t, 0)
@@ -238,8 +240,11 @@ async fn max_topic_size_keeps_the_topic_within_the_limit() {
         .await
         .expect("create_topic")
         .id;
-    // Each active segment holds at most a segment's worth plus one batch.
-    let active_bound = 2 * (SEGMENT_BYTES + 4 * (PAYLOAD_BYTES as u64 + 200));
+    // What retention never deletes, per partition: the segment holding the newest messages
+    // (a segment's worth plus one op), and after it at most one segment of later ops alone
+    // (trims, offset stores: a segment's worth plus one small op).
+    let active_bound = 2 * (2 * SEGMENT_BYTES + 4 * (PAYLOAD_BYTES as u64 + 200) + 1024);
+    let pdir = |p: u32| partition_dir(dir.path(), s, t, p);
     let mut id = 1u128;
     for round in 0..200 {
         send_n(&client, s, t, round % 2, id, 4).await;
@@ -262,7 +267,7 @@ async fn max_topic_size_keeps_the_topic_within_the_limit() {
         |topic| {
             let size = topic.size.as_bytes_u64();
             size <= LIMIT + active_bound
-                && (size <= LIMIT || topic.partitions.iter().all(|p| p.segments_count == 1))
+                && (size <= LIMIT || (0..2).all(|p| message_segments(&pdir(p)).len() == 1))
         },
     )
     .await;
@@ -306,20 +311,28 @@ async fn delete_segments_removes_exactly_the_oldest_sealed_ones() {
     }
     let last_offset = id as u64 - 2;
     let pdir = partition_dir(dir.path(), s, t, 0);
-    let before: Vec<u64> = segment_logs(&pdir).into_iter().map(|(base, _)| base).collect();
+    let before = message_segments(&pdir);
     assert!(before.len() >= 5, "{before:?}");
     let topic = get_topic(&client, s, t).await;
-    assert_eq!(topic.partitions[0].segments_count as usize, before.len());
+    assert_eq!(
+        topic.partitions[0].segments_count as usize,
+        segment_logs(&pdir).len()
+    );
     let size_before = topic.size.as_bytes_u64();
 
     client
         .delete_segments(&id_num(s), &id_num(t), 0, 2)
         .await
         .expect("delete_segments");
-    let after: Vec<u64> = segment_logs(&pdir).into_iter().map(|(base, _)| base).collect();
+    let after = message_segments(&pdir);
     assert_eq!(after, before[2..].to_vec());
     let topic = get_topic(&client, s, t).await;
-    assert_eq!(topic.partitions[0].segments_count as usize, before.len() - 2);
+    // (The trim is an op: it may start a segment of its own after the newest messages.)
+    assert_eq!(
+        topic.partitions[0].segments_count as usize,
+        segment_logs(&pdir).len()
+    );
+    assert!(segment_logs(&pdir).len() < before.len());
     assert!(topic.size.as_bytes_u64() < size_before);
     assert_eq!(topic.messages_count, last_offset + 1 - before[2]);
     assert_eq!(topic.partitions[0].current_offset, last_offset);
@@ -330,9 +343,17 @@ async fn delete_segments_removes_exactly_the_oldest_sealed_ones() {
         .delete_segments(&id_num(s), &id_num(t), 0, 1_000)
         .await
         .expect("delete_segments");
-    let after: Vec<u64> = segment_logs(&pdir).into_iter().map(|(base, _)| base).collect();
+    let after = message_segments(&pdir);
     assert_eq!(after, vec![*before.last().unwrap()]);
-    assert_eq!(get_topic(&client, s, t).await.partitions[0].segments_count, 1);
+    let segments_left = segment_logs(&pdir).len();
+    assert!(
+        segments_left <= 2,
+        "the newest messages' segment, and perhaps the trims' own"
+    );
+    assert_eq!(
+        get_topic(&client, s, t).await.partitions[0].segments_count as usize,
+        segments_left
+    );
     let retained = poll_all(&client, s, t, 0, 100, 1000).await;
     assert_eq!(retained.first().map(|m| m.header.offset), after.first().copied());
     assert_eq!(retained.last().map(|m| m.header.offset), Some(last_offset));
@@ -341,7 +362,11 @@ async fn delete_segments_removes_exactly_the_oldest_sealed_ones() {
         .delete_segments(&id_num(s), &id_num(t), 0, 1)
         .await
         .expect("delete_segments with no sealed segment");
-    assert_eq!(segment_logs(&pdir).len(), 1);
+    assert_eq!(
+        segment_logs(&pdir).len(),
+        segments_left,
+        "nothing deleted, no op added"
+    );
     // The partition keeps taking writes, offsets continue.
     send_n(&client, s, t, 0, id, 4).await;
     let retained = poll_all(&client, s, t, 0, 100, 1000).await;
@@ -557,7 +582,10 @@ async fn per_topic_segment_size_expiry_and_size_cap_apply() {
         expiring.id,
         "every sealed segment expiring",
         Duration::from_secs(20),
-        |topic| topic.partitions[0].segments_count == 1 && topic.size.as_bytes_u64() <= MIB,
+        |topic| {
+            message_segments(&partition_dir(dir.path(), s, expiring.id, 0)).len() == 1
+                && topic.size.as_bytes_u64() <= 2 * MIB
+        },
     )
     .await;
 

@@ -219,6 +219,8 @@ pub struct JournalLog {
     frontier: Frontier,
     /// Set by a failed write or barrier: nothing more is written until a reopen.
     stopped: Option<String>,
+    /// fdatasync calls [`JournalLog::sync`] issued (statistics).
+    fdatasyncs: u64,
 }
 
 /// What [`JournalLog::inspect_on`] found, writing nothing.
@@ -285,6 +287,7 @@ impl JournalLog {
             state: Some(state),
             frontier,
             stopped: None,
+            fdatasyncs: 0,
         })
     }
 
@@ -389,6 +392,7 @@ impl JournalLog {
             state,
             frontier: plan.loaded.frontier,
             stopped,
+            fdatasyncs: 0,
         };
         journal.check_invariants();
         journal
@@ -817,11 +821,19 @@ impl JournalLog {
             self.stopped = Some(format!("a data barrier failed: {error}"));
             return Err(error);
         }
+        self.fdatasyncs += 1;
         if let Err(error) = self.publish(frontier) {
             self.stopped = Some(format!("publishing the frontier failed: {error}"));
             return Err(error);
         }
+        self.fdatasyncs += 1;
         Ok(self.last_op())
+    }
+
+    /// fdatasync calls [`JournalLog::sync`] has issued since the journal opened: two per
+    /// sync that made something new durable (the data, then the frontier's slot).
+    pub fn fdatasyncs(&self) -> u64 {
+        self.fdatasyncs
     }
 
     /// Remove op `op` and every op after it (see the module doc for the order of the steps).

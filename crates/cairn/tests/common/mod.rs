@@ -1529,11 +1529,15 @@ pub fn partition_dir(data_dir: &Path, stream: u32, topic: u32, partition: u32) -
 pub const RECORD_HEADER_BYTES: usize = 64;
 pub const RECORD_MAGIC_BYTES: &[u8; 4] = b"CRNR";
 pub const RECORD_KIND_BATCH: u8 = 1;
+/// Written by the record log before partitions were groups; damage in a journal.
 pub const RECORD_KIND_GAP: u8 = 2;
+/// A journal's op record: the op's 256-byte VSR header (and the body of an op that is not
+/// an append).
+pub const RECORD_KIND_OP: u8 = 3;
 /// Byte offset of `base_offset` inside the 64-byte record header.
 pub const RECORD_BASE_OFFSET_AT: usize = 40;
 
-/// One record as found in a `.log` file.
+/// One record as found in a journal segment (`.log`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DiskRecord {
     /// Byte position of the record header in its file.
@@ -1603,15 +1607,14 @@ pub fn record_checksum(record: &[u8]) -> u64 {
     h.digest()
 }
 
-/// Build a checksum-valid record that claims to follow `prev` (the whole bytes of the last
-/// batch record of a log): same batch content, `op + 1`, parent = `prev`'s checksum, base
-/// offset `base_offset` (the continuing one is `prev.base_offset + prev.message_count`).
-/// Both the batch checksum and the record checksum are recomputed. Self-checks that this
-/// computation reproduces `prev`'s own stored checksums, so a forged record is exactly as
-/// valid as one the server wrote.
-pub fn forge_record_after(prev: &[u8], base_offset: u64) -> Vec<u8> {
+/// Build a checksum-valid copy of `prev` (the whole bytes of one batch record) with record
+/// op `op`, parent checksum `parent` and base offset `base_offset` (in the record and its
+/// batch). Both the batch checksum and the record checksum are recomputed. Self-checks that
+/// this computation reproduces `prev`'s own stored checksums, so a forged record is exactly
+/// as valid as one the server wrote.
+pub fn forge_record(prev: &[u8], op: u64, parent: u64, base_offset: u64) -> Vec<u8> {
     let (recs, covered) = parse_records(prev);
-    assert_eq!(recs.len(), 1, "forge_record_after wants exactly one whole record");
+    assert_eq!(recs.len(), 1, "forge_record wants exactly one whole record");
     assert_eq!(covered as usize, prev.len());
     let r = recs[0];
     assert_eq!(r.kind, RECORD_KIND_BATCH, "forge from a batch record");
@@ -1629,8 +1632,8 @@ pub fn forge_record_after(prev: &[u8], base_offset: u64) -> Vec<u8> {
     );
 
     let mut out = prev.to_vec();
-    out[16..24].copy_from_slice(&r.checksum.to_le_bytes()); // parent
-    out[24..32].copy_from_slice(&(r.op + 1).to_le_bytes()); // op
+    out[16..24].copy_from_slice(&parent.to_le_bytes());
+    out[24..32].copy_from_slice(&op.to_le_bytes());
     out[40..48].copy_from_slice(&base_offset.to_le_bytes()); // record base_offset
     let b = RECORD_HEADER_BYTES;
     out[b + 8..b + 16].copy_from_slice(&base_offset.to_le_bytes()); // batch base_offset
@@ -1641,10 +1644,16 @@ pub fn forge_record_after(prev: &[u8], base_offset: u64) -> Vec<u8> {
     out
 }
 
-/// The `.log` files of a partition directory, sorted by base offset.
+/// The journal directory of a partition (its group's segment log).
+pub fn journal_dir(partition_dir: &Path) -> PathBuf {
+    partition_dir.join("log")
+}
+
+/// The segment files of a partition's journal, by name: the op of their first record.
 pub fn segment_logs(partition_dir: &Path) -> Vec<(u64, PathBuf)> {
-    let mut out: Vec<(u64, PathBuf)> = std::fs::read_dir(partition_dir)
-        .unwrap_or_else(|e| panic!("read_dir {}: {e}", partition_dir.display()))
+    let dir = journal_dir(partition_dir);
+    let mut out: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()))
         .filter_map(|e| {
             let p = e.ok()?.path();
             if p.extension()? != "log" {
@@ -1659,35 +1668,59 @@ pub fn segment_logs(partition_dir: &Path) -> Vec<(u64, PathBuf)> {
     out
 }
 
-/// The highest-based (active) `.log` of a partition.
+/// The offset a segment file's first record begins at.
+pub fn segment_base_offset(segment: &Path) -> u64 {
+    let bytes = std::fs::read(segment).unwrap_or_else(|e| panic!("read {}: {e}", segment.display()));
+    let (recs, _) = parse_records(&bytes);
+    recs.first()
+        .unwrap_or_else(|| panic!("{} holds no record", segment.display()))
+        .base_offset
+}
+
+/// The base offsets of the journal segments that hold messages (a batch record), oldest
+/// first: segments of other ops alone (offset stores, trims) are left out.
+pub fn message_segments(partition_dir: &Path) -> Vec<u64> {
+    segment_logs(partition_dir)
+        .into_iter()
+        .filter_map(|(_, path)| {
+            let bytes = std::fs::read(&path).ok()?;
+            let (recs, _) = parse_records(&bytes);
+            recs.iter()
+                .find(|r| r.kind == RECORD_KIND_BATCH)
+                .map(|r| r.base_offset)
+        })
+        .collect()
+}
+
+/// The newest (active) segment of a partition's journal.
 pub fn last_segment_log(partition_dir: &Path) -> PathBuf {
     segment_logs(partition_dir)
         .pop()
-        .unwrap_or_else(|| panic!("no .log in {}", partition_dir.display()))
+        .unwrap_or_else(|| panic!("no .log in {}", journal_dir(partition_dir).display()))
         .1
 }
 
-/// Walk every segment of a partition and assert the chain the format promises: the files
-/// hold only whole records; the first segment is named 0 (no purge in these tests);
-/// inside a segment offsets are contiguous; a gap record is the last record of its segment
-/// and points strictly forward; each segment's name (base offset) equals the previous
-/// segment's chain end (its end offset, or its gap's target); parent checksums and ops chain
-/// across all records. Returns the next offset after the last record.
+/// Walk every segment of a partition's journal and assert the chain the format promises: no
+/// segment file outside the journal directory; the files hold only whole records; each
+/// segment is named by its first record's op, which is an op record; ops count up by one,
+/// each op record followed by the batch records of the same op; offsets are contiguous (an
+/// op record holds the chain's next offset, a batch continues it, no gap record exists);
+/// parent checksums chain across every record and segment. Returns the next offset after
+/// the last record.
 #[track_caller]
 pub fn assert_segment_chain(partition_dir: &Path) -> u64 {
+    let stray: Vec<_> = std::fs::read_dir(partition_dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "log" || e == "index"))
+        .collect();
+    assert!(stray.is_empty(), "segment files outside the journal: {stray:?}");
     let segs = segment_logs(partition_dir);
     assert!(!segs.is_empty(), "no segments in {}", partition_dir.display());
-    assert_eq!(segs[0].0, 0, "first segment is not based at 0: {segs:?}");
-    let mut expected_next = 0u64;
-    let mut parent = 0u64;
-    let mut op = 1u64;
-    for (base, path) in &segs {
-        assert_eq!(
-            *base,
-            expected_next,
-            "segment {} does not continue the chain (expected base {expected_next}); segments: {segs:?}",
-            path.display()
-        );
+    let mut expected_next: Option<u64> = None;
+    let mut parent: Option<u64> = None;
+    let mut op: Option<u64> = None;
+    for (first_op, path) in &segs {
         let bytes = std::fs::read(path).unwrap();
         let (recs, covered) = parse_records(&bytes);
         assert_eq!(
@@ -1697,32 +1730,53 @@ pub fn assert_segment_chain(partition_dir: &Path) -> u64 {
             path.display(),
             bytes.len() as u64 - covered
         );
-        for (i, r) in recs.iter().enumerate() {
+        let first = recs
+            .first()
+            .unwrap_or_else(|| panic!("{}: an empty segment", path.display()));
+        assert_eq!(
+            first.kind,
+            RECORD_KIND_OP,
+            "{}: begins with a batch record",
+            path.display()
+        );
+        assert_eq!(
+            first.op,
+            *first_op,
+            "{}: named after another op than its first",
+            path.display()
+        );
+        for r in &recs {
             let at = format!("{} record at byte {}", path.display(), r.pos);
-            assert_eq!(r.parent_checksum, parent, "{at}: parent checksum chain");
-            assert_eq!(r.op, op, "{at}: op chain");
-            parent = r.checksum;
-            op += 1;
+            if let Some(parent) = parent {
+                assert_eq!(r.parent_checksum, parent, "{at}: parent checksum chain");
+            }
+            parent = Some(r.checksum);
+            if let Some(next) = expected_next {
+                assert_eq!(r.base_offset, next, "{at}: offsets not contiguous");
+            }
             match r.kind {
+                RECORD_KIND_OP => {
+                    if let Some(previous) = op {
+                        assert_eq!(r.op, previous + 1, "{at}: op chain");
+                    }
+                    assert_eq!(r.message_count, 0, "{at}: an op record with messages");
+                    op = Some(r.op);
+                    expected_next = Some(r.base_offset);
+                }
                 RECORD_KIND_BATCH => {
-                    assert_eq!(r.base_offset, expected_next, "{at}: offsets not contiguous");
-                    assert!(r.message_count > 0, "{at}: empty batch record");
-                    expected_next = r.base_offset + u64::from(r.message_count);
-                }
-                RECORD_KIND_GAP => {
-                    assert!(r.base_offset > expected_next, "{at}: gap does not point forward");
                     assert_eq!(
-                        i,
-                        recs.len() - 1,
-                        "{at}: gap record is not the last of its segment"
+                        Some(r.op),
+                        op,
+                        "{at}: a batch record of another op than its op record's"
                     );
-                    expected_next = r.base_offset;
+                    assert!(r.message_count > 0, "{at}: empty batch record");
+                    expected_next = Some(r.base_offset + u64::from(r.message_count));
                 }
-                k => panic!("{at}: unknown record kind {k}"),
+                k => panic!("{at}: record kind {k} has no place in a journal"),
             }
         }
     }
-    expected_next
+    expected_next.unwrap_or(0)
 }
 
 /// Every file under `dir` (recursively) with its length and XXH3 hash, by relative path.
