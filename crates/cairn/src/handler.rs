@@ -422,7 +422,11 @@ impl Server {
                 // The oldest `segments_count` sealed segments; never the active one.
                 let partition = self.partition(&stream, &topic, partition_id)?;
                 let count = usize::try_from(segments_count).unwrap_or(usize::MAX);
-                crate::retention::delete_segments(&partition, count, crate::retention::Reason::Request)?;
+                crate::retention::delete_segments(
+                    &partition,
+                    crate::retention::Selection::Oldest(count),
+                    crate::retention::Reason::Request,
+                )?;
                 Ok(Vec::new())
             }
             Command::FlushUnsavedBuffer {
@@ -1140,10 +1144,15 @@ impl Server {
         let mut guards: Vec<_> = partitions.iter().map(|(_, p)| lock(&p.state)).collect();
         let mut marks = Vec::with_capacity(guards.len());
         for ((topic_id, partition), guard) in partitions.iter().zip(guards.iter_mut()) {
+            let data = serving(guard)?;
+            if data.stopped_reason().is_some() {
+                // Refused before anything changes: a purge must not stop half-way.
+                return Err(writer::PARTITION_STOPPED_STATUS);
+            }
             marks.push(PurgeMark {
                 topic_id: *topic_id,
                 partition_id: partition.id,
-                target: serving(guard)?.purge_target(),
+                target: data.purge_target(),
             });
         }
         // Nothing is purged unless the marks are durable; a refused commit changed nothing.

@@ -415,6 +415,33 @@ fn migrate_superblock(files: &mut Files, bytes: &[u8; COPY_SIZE]) -> Result<(), 
     Ok(())
 }
 
+/// Create `dir` and every missing ancestor, and make their entries durable: each new
+/// directory's parent is synced, so a power loss cannot take away a directory whose files a
+/// later barrier made durable (a group's acknowledged ops live in it).
+fn create_dir_durably(dir: &Path) -> Result<(), GroupError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| GroupError::Io { path, source }
+    };
+    let mut missing: Vec<&Path> = Vec::new();
+    let mut probe = Some(dir);
+    while let Some(path) = probe.filter(|path| !path.as_os_str().is_empty() && !path.exists()) {
+        missing.push(path);
+        probe = path.parent();
+    }
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    for created in missing {
+        let parent = match created.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        File::open(parent)
+            .and_then(|d| d.sync_all())
+            .map_err(io(parent))?;
+    }
+    Ok(())
+}
+
 /// One replication group with a single replica, over the files of one directory.
 pub struct LocalGroup<S: StateMachine, J: GroupJournal = RingJournal> {
     replica: Replica<S>,
@@ -496,6 +523,14 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         };
         let (dir, params) = (dir.to_path_buf(), params.clone());
         opened.reopen = Some(Arc::new(move || {
+            // Never a format: a group reopened after an undone write must find its files
+            // (formatting afresh would hand its offsets out again).
+            if !dir.join(SUPERBLOCK_FILE).exists() {
+                return Err(refused(
+                    &dir,
+                    "the superblock vanished; the group cannot reopen".into(),
+                ));
+            }
             LocalGroup::open_with(&dir, group, &params, fresh.clone())
         }));
         Ok(opened)
@@ -633,10 +668,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         params: &J::Params,
         machine: S,
     ) -> Result<LocalGroup<S, J>, GroupError> {
-        std::fs::create_dir_all(dir).map_err(|source| GroupError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        create_dir_durably(dir)?;
         let cluster = rand::random::<u128>() | 1;
         cairn_storage::atomic_file::write(&dir.join(CLUSTER_FILE), &cluster.to_le_bytes())
             .map_err(|error| refused(dir, format!("cannot write the cluster id: {error}")))?;

@@ -95,6 +95,9 @@ pub enum OpenError {
     NotFormatted { dir: PathBuf },
     #[error(transparent)]
     Group(#[from] GroupError),
+    /// Applying the committed log faulted (an append that did not continue it: a bug).
+    #[error("{}: applying the partition's committed log failed ({fault}); its files are left as they are", dir.display())]
+    Faulted { dir: PathBuf, fault: String },
     #[error("{}: finishing a purge recorded in the metadata failed: {source}", dir.display())]
     Purge { dir: PathBuf, source: PartitionError },
     #[error(
@@ -139,6 +142,12 @@ impl PartitionData {
         }
         let mut data =
             PartitionData::open_with(dir, ids, LogParams::new(ids.partition_id, segment_size_bytes))?;
+        if let Some(fault) = data.group.state_machine().fault() {
+            return Err(OpenError::Faulted {
+                dir: dir.to_path_buf(),
+                fault: fault.to_string(),
+            });
+        }
         data.finish_purge(purge_target)?;
         Ok(data)
     }
@@ -202,6 +211,7 @@ impl PartitionData {
         self.group
             .stopped_reason()
             .or_else(|| self.group.state_machine().fault())
+            .or_else(|| self.group.log().stopped_reason())
     }
 
     /// The offset of the newest message polls may see, 0 when none: `current_offset` in
@@ -269,7 +279,13 @@ impl PartitionData {
                 return Err(codes::ERROR);
             };
             debug_assert!(last >= first_returned && last < next_offset);
-            self.store_offset(owner, last)?;
+            if self.stopped_reason().is_some() {
+                // A stopped partition still serves what it acknowledged, so consumers can
+                // drain it; their offsets cannot move until a restart.
+                tracing::debug!(partition_dir = %self.dir.display(), "auto-commit skipped: the partition stopped taking writes");
+            } else {
+                self.store_offset(owner, last)?;
+            }
         }
         Ok(read)
     }
@@ -279,8 +295,20 @@ impl PartitionData {
         self.group.stored_offset(owner)
     }
 
-    /// Store `owner`'s offset: at most the newest message's (`INVALID_OFFSET` otherwise).
+    /// Store `owner`'s offset: at most the newest message's (`INVALID_OFFSET` otherwise; 0
+    /// on an empty partition). A store the machine would refuse, or that changes nothing,
+    /// takes no op: requests that change nothing must not grow the log.
     pub fn store_offset(&mut self, owner: &Owner, offset: u64) -> Result<(), u32> {
+        if offset > self.group.next_offset().saturating_sub(1) {
+            return Err(codes::INVALID_OFFSET);
+        }
+        let offsets = &self.group.state_machine().state().offsets;
+        if offsets.get(owner) == Some(&offset) {
+            return Ok(());
+        }
+        if offsets.len() >= cairn_machine::partition::OFFSETS_MAX && !offsets.contains_key(owner) {
+            return Err(codes::INVALID_COMMAND);
+        }
         self.check_not_stopped()?;
         let result = self.group.store_offset(owner, offset);
         result.map_err(|error| self.op_status(error, "storing a consumer offset"))
@@ -288,6 +316,9 @@ impl PartitionData {
 
     /// Delete `owner`'s stored offset (`CONSUMER_OFFSET_NOT_FOUND` when none).
     pub fn delete_offset(&mut self, owner: &Owner) -> Result<(), u32> {
+        if self.group.stored_offset(owner).is_none() {
+            return Err(codes::CONSUMER_OFFSET_NOT_FOUND);
+        }
         self.check_not_stopped()?;
         let result = self.group.delete_offset(owner);
         result.map_err(|error| self.op_status(error, "deleting a consumer offset"))
@@ -308,16 +339,30 @@ impl PartitionData {
         self.group.sealed_retained_segments()
     }
 
-    /// Retention and the DeleteSegments request: trim every message of the oldest `count`
-    /// sealed retained segments (one op, none when there is nothing to trim), then remove
-    /// every segment the partition no longer needs. Returns the segments removed.
+    /// The DeleteSegments request: [`PartitionData::delete_segments_through`] the end of the
+    /// oldest `count` sealed retained segments (all of them if fewer).
     pub fn delete_oldest_segments(&mut self, count: usize) -> Result<Vec<JournalSegment>, u32> {
-        self.check_not_stopped()?;
         let sealed = self.group.sealed_retained_segments();
-        if let Some(last) = sealed.get(count.min(sealed.len()).wrapping_sub(1))
-            && last.end_offset > self.group.start_offset()
-        {
-            let trimmed = self.group.trim(last.end_offset);
+        match sealed.get(count.min(sealed.len()).wrapping_sub(1)) {
+            Some(last) => self.delete_segments_through(last.end_offset),
+            None => self.delete_segments_through(self.group.start_offset()),
+        }
+    }
+
+    /// Retention: trim every message below `end_offset` (one op, none when the start is
+    /// there already), then remove every segment the partition no longer needs.
+    /// `end_offset` must be the end of a segment [`PartitionData::sealed_retained_segments`]
+    /// lists now: a retention pass decides on a list taken under an earlier lock hold, so it
+    /// is checked again here, and a stale one trims nothing (never the newest messages, never
+    /// more than was decided). Returns the segments removed.
+    pub fn delete_segments_through(&mut self, end_offset: u64) -> Result<Vec<JournalSegment>, u32> {
+        self.check_not_stopped()?;
+        if end_offset > self.group.start_offset() {
+            let sealed = self.group.sealed_retained_segments();
+            if !sealed.iter().any(|segment| segment.end_offset == end_offset) {
+                return Ok(Vec::new());
+            }
+            let trimmed = self.group.trim(end_offset);
             trimmed.map_err(|error| self.op_status(error, "trimming messages for retention"))?;
         }
         let removed = self.group.remove_released_segments();
@@ -328,11 +373,19 @@ impl PartitionData {
     /// messages are gone for polls either way, and the next removal or start retries.
     fn remove_released_segments(&mut self) {
         if let Err(error) = self.group.remove_released_segments() {
-            tracing::warn!(
-                partition_dir = %self.dir.display(),
-                %error,
-                "cannot remove segments released by a purge or trim yet; polls no longer see their messages, and a later removal or the next start retries"
-            );
+            if self.stopped_reason().is_some() {
+                tracing::error!(
+                    partition_dir = %self.dir.display(),
+                    %error,
+                    "removing segments released by a purge or trim failed and stopped the partition: it takes no writes until restart; polls no longer see the released messages, and the next start finishes the removal"
+                );
+            } else {
+                tracing::warn!(
+                    partition_dir = %self.dir.display(),
+                    %error,
+                    "cannot remove segments released by a purge or trim yet; polls no longer see their messages, and a later removal or the next start retries"
+                );
+            }
         }
     }
 
@@ -343,7 +396,7 @@ impl PartitionData {
 
     /// The clean stop: a checkpoint at the last op, so the next start has no op to apply.
     pub fn close(mut self) -> Result<(), GroupError> {
-        if self.group.commit_op() > self.group.checkpoint_op() {
+        if self.stopped_reason().is_none() && self.group.commit_op() > self.group.checkpoint_op() {
             self.group.checkpoint()?;
         }
         Ok(())
@@ -358,6 +411,23 @@ impl PartitionData {
     /// recorded) and every stored offset, as one op; then remove the released segments.
     pub fn purge(&mut self, target: u64) -> Result<(), u32> {
         self.check_not_stopped()?;
+        if self.group.start_offset() >= target.min(self.group.next_offset()) {
+            // No message to purge (the machine's PURGE would change nothing): only stored
+            // offsets may be left, each deleted by its own op. Nothing at all takes no op.
+            let owners: Vec<Owner> = self
+                .group
+                .state_machine()
+                .state()
+                .offsets
+                .keys()
+                .cloned()
+                .collect();
+            for owner in owners {
+                let result = self.group.delete_offset(&owner);
+                result.map_err(|error| self.op_status(error, "purging a consumer offset"))?;
+            }
+            return Ok(());
+        }
         let result = self.group.purge(target);
         result.map_err(|error| self.op_status(error, "purging"))?;
         self.remove_released_segments();
@@ -421,7 +491,7 @@ pub fn check(dir: &Path, ids @ (_, _, partition_id): (u32, u32, u32)) -> Option<
 
 /// Whether `dir` holds the record log of a Cairn from before partitions were groups: a
 /// `state` file, a `start.meta` marker or an `offsets/` directory beside no group superblock.
-fn holds_record_log(dir: &Path) -> bool {
+pub fn holds_record_log(dir: &Path) -> bool {
     !crate::node::is_formatted(dir)
         && ["state", "start.meta", "offsets"]
             .iter()
@@ -468,5 +538,76 @@ pub fn remove_dir(dir: &Path) -> Result<(), StorageError> {
             path: dir.to_path_buf(),
             source,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::client_batch;
+
+    const IDS: PartitionIds = PartitionIds {
+        stream_id: 1,
+        topic_id: 2,
+        partition_id: 0,
+    };
+
+    /// Requests that would change nothing are answered without an op, so they cannot grow
+    /// the log; each real change is exactly one op.
+    #[test]
+    fn requests_that_change_nothing_add_no_op() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut data = PartitionData::create(dir.path(), IDS, 1 << 20).expect("create");
+        let batch = client_batch(3, 10, 1);
+        assert_eq!(data.append(5, &[&batch]).expect("append"), vec![0]);
+        let owner = Owner::ConsumerName("reader".into());
+        let ops = |data: &PartitionData| data.group.commit_op();
+        let before = ops(&data);
+
+        assert_eq!(
+            data.store_offset(&owner, 3),
+            Err(codes::INVALID_OFFSET),
+            "past the newest message"
+        );
+        assert_eq!(data.delete_offset(&owner), Err(codes::CONSUMER_OFFSET_NOT_FOUND));
+        assert_eq!(ops(&data), before, "refusals take no op");
+
+        data.store_offset(&owner, 1).expect("store");
+        data.store_offset(&owner, 1).expect("store again");
+        assert_eq!(ops(&data), before + 1, "a store of the stored offset takes no op");
+
+        data.purge(3).expect("purge");
+        assert_eq!((data.start_offset(), data.stored_offset(&owner)), (3, None));
+        data.purge(3).expect("purge again");
+        assert_eq!(
+            ops(&data),
+            before + 2,
+            "a purge with nothing to purge takes no op"
+        );
+
+        // Offsets stored after the messages went are still purged (one op each).
+        data.store_offset(&owner, 2).expect("store below the start");
+        data.purge(3).expect("purge the offset");
+        assert_eq!(data.stored_offset(&owner), None);
+        assert_eq!(ops(&data), before + 4);
+    }
+
+    /// A partition the metadata names whose directory holds no group is refused, never
+    /// formatted afresh; one of the earlier record-log layout is refused as that.
+    #[test]
+    fn open_refuses_a_directory_without_a_group() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let missing = dir.path().join("missing");
+        assert!(matches!(
+            PartitionData::open(&missing, IDS, 0, 1 << 20),
+            Err(OpenError::NotFormatted { .. })
+        ));
+        assert!(!missing.exists(), "nothing was created");
+        let earlier = dir.path().join("earlier");
+        std::fs::create_dir_all(earlier.join("offsets")).expect("mkdir");
+        assert!(matches!(
+            PartitionData::open(&earlier, IDS, 0, 1 << 20),
+            Err(OpenError::EarlierLayout { .. })
+        ));
     }
 }

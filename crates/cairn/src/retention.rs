@@ -41,17 +41,31 @@ impl Reason {
     }
 }
 
-/// Delete the oldest `count` sealed segments of `partition` (fewer if fewer are sealed): one
-/// TRIM op of its group releases their messages, then the files the group no longer needs
-/// go; one lock hold for all of it, each removed segment logged. Errors are Iggy statuses.
+/// Which segments a deletion takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Selection {
+    /// The oldest `n` sealed retained segments (fewer if fewer are sealed).
+    Oldest(usize),
+    /// Every segment up to the sealed retained segment ending at this offset, as a retention
+    /// pass decided; nothing if no such segment is left.
+    Through(u64),
+}
+
+/// Delete the segments `selection` names: one TRIM op of the partition's group releases
+/// their messages, then the files the group no longer needs go; one lock hold for all of
+/// it, each removed segment logged. Errors are Iggy statuses.
 pub fn delete_segments(
     partition: &Partition,
-    count: usize,
+    selection: Selection,
     reason: Reason,
 ) -> Result<Vec<JournalSegment>, u32> {
     let mut state = lock(&partition.state);
     let data = serving(&mut state)?;
-    let removed = data.delete_oldest_segments(count).inspect_err(|status| {
+    let removed = match selection {
+        Selection::Oldest(count) => data.delete_oldest_segments(count),
+        Selection::Through(end_offset) => data.delete_segments_through(end_offset),
+    };
+    let removed = removed.inspect_err(|status| {
         tracing::error!(
             partition_dir = %partition.dir.display(),
             status,
@@ -120,7 +134,7 @@ pub fn enforce(catalog: &RwLock<Catalog>, now_us: u64) {
 /// Delete the partition's oldest sealed segments whose newest message is older than
 /// `cutoff_us` (or that hold none): one trim through the last of them.
 fn expire(partition: &Partition, cutoff_us: u64) {
-    let expired = {
+    let expired_through = {
         let mut state = lock(&partition.state);
         let Ok(data) = serving(&mut state) else {
             return;
@@ -128,12 +142,13 @@ fn expire(partition: &Partition, cutoff_us: u64) {
         data.sealed_retained_segments()
             .iter()
             .take_while(|segment| segment.newest_timestamp_us.is_none_or(|t| t < cutoff_us))
-            .count()
+            .last()
+            .map(|segment| segment.end_offset)
     };
-    // A send may seal another segment in between; the oldest `expired` are still the ones
-    // just checked.
-    if expired > 0 {
-        let _ = delete_segments(partition, expired, Reason::MessageExpiry);
+    // The deletion checks again, under its own lock hold, that a segment still ends there
+    // (a DeleteSegments or a purge in between makes it trim nothing more than was decided).
+    if let Some(end_offset) = expired_through {
+        let _ = delete_segments(partition, Selection::Through(end_offset), Reason::MessageExpiry);
     }
 }
 
@@ -142,7 +157,8 @@ fn expire(partition: &Partition, cutoff_us: u64) {
 fn shrink(partitions: &[Arc<Partition>], max_size_bytes: u64) {
     loop {
         let mut size_bytes = 0u64;
-        let mut oldest: Option<(usize, u64)> = None;
+        // (partition, newest timestamp, end offset) of the oldest deletable segment.
+        let mut oldest: Option<(usize, u64, u64)> = None;
         for (position, partition) in partitions.iter().enumerate() {
             let mut state = lock(&partition.state);
             let Ok(data) = serving(&mut state) else {
@@ -151,19 +167,23 @@ fn shrink(partitions: &[Arc<Partition>], max_size_bytes: u64) {
             size_bytes = size_bytes.saturating_add(data.stats().size_bytes);
             if let Some(segment) = data.sealed_retained_segments().first() {
                 let newest_us = segment.newest_timestamp_us.unwrap_or(0);
-                if oldest.is_none_or(|(_, best_us)| newest_us < best_us) {
-                    oldest = Some((position, newest_us));
+                if oldest.is_none_or(|(_, best_us, _)| newest_us < best_us) {
+                    oldest = Some((position, newest_us, segment.end_offset));
                 }
             }
         }
         if size_bytes <= max_size_bytes {
             return;
         }
-        let Some((position, _)) = oldest else {
+        let Some((position, _, end_offset)) = oldest else {
             return;
         };
-        if !matches!(delete_segments(&partitions[position], 1, Reason::MaxTopicSize), Ok(d) if !d.is_empty())
-        {
+        let deleted = delete_segments(
+            &partitions[position],
+            Selection::Through(end_offset),
+            Reason::MaxTopicSize,
+        );
+        if !matches!(deleted, Ok(d) if !d.is_empty()) {
             return;
         }
     }

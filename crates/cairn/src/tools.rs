@@ -127,9 +127,10 @@ pub fn run_repair(target: &str, data_dir: &Path) -> ExitCode {
         }
     };
     let dir = crate::catalog::partition_dir(data_dir, stream_id, topic_id, partition_id);
-    if crate::node::is_formatted(&dir) {
+    if crate::node::is_formatted(&dir) || !crate::partition::holds_record_log(&dir) {
         eprintln!(
-            "cairn repair: refused for {target} ({}): the partition is a replicated log, which is repaired by \
+            "cairn repair: refused for {target} ({}): the partition is not of the earlier record-log layout: a \
+             replicated log (or a directory holding neither) is repaired by \
              state transfer from a peer replica, not by cutting it; a single node has no peer, so there is no \
              offline repair for it yet. Nothing was changed; keep its files (the damage `cairn check` names is \
              left as it is)",

@@ -485,7 +485,7 @@ fn commit_group(shared: &WriterShared, sends: Vec<PendingSend>) {
                 match data.append(timestamp_us, &batches) {
                     Ok(base_offsets) if base_offsets.len() == sends_count => {
                         let latency = started.elapsed();
-                        let fdatasyncs = data.fdatasyncs() - fdatasyncs_before;
+                        let fdatasyncs = data.fdatasyncs().saturating_sub(fdatasyncs_before);
                         for counters in [&shared.partition, &shared.global] {
                             counters.record_barrier(latency, fdatasyncs);
                             counters.record_group(sends_count as u64);
@@ -510,6 +510,12 @@ fn commit_group(shared: &WriterShared, sends: Vec<PendingSend>) {
                             "append failed and was undone: the sends were refused, nothing of them was stored; the partition keeps serving"
                         );
                         vec![Err(WRITE_FAILED_STATUS); sends_count]
+                    }
+                    Err(PartitionError::Group(error @ GroupError::TooLarge { .. })) => {
+                        // The configuration caps a batch at what one op carries and a group
+                        // of several stays far below it: a bug if reached. Nothing was taken.
+                        tracing::error!(partition_dir = %shared.dir.display(), %error, sends = sends_count, "an append exceeded the largest op (a bug); the sends were refused, nothing of them was stored");
+                        vec![Err(codes::ERROR); sends_count]
                     }
                     Err(PartitionError::Status(status)) => {
                         // Validation ran before the sends were queued; what the partition

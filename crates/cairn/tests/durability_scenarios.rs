@@ -163,11 +163,11 @@ async fn scenario_01_confirmed_sends_crash_every_ack_back() {
         l.verify(&client, true).await;
         let max = l.max_offset().unwrap();
         let next = l.send_acked(&client, 3).await;
-        assert!(
-            next[0] > max,
-            "partition {}: first offset after the crash {} is not above the last ACKed offset {max}",
-            l.partition,
-            next[0]
+        assert_eq!(
+            next[0],
+            max + 1,
+            "partition {}: the first offset after the crash must follow the last ACKed one",
+            l.partition
         );
         eprintln!(
             "scenario 1: partition {}: last ACKed {max}, next after crash {}",
@@ -179,8 +179,8 @@ async fn scenario_01_confirmed_sends_crash_every_ack_back() {
     server.stop();
 }
 
-/// 2. Crash, restart, clean stop, restart, produce: the first new offset is above every ACKed
-/// offset (the clean stop must not erase the protection).
+/// 2. Crash, restart, clean stop, restart, produce: the first new offset follows the last
+/// ACKed one (no gap, and nothing handed out twice, across both kinds of stop).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenario_02_crash_then_clean_stop_keeps_protection() {
     let dir = temp_dir();
@@ -205,11 +205,7 @@ async fn scenario_02_crash_then_clean_stop_keeps_protection() {
     assert_no_refusal(&server);
     l.verify(&client, true).await;
     let next = l.send_acked(&client, 2).await;
-    assert!(
-        next[0] > max,
-        "first offset after crash + clean stop {} is not above the last ACKed offset {max}",
-        next[0]
-    );
+    assert_eq!(next[0], max + 1, "first offset after crash + clean stop");
     l.verify(&client, true).await;
     drop(client);
     server.stop();
@@ -234,7 +230,7 @@ async fn scenario_03_crash_send_clean_stop_valid_chain() {
     let (server, client) = boot(dir.path(), &[]).await;
     let max = l.max_offset().unwrap();
     let one = l.send_acked(&client, 1).await;
-    assert!(one[0] > max, "offset after crash {} not above {max}", one[0]);
+    assert_eq!(one[0], max + 1, "offset after the crash");
     drop(client);
     server.stop();
     let pdir = partition_dir(dir.path(), s, t, 0);
@@ -276,9 +272,13 @@ async fn scenario_04_repeated_crash_cycles_with_traffic() {
             let before = l.max_offset();
             for _ in 0..rng.gen_range(3..8usize) {
                 let n = rng.gen_range(1..6usize);
+                let previous = l.max_offset();
                 let got = l.send_acked(&client, n).await;
                 if let Some(b) = before {
                     assert!(got[0] > b, "cycle {cycle}: offset {} not above {b}", got[0]);
+                }
+                if let Some(previous) = previous {
+                    assert_eq!(got[0], previous + 1, "cycle {cycle}: offsets have no gap");
                 }
             }
         }
