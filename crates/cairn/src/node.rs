@@ -803,6 +803,12 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     /// Replicate one request and return the state machine's reply to it. When this returns
     /// `Ok`, the op is durable and applied.
     pub fn submit(&mut self, operation: u8, body: &[u8]) -> Result<Vec<u8>, GroupError> {
+        self.submit_shared(operation, Arc::from(body))
+    }
+
+    /// [`LocalGroup::submit`] of a body already in the shared buffer a request carries (no
+    /// copy: a partition's append is megabytes).
+    pub fn submit_shared(&mut self, operation: u8, body: Arc<[u8]>) -> Result<Vec<u8>, GroupError> {
         debug_assert!(!self.files.read_only, "a read-only group takes no requests");
         self.check_not_stopped()?;
         if body.len() > J::SHAPE.body_size_max() {
@@ -815,7 +821,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             self.register()?;
         }
         self.request += 1;
-        let reply = self.call(operation, self.request, body)?;
+        let reply = self.call(operation, self.request, Arc::clone(&body))?;
         if reply.header.operation == OPERATION_SESSION_EVICTED {
             // Only after 64 other clients registered since: never within one process, which
             // is the group's only client. Start a new session and ask again.
@@ -829,20 +835,20 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
 
     fn register(&mut self) -> Result<(), GroupError> {
         self.request = 0;
-        let reply = self.call(OPERATION_REGISTER, 0, &[])?;
+        let reply = self.call(OPERATION_REGISTER, 0, Arc::from(&[][..]))?;
         self.session = reply.header.op;
         debug_assert!(self.session > 0);
         Ok(())
     }
 
-    fn call(&mut self, operation: u8, request: u64, body: &[u8]) -> Result<Message, GroupError> {
+    fn call(&mut self, operation: u8, request: u64, body: Arc<[u8]>) -> Result<Message, GroupError> {
         let mut header = Header::new(Command::Request, self.cluster);
         header.group = self.replica.config().group;
         header.client = self.client;
         header.request = request;
         header.operation = operation;
         header.context = u128::from(self.session);
-        let message = Message::new(header, Arc::from(body));
+        let message = Message::new(header, body);
         self.reply = None;
         self.replica.on_message(&message);
         for _ in 0..REQUEST_TICKS_MAX {

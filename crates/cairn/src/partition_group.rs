@@ -478,10 +478,14 @@ impl LocalGroup<PartitionMachine, LogJournal> {
 
     /// Replicate one op and return its reply, refusing once the machine has faulted.
     fn op(&mut self, operation: u8, body: &[u8]) -> Result<Vec<u8>, PartitionError> {
+        self.op_shared(operation, Arc::from(body))
+    }
+
+    fn op_shared(&mut self, operation: u8, body: Arc<[u8]>) -> Result<Vec<u8>, PartitionError> {
         if let Some(fault) = self.state_machine().fault() {
             return Err(PartitionError::Faulted(fault.to_string()));
         }
-        let reply = self.submit(operation, body)?;
+        let reply = self.submit_shared(operation, body)?;
         if let Some(fault) = self.state_machine().fault() {
             return Err(PartitionError::Faulted(fault.to_string()));
         }
@@ -498,7 +502,10 @@ impl LocalGroup<PartitionMachine, LogJournal> {
     /// Append the batches of a group of sends (validated client batches) as one op stamped
     /// `timestamp_us`: the base offset each batch got, in order.
     pub fn append(&mut self, timestamp_us: u64, batches: &[&[u8]]) -> Result<Vec<u64>, PartitionError> {
-        let reply = self.op(OPERATION_APPEND, &partition::encode_append(timestamp_us, batches))?;
+        let reply = self.op_shared(
+            OPERATION_APPEND,
+            partition::encode_append_shared(timestamp_us, batches),
+        )?;
         partition::decode_append_reply(&reply).map_err(PartitionError::Status)
     }
 
