@@ -217,15 +217,16 @@ impl Partition {
         lock(&self.writer).take()
     }
 
-    fn open(
-        dir: PathBuf,
+    /// Recover the partition in `dir` (its writer is started by [`Partition::assemble`]):
+    /// serving, or refused with the reason logged.
+    fn open_state(
+        dir: &Path,
         ids: PartitionIds,
         doc: PartitionDoc,
         segment_size_bytes: u64,
-        writers: &WriterContext,
-    ) -> Partition {
+    ) -> PartitionState {
         debug_assert_eq!(ids.partition_id, doc.id);
-        let state = match PartitionData::open(&dir, ids, doc.purge_target, segment_size_bytes) {
+        match PartitionData::open(dir, ids, doc.purge_target, segment_size_bytes) {
             Ok(data) => PartitionState::Serving(Box::new(data)),
             Err(error) => {
                 tracing::error!(
@@ -237,8 +238,7 @@ impl Partition {
                     reason: error.to_string(),
                 }
             }
-        };
-        Partition::assemble(dir, doc, state, writers)
+        }
     }
 
     /// Create the files of a new partition. An orphan directory left by an interrupted
@@ -309,29 +309,29 @@ impl Catalog {
         let first_start = !legacy && group.commit_op() == 0;
         let meta = &group.state_machine().state;
         let mut runtime = BTreeMap::new();
+        // Every partition the metadata names, in (stream, topic, partition) order.
+        let mut to_open: Vec<(PathBuf, PartitionIds, PartitionDoc, u64)> = Vec::new();
         for stream in meta.streams.values() {
             for topic in stream.topics.values() {
                 let topic_segment_size = topic_segment_size(segment_size_bytes, topic);
-                let partitions = topic
-                    .partitions
-                    .iter()
-                    .map(|p| {
-                        let dir = partition_dir(data_dir, stream.id, topic.id, p.id);
-                        let ids = PartitionIds {
-                            stream_id: stream.id,
-                            topic_id: topic.id,
-                            partition_id: p.id,
-                        };
-                        Arc::new(Partition::open(dir, ids, *p, topic_segment_size, &writers))
-                    })
-                    .collect();
-                runtime.insert(
-                    (stream.id, topic.id),
-                    TopicRuntime {
-                        partitions,
-                        ..TopicRuntime::default()
-                    },
-                );
+                for p in &topic.partitions {
+                    let ids = PartitionIds {
+                        stream_id: stream.id,
+                        topic_id: topic.id,
+                        partition_id: p.id,
+                    };
+                    let dir = partition_dir(data_dir, stream.id, topic.id, p.id);
+                    to_open.push((dir, ids, *p, topic_segment_size));
+                }
+                runtime.insert((stream.id, topic.id), TopicRuntime::default());
+            }
+        }
+        // Recovery reads and verifies each partition's log: spread over the cores.
+        let states = open_all(&to_open);
+        for ((dir, ids, doc, _), state) in to_open.into_iter().zip(states) {
+            let partition = Arc::new(Partition::assemble(dir, doc, state, &writers));
+            if let Some(topic) = runtime.get_mut(&(ids.stream_id, ids.topic_id)) {
+                topic.partitions.push(partition);
             }
         }
         let catalog = Catalog {
@@ -652,6 +652,39 @@ impl Catalog {
             .values()
             .flat_map(|stream| self.topics_of(stream))
     }
+}
+
+/// [`Partition::open_state`] of every partition in `to_open`, on up to as many threads as
+/// there are cores; the states in the same order.
+fn open_all(to_open: &[(PathBuf, PartitionIds, PartitionDoc, u64)]) -> Vec<PartitionState> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .clamp(1, 8)
+        .min(to_open.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let opened: Mutex<Vec<Option<PartitionState>>> = Mutex::new((0..to_open.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                loop {
+                    let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((dir, ids, doc, segment_size_bytes)) = to_open.get(index) else {
+                        break;
+                    };
+                    let state = Partition::open_state(dir, *ids, *doc, *segment_size_bytes);
+                    lock(&opened)[index] = Some(state);
+                }
+            });
+        }
+    });
+    let opened = match opened.into_inner() {
+        Ok(opened) => opened,
+        Err(poisoned) => panic!("a partition open panicked: {poisoned}"),
+    };
+    opened
+        .into_iter()
+        .map(|state| state.expect("every partition was opened by a worker"))
+        .collect()
 }
 
 /// The segment size of a topic's partitions: the topic's own when it has one, else the

@@ -67,7 +67,7 @@ use crate::io::{Disk, ReadFile, WriteFile};
 use crate::log::{EntryName, decode_start, encode_start, parse_entry_name, segment_log_name};
 use crate::read::{self, CachedReader, PollRead, ReadOutcome, ReadPart};
 use crate::record::{
-    self, BATCH_BYTES_MAX, Chain, OpRule, RECORD_HEADER_SIZE, RecordHeader, RecordKind, Tail,
+    self, BATCH_BYTES_MAX, Chain, OpRule, RECORD_HEADER_SIZE, RecordHeader, RecordKind, ScanResult, Tail,
 };
 use crate::state::{self, Frontier, PartitionState, STATE_FILE_NAME, STATE_FILE_SIZE_BYTES, StateFile};
 use cairn_wire::batch::{self, BATCH_HEADER_SIZE};
@@ -1261,9 +1261,6 @@ fn plan_open(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<OpenPlan,
                 ),
             ));
         }
-        let bytes = disk
-            .read_all(&path, SEGMENT_BYTES_MAX)?
-            .ok_or_else(|| damaged(path.clone(), 0, "the segment vanished while opening".into()))?;
         let durable_len = if first_op == frontier_name {
             if segment_start.next_offset != frontier.segment_base_offset {
                 return Err(damaged(
@@ -1277,21 +1274,17 @@ fn plan_open(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<OpenPlan,
             }
             frontier.segment_len_bytes
         } else {
-            bytes.len() as u64
+            len
         };
-        if (bytes.len() as u64) < durable_len {
+        if len < durable_len {
             return Err(damaged(
                 path,
-                bytes.len() as u64,
-                format!(
-                    "the segment ends at byte {}, below its durable frontier at byte {durable_len}",
-                    bytes.len()
-                ),
+                len,
+                format!("the segment ends at byte {len}, below its durable frontier at byte {durable_len}"),
             ));
         }
-        dropped_bytes += bytes.len() as u64 - durable_len;
-        let durable = &bytes[..durable_len as usize];
-        let scanned = record::scan_with(durable, chain, durable_len, OpRule::PerPrepare);
+        dropped_bytes += len - durable_len;
+        let scanned = scan_durable(disk, &path, chain, durable_len, OPEN_CHUNK_BYTES)?;
         match &scanned.tail {
             Tail::Clean => {}
             Tail::Torn { fault } => {
@@ -1444,6 +1437,115 @@ fn plan_open(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<OpenPlan,
     })
 }
 
+/// Bytes an open reads at a time while it verifies a segment below its frontier (more only
+/// for a record larger than this): what bounds an open's memory, whatever the segment size.
+const OPEN_CHUNK_BYTES: u64 = 16 * 1024 * 1024;
+
+/// [`record::scan_with`] over the first `durable_len` bytes of the segment at `path` (all
+/// below the frontier, so any fault is damage), read in pieces of whole records of about
+/// [`OPEN_CHUNK_BYTES`]: the same verdict as one scan of the whole prefix, positions in the
+/// file, without holding the segment in memory.
+fn scan_durable(
+    disk: &dyn Disk,
+    path: &Path,
+    start: Chain,
+    durable_len: u64,
+    chunk_bytes: u64,
+) -> Result<ScanResult, StorageError> {
+    let mut result = ScanResult {
+        valid_len_bytes: 0,
+        records: Vec::new(),
+        op_records: Vec::new(),
+        gap: None,
+        end: start,
+        durable_end: None,
+        tail: Tail::Clean,
+    };
+    if durable_len == 0 {
+        result.durable_end = Some(start);
+        return Ok(result);
+    }
+    let file = disk.open_read(path)?;
+    let mut buffer: Vec<u8> = Vec::new();
+    let mut position = 0u64;
+    while position < durable_len {
+        let available = durable_len - position;
+        // At least a record header, so the first record's size can be read.
+        let chunk_len = available.min(chunk_bytes.max(RECORD_HEADER_SIZE as u64));
+        file.read_exact_at_into(position, chunk_len as usize, &mut buffer, 0)?;
+        // The whole records the chunk holds, by their headers' sizes (unverified here: the
+        // scan verifies every one).
+        let mut piece_len = 0u64;
+        while let Ok(header) = record::decode(&buffer[piece_len as usize..]) {
+            let end = piece_len + header.record_size_bytes();
+            if end > chunk_len {
+                break;
+            }
+            piece_len = end;
+        }
+        if piece_len == 0 {
+            // The first record is larger than a chunk: read it whole when its header claims
+            // a size the durable bytes can hold (at most the largest record); otherwise the
+            // scan of the chunk reports what is wrong with it.
+            let claimed = record::decode(&buffer).map_or(0, |header| header.record_size_bytes());
+            if claimed > chunk_len
+                && claimed <= available
+                && claimed <= RECORD_HEADER_SIZE as u64 + u64::from(BATCH_BYTES_MAX)
+            {
+                file.read_exact_at_into(position, claimed as usize, &mut buffer, 0)?;
+                piece_len = claimed;
+            } else {
+                piece_len = chunk_len;
+            }
+        }
+        let piece = &buffer[..piece_len as usize];
+        let scanned = record::scan_with(piece, result.end, piece_len, OpRule::PerPrepare);
+        result
+            .records
+            .extend(scanned.records.into_iter().map(|mut record| {
+                record.position_bytes += position;
+                record
+            }));
+        result
+            .op_records
+            .extend(scanned.op_records.into_iter().map(|mut record| {
+                record.position_bytes += position;
+                record
+            }));
+        result.end = scanned.end;
+        let stop =
+            scanned.valid_len_bytes < piece_len || scanned.gap.is_some() || scanned.tail != Tail::Clean;
+        if let Some(mut gap) = scanned.gap {
+            gap.position_bytes += position;
+            result.gap = Some(gap);
+        }
+        result.tail = match scanned.tail {
+            Tail::Damaged {
+                position_bytes,
+                reason,
+            } => Tail::Damaged {
+                position_bytes: position_bytes + position,
+                // The scan names the frontier it was given: the piece's end, not the file's.
+                reason: reason.replacen(
+                    &format!("durable frontier (byte {piece_len})"),
+                    &format!("durable frontier (byte {durable_len})"),
+                    1,
+                ),
+            },
+            tail => tail,
+        };
+        position += scanned.valid_len_bytes;
+        if stop {
+            break;
+        }
+    }
+    result.valid_len_bytes = position;
+    if position == durable_len {
+        result.durable_end = Some(result.end);
+    }
+    Ok(result)
+}
+
 /// What an open would find and do, from its plan.
 fn inspection_of(plan: &OpenPlan) -> JournalInspection {
     JournalInspection {
@@ -1524,5 +1626,54 @@ fn journal_state(frontier: Frontier) -> PartitionState {
         offset_reserved: frontier.chain.next_offset,
         boot_floor: 0,
         clean_stop: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim_disk::SimDisk;
+
+    /// The open's scan in pieces gives the verdict of one scan of the whole durable prefix
+    /// (records, end chain, damage position), whatever the piece size: smaller than a record,
+    /// a few records, or the whole segment.
+    #[test]
+    fn a_scan_in_pieces_is_a_scan_of_the_whole() {
+        let disk = Arc::new(SimDisk::new());
+        let dir = PathBuf::from("/journal");
+        let genesis = Chain::genesis(3);
+        let mut journal = JournalLog::create_on(
+            disk.clone(),
+            &dir,
+            3,
+            JournalConfig {
+                segment_size_bytes: 1 << 20,
+            },
+            genesis,
+        )
+        .expect("create");
+        for op in 1..=40u64 {
+            let payload = vec![op as u8; 50 + (op as usize * 37) % 900];
+            journal.write_op(op, 1, 1_000 + op, &payload, &[]).expect("write");
+        }
+        journal.sync().expect("sync");
+        drop(journal);
+        let path = dir.join(segment_log_name(1));
+        let mut bytes = disk.read_all(&path, u64::MAX).expect("read").expect("segment");
+        let len = bytes.len() as u64;
+        for damage in [None, Some(bytes.len() / 2), Some(bytes.len() - 3)] {
+            if let Some(at) = damage {
+                bytes[at] ^= 0x20;
+                disk.write_synced(&path, &bytes).expect("damage");
+            }
+            let whole = record::scan_with(&bytes, genesis, len, OpRule::PerPrepare);
+            for chunk in [1, 64, 100, 333, 1_000, 4_096, len, 1 << 24] {
+                let pieces = scan_durable(disk.as_ref(), &path, genesis, len, chunk).expect("scan");
+                assert_eq!(pieces, whole, "damage {damage:?}, pieces of {chunk} bytes");
+            }
+            if let Some(at) = damage {
+                bytes[at] ^= 0x20;
+            }
+        }
     }
 }
