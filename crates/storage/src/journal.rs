@@ -71,7 +71,7 @@ use crate::record::{
 };
 use crate::state::{self, Frontier, PartitionState, STATE_FILE_NAME, STATE_FILE_SIZE_BYTES, StateFile};
 use cairn_wire::batch::{self, BATCH_HEADER_SIZE};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -300,7 +300,7 @@ impl JournalLog {
         config: JournalConfig,
     ) -> Result<(JournalLog, JournalRecovery), StorageError> {
         check_config(&config)?;
-        let plan = plan_open(disk.as_ref(), dir, partition_id)?;
+        let plan = plan_open(disk.as_ref(), dir, partition_id, true)?;
         let frontier = plan.loaded.frontier;
         // Only now, with everything kept verified: finish a removal of the oldest segments
         // that a crash interrupted, and drop what lies above the frontier.
@@ -312,6 +312,19 @@ impl JournalLog {
             dropped_bytes += len;
             disk.remove_file(&dir.join(segment_log_name(first_op)))?;
         }
+        // Summaries of segments that are gone or written again from now on (the frontier's
+        // segment is the one written next), and summaries a crash left half-written.
+        let frontier_first_op = plan.segments.last().expect("the frontier's segment").first_op();
+        let mut summaries_removed = false;
+        for &first_op in &plan.summaries {
+            let kept_sealed = first_op >= plan.start.next_op && first_op < frontier_first_op;
+            if !kept_sealed {
+                summaries_removed |= disk.remove_file(&dir.join(summary_name(first_op)))?;
+            }
+        }
+        for name in &plan.summary_staging {
+            summaries_removed |= disk.remove_file(&dir.join(name))?;
+        }
         let active_path = plan.segments.last().expect("the frontier's segment").path(dir);
         let mut active = disk.open_write(&active_path)?;
         if dropped_bytes > 0 {
@@ -320,7 +333,7 @@ impl JournalLog {
         }
         // Even an empty segment's removal is made durable: a stale segment coming back under a
         // name at or below a later frontier's op would be taken for the frontier's segment.
-        if dropped_bytes > 0 || !plan.above.is_empty() || !plan.below_start.is_empty() {
+        if dropped_bytes > 0 || !plan.above.is_empty() || !plan.below_start.is_empty() || summaries_removed {
             disk.sync_dir(dir)?;
         }
         let state = StateFile::open(disk.as_ref(), &dir.join(STATE_FILE_NAME), plan.loaded)?;
@@ -343,7 +356,7 @@ impl JournalLog {
         dir: &Path,
         partition_id: u32,
     ) -> Result<JournalInspection, StorageError> {
-        let plan = plan_open(disk, dir, partition_id)?;
+        let plan = plan_open(disk, dir, partition_id, false)?;
         Ok(inspection_of(&plan))
     }
 
@@ -357,7 +370,8 @@ impl JournalLog {
         config: JournalConfig,
     ) -> Result<(JournalLog, JournalInspection), StorageError> {
         check_config(&config)?;
-        let plan = plan_open(disk.as_ref(), dir, partition_id)?;
+        // The checker trusts no summary: it reads and verifies every segment.
+        let plan = plan_open(disk.as_ref(), dir, partition_id, false)?;
         let inspection = inspection_of(&plan);
         Ok((
             JournalLog::from_plan(disk, dir, partition_id, config, plan, None),
@@ -637,6 +651,8 @@ impl JournalLog {
         self.check_invariants();
         for segment in &gone {
             self.disk.remove_file(&segment.path(&self.dir))?;
+            self.disk
+                .remove_file(&self.dir.join(summary_name(segment.first_op())))?;
         }
         self.disk.sync_dir(&self.dir)?;
         Ok(removed)
@@ -870,6 +886,8 @@ impl JournalLog {
             };
             (op_segment, segment)
         };
+        // 0. No summary may describe a segment the cut changes or removes.
+        self.remove_summaries_from(cut_segment.first_op())?;
         // Polls stop seeing the cut batches before any file changes (on a failure the
         // journal stops, and what it holds is then settled by a reopen).
         let kept = self
@@ -1020,12 +1038,64 @@ impl JournalLog {
         debug_assert!(self.segments.len() > 1);
         debug_assert_eq!(self.segments.last().map(|segment| segment.len_bytes), Some(0));
         let previous = self.segments[self.segments.len() - 2];
+        // The previous segment is written again: its summary goes first.
+        self.remove_summaries_from(previous.first_op())?;
         self.active = Some(self.disk.open_write(&previous.path(&self.dir))?);
         let empty = self.segments.pop().expect("more than one segment");
         // Its name is started again by the next rotation.
         self.forget_read_handle();
         self.disk.remove_file(&empty.path(&self.dir))?;
         self.disk.sync_dir(&self.dir)
+    }
+
+    /// Write the summary of the active segment, which is being sealed (its bytes are
+    /// durable). Best effort: without a summary an open reads the segment, as it always may.
+    fn write_summary_of_active(&self) {
+        let active = *self.segments.last().expect("one segment");
+        let first_batch = self
+            .batches
+            .partition_point(|entry| entry.base_offset < active.start.next_offset);
+        let summary = SegmentSummary {
+            start: active.start,
+            end: self.chain,
+            len_bytes: active.len_bytes,
+            ops: self
+                .ops
+                .range(active.first_op()..)
+                .map(|(_, extent)| *extent)
+                .collect(),
+            batches: self.batches[first_batch..].to_vec(),
+        };
+        let encoded = summary.encode();
+        debug_assert_eq!(
+            SegmentSummary::decode(&encoded, self.partition_id, active.first_op()).as_ref(),
+            Some(&summary),
+            "a summary decodes to what it was written from"
+        );
+        let _ = atomic_file::write_on(
+            self.disk.as_ref(),
+            &self.dir.join(summary_name(active.first_op())),
+            &encoded,
+        );
+    }
+
+    /// Remove the summaries of the segments from `first_op` on (they are about to change or
+    /// go), durably if there were any: no summary may outlive the bytes it describes.
+    fn remove_summaries_from(&self, first_op: u64) -> Result<(), StorageError> {
+        let mut removed = false;
+        for segment in self
+            .segments
+            .iter()
+            .filter(|segment| segment.first_op() >= first_op)
+        {
+            removed |= self
+                .disk
+                .remove_file(&self.dir.join(summary_name(segment.first_op())))?;
+        }
+        if removed {
+            self.disk.sync_dir(&self.dir)?;
+        }
+        Ok(())
     }
 
     fn rotate_if_full(&mut self) -> Result<(), StorageError> {
@@ -1042,13 +1112,18 @@ impl JournalLog {
             self.stopped = Some(format!("sealing a segment failed: {error}"));
             return Err(error);
         }
+        self.write_summary_of_active();
         let segment = Segment {
             start: self.chain,
             len_bytes: 0,
         };
-        let created = self
+        // A summary under the new segment's name would describe bytes of an earlier life of
+        // that name (every path that ends one removes it; this keeps it so).
+        let stale_summary = self
             .disk
-            .create_new(&segment.path(&self.dir))
+            .remove_file(&self.dir.join(summary_name(segment.first_op())));
+        let created = stale_summary
+            .and_then(|_| self.disk.create_new(&segment.path(&self.dir)))
             .and_then(|file| self.disk.sync_dir(&self.dir).map(|()| file));
         match created {
             Ok(file) => {
@@ -1149,11 +1224,19 @@ struct OpenPlan {
     below_start: Vec<u64>,
     /// Bytes above the frontier in the segment that holds it: dropped.
     dropped_bytes: u64,
+    /// Segments that have a summary (by first op), and summaries a crash left half-written.
+    summaries: BTreeSet<u64>,
+    summary_staging: Vec<String>,
 }
 
 /// The read-only half of an open: read and verify everything below the frontier, and list
 /// what lies above it. Damage below the frontier is an `Err`.
-fn plan_open(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<OpenPlan, StorageError> {
+fn plan_open(
+    disk: &dyn Disk,
+    dir: &Path,
+    partition_id: u32,
+    trust_summaries: bool,
+) -> Result<OpenPlan, StorageError> {
     let damaged = |path: PathBuf, position: u64, reason: String| StorageError::Damaged {
         path,
         position,
@@ -1179,9 +1262,15 @@ fn plan_open(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<OpenPlan,
 
     // Segments are named by their first op.
     let mut names: Vec<u64> = Vec::new();
+    let mut summaries: BTreeSet<u64> = BTreeSet::new();
+    let mut summary_staging: Vec<String> = Vec::new();
     for name in disk.list_dir(dir)? {
         if let EntryName::Log(first_op) = parse_entry_name(&name) {
             names.push(first_op);
+        } else if let Some(first_op) = summary_first_op(&name) {
+            summaries.insert(first_op);
+        } else if name.strip_suffix(".tmp").and_then(summary_first_op).is_some() {
+            summary_staging.push(name);
         }
     }
     names.sort_unstable();
@@ -1284,6 +1373,34 @@ fn plan_open(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<OpenPlan,
             ));
         }
         dropped_bytes += len - durable_len;
+        // A sealed segment below the frontier's, whose summary matches it: taken without
+        // reading it (its records are verified when read).
+        if trust_summaries
+            && first_op != frontier_name
+            && summaries.contains(&first_op)
+            && let Some(summary) = read_summary(disk, dir, partition_id, first_op)
+            && summary.start == chain
+            && summary.len_bytes == len
+        {
+            for extent in summary.ops {
+                ops.insert(extent.op, extent);
+            }
+            for entry in summary.batches {
+                let timestamp_us = batches.last().map_or(entry.timestamp_us, |last| {
+                    entry.timestamp_us.max(last.timestamp_us)
+                });
+                batches.push(BatchEntry {
+                    timestamp_us,
+                    ..entry
+                });
+            }
+            chain = summary.end;
+            segments.push(Segment {
+                start: segment_start,
+                len_bytes: len,
+            });
+            continue;
+        }
         let scanned = scan_durable(disk, &path, chain, durable_len, OPEN_CHUNK_BYTES)?;
         match &scanned.tail {
             Tail::Clean => {}
@@ -1434,7 +1551,213 @@ fn plan_open(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<OpenPlan,
         above: above_lens,
         below_start,
         dropped_bytes,
+        summaries,
+        summary_staging,
     })
+}
+
+// ---- sealed-segment summaries ----
+
+/// What a sealed segment holds, written beside it when it is sealed
+/// (`<first op>.summary`, an atomic file): its start and end chains, its length, and the
+/// extents of its ops and batches, so that an open can take a sealed segment below the
+/// frontier without reading it. The segment's bytes are verified when read (every poll and
+/// op read verifies its records) and by `cairn check`, which never trusts a summary.
+///
+/// A summary describes exactly one sealed file: a cut into the segment, or reopening it for
+/// writes, removes the summary before the file changes; an open uses it only for a segment
+/// below the frontier's whose length it matches, and scans otherwise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SegmentSummary {
+    start: Chain,
+    end: Chain,
+    len_bytes: u64,
+    ops: Vec<OpExtent>,
+    batches: Vec<BatchEntry>,
+}
+
+const SUMMARY_VERSION: u32 = 1;
+const SUMMARY_SUFFIX: &str = ".summary";
+/// Bytes of a summary's fixed part and of each op and batch entry.
+const SUMMARY_HEAD_BYTES: usize = 4 + 4 + 3 * 8 + 3 * 8 + 8 + 4 + 4;
+const SUMMARY_OP_BYTES: usize = 8 + 4 + 8 + 4 + 8 + 8 + 8 + 8 + 8;
+const SUMMARY_BATCH_BYTES: usize = 8 + 8 + 4 + 4 + 8;
+
+fn summary_name(first_op: u64) -> String {
+    format!("{first_op:020}{SUMMARY_SUFFIX}")
+}
+
+/// The first op a summary file (or its staging file) is named for.
+fn summary_first_op(name: &str) -> Option<u64> {
+    let stem = name.strip_suffix(SUMMARY_SUFFIX)?;
+    (stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| stem.parse().ok())
+        .flatten()
+}
+
+impl SegmentSummary {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(
+            SUMMARY_HEAD_BYTES + self.ops.len() * SUMMARY_OP_BYTES + self.batches.len() * SUMMARY_BATCH_BYTES,
+        );
+        out.extend_from_slice(&SUMMARY_VERSION.to_le_bytes());
+        out.extend_from_slice(&self.start.partition_id.to_le_bytes());
+        for chain in [self.start, self.end] {
+            out.extend_from_slice(&chain.next_offset.to_le_bytes());
+            out.extend_from_slice(&chain.parent_checksum.to_le_bytes());
+            out.extend_from_slice(&chain.next_op.to_le_bytes());
+        }
+        out.extend_from_slice(&self.len_bytes.to_le_bytes());
+        out.extend_from_slice(&(self.ops.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(self.batches.len() as u32).to_le_bytes());
+        for extent in &self.ops {
+            out.extend_from_slice(&extent.op.to_le_bytes());
+            out.extend_from_slice(&extent.view.to_le_bytes());
+            out.extend_from_slice(&extent.timestamp_us.to_le_bytes());
+            out.extend_from_slice(&extent.batch_count.to_le_bytes());
+            out.extend_from_slice(&extent.position_bytes.to_le_bytes());
+            out.extend_from_slice(&extent.len_bytes.to_le_bytes());
+            out.extend_from_slice(&extent.chain_before.next_offset.to_le_bytes());
+            out.extend_from_slice(&extent.chain_before.parent_checksum.to_le_bytes());
+            out.extend_from_slice(&extent.message_count.to_le_bytes());
+        }
+        for entry in &self.batches {
+            out.extend_from_slice(&entry.base_offset.to_le_bytes());
+            out.extend_from_slice(&entry.position_bytes.to_le_bytes());
+            out.extend_from_slice(&entry.len_bytes.to_le_bytes());
+            out.extend_from_slice(&entry.message_count.to_le_bytes());
+            out.extend_from_slice(&entry.timestamp_us.to_le_bytes());
+        }
+        out
+    }
+
+    /// The summary `bytes` hold for the segment named `first_op` of `partition_id`, if they
+    /// are one and it is consistent (ops consecutive from its start to its end, each within
+    /// the segment, batches in offset order and adding up to its end): otherwise `None`, and
+    /// the open scans the segment instead.
+    fn decode(bytes: &[u8], partition_id: u32, first_op: u64) -> Option<SegmentSummary> {
+        let mut reader = SummaryReader { bytes };
+        if reader.u32()? != SUMMARY_VERSION || reader.u32()? != partition_id {
+            return None;
+        }
+        let mut chain = || -> Option<Chain> {
+            Some(Chain {
+                partition_id,
+                next_offset: reader.u64()?,
+                parent_checksum: reader.u64()?,
+                next_op: reader.u64()?,
+            })
+        };
+        let (start, end) = (chain()?, chain()?);
+        let len_bytes = reader.u64()?;
+        let (op_count, batch_count) = (reader.u32()? as usize, reader.u32()? as usize);
+        if start.next_op != first_op
+            || end.next_op < start.next_op
+            || end.next_offset < start.next_offset
+            || len_bytes > SEGMENT_BYTES_MAX
+            || reader.bytes.len() != op_count * SUMMARY_OP_BYTES + batch_count * SUMMARY_BATCH_BYTES
+            || op_count as u64 != end.next_op - start.next_op
+        {
+            return None;
+        }
+        let mut ops = Vec::with_capacity(op_count);
+        let mut position = 0u64;
+        let mut next_offset = start.next_offset;
+        for index in 0..op_count {
+            let extent = OpExtent {
+                op: reader.u64()?,
+                view: reader.u32()?,
+                timestamp_us: reader.u64()?,
+                batch_count: reader.u32()?,
+                segment_first_op: first_op,
+                position_bytes: reader.u64()?,
+                len_bytes: reader.u64()?,
+                chain_before: Chain {
+                    partition_id,
+                    next_offset: reader.u64()?,
+                    parent_checksum: reader.u64()?,
+                    next_op: 0,
+                },
+                message_count: reader.u64()?,
+            };
+            let extent = OpExtent {
+                chain_before: Chain {
+                    next_op: extent.op,
+                    ..extent.chain_before
+                },
+                ..extent
+            };
+            if extent.op != first_op + index as u64
+                || extent.position_bytes != position
+                || extent.chain_before.next_offset != next_offset
+                || (index == 0 && extent.chain_before != start)
+            {
+                return None;
+            }
+            position = position.checked_add(extent.len_bytes)?;
+            next_offset = next_offset.checked_add(extent.message_count)?;
+            ops.push(extent);
+        }
+        if position != len_bytes || next_offset != end.next_offset {
+            return None;
+        }
+        let mut batches: Vec<BatchEntry> = Vec::with_capacity(batch_count);
+        let mut expected_offset = start.next_offset;
+        for _ in 0..batch_count {
+            let entry = BatchEntry {
+                base_offset: reader.u64()?,
+                position_bytes: reader.u64()?,
+                len_bytes: reader.u32()?,
+                message_count: reader.u32()?,
+                timestamp_us: reader.u64()?,
+            };
+            if entry.base_offset != expected_offset
+                || entry.message_count == 0
+                || entry.position_bytes + u64::from(entry.len_bytes) > len_bytes
+                || batches
+                    .last()
+                    .is_some_and(|last| last.timestamp_us > entry.timestamp_us)
+            {
+                return None;
+            }
+            expected_offset = entry.end_offset();
+            batches.push(entry);
+        }
+        (expected_offset == end.next_offset).then_some(SegmentSummary {
+            start,
+            end,
+            len_bytes,
+            ops,
+            batches,
+        })
+    }
+}
+
+/// The summary of segment `first_op` in `dir`, if it can be read and is one (a damaged or
+/// inconsistent summary is no summary: the open scans the segment).
+fn read_summary(disk: &dyn Disk, dir: &Path, partition_id: u32, first_op: u64) -> Option<SegmentSummary> {
+    let bytes = atomic_file::read_verified_on(disk, &dir.join(summary_name(first_op))).ok()??;
+    SegmentSummary::decode(&bytes, partition_id, first_op)
+}
+
+struct SummaryReader<'a> {
+    bytes: &'a [u8],
+}
+
+impl SummaryReader<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (head, rest) = self.bytes.split_first_chunk::<N>()?;
+        self.bytes = rest;
+        Some(*head)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        self.take::<4>().map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        self.take::<8>().map(u64::from_le_bytes)
+    }
 }
 
 /// Bytes an open reads at a time while it verifies a segment below its frontier (more only

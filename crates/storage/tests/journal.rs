@@ -856,3 +856,58 @@ fn op_records_alone_rotate_segments_and_the_oldest_can_be_removed() {
         vec![first_op as u8; 100]
     );
 }
+
+/// A sealed segment below the frontier's is taken at open from the summary written when it
+/// was sealed, without reading it: a byte flipped in it does not stop the open, but the op it
+/// damaged is refused when read, and the checker (which trusts no summary) reports it. The
+/// frontier's own segment is always read, so damage there still refuses the open.
+#[test]
+fn a_sealed_segment_is_taken_from_its_summary_and_verified_when_read() {
+    let mut rng = SimRng::new(11);
+    let (disk, dir, mut journal) = created(600);
+    for op in 1..=30 {
+        write(&mut journal, op, &random_written(&mut rng, op)).expect("write");
+        journal.sync().expect("sync");
+    }
+    let segments = journal.segments();
+    assert!(segments.len() >= 4, "{segments:?}");
+    let sealed = segments[1];
+    let victim = *journal
+        .extent(sealed.first_op)
+        .expect("the sealed segment's first op");
+    drop(journal);
+    let segment_files: Vec<String> = disk_logs(&disk, &dir);
+    let listing = cairn_storage::io::Disk::list_dir(&disk, &dir).expect("list");
+    for segment in &segments[..segments.len() - 1] {
+        assert!(
+            listing.contains(&format!("{:020}.summary", segment.first_op)),
+            "sealed segment {} has no summary: {listing:?}",
+            segment.first_op
+        );
+    }
+    assert_eq!(segment_files.len(), segments.len());
+
+    // A flip inside the sealed segment's first op.
+    let path = dir.join(cairn_storage::log::segment_log_name(sealed.first_op));
+    let mut bytes = disk.read_volatile(&path).expect("segment");
+    bytes[(victim.position_bytes + victim.len_bytes - 1) as usize] ^= 1;
+    assert!(disk.overwrite_durable(&path, bytes));
+
+    let journal = open(&disk, &dir).expect("the open takes the sealed segment from its summary");
+    assert!(
+        matches!(
+            journal.read_op(sealed.first_op),
+            Err(StorageError::Damaged { .. })
+        ),
+        "the damaged op is refused when read"
+    );
+    assert!(
+        journal.read_op(segments[2].first_op).is_ok(),
+        "the other ops read back"
+    );
+    drop(journal);
+    assert!(matches!(
+        JournalLog::inspect_on(&disk, &dir, PARTITION),
+        Err(StorageError::Damaged { .. })
+    ));
+}
