@@ -105,6 +105,12 @@ pub const KEYS: &[Key] = &[
         about: "how often topics are checked against message_expiry and max_topic_size (whole sealed segments are deleted)",
     },
     Key {
+        path: "storage.scrub_interval_ms",
+        kind: ValueKind::Integer,
+        default: "86400000",
+        about: "how often every sealed segment is read and verified in the background (0 = never); damage found refuses the partition as a start would",
+    },
+    Key {
         path: "auth.root_password",
         kind: ValueKind::Text,
         default: "",
@@ -125,6 +131,9 @@ pub const TEST_CRASH_AT_ENV: &str = "CAIRN_TEST_CRASH_AT";
 /// with an IO error, as a failing disk would (`group-write-prepares`, ...: see `node.rs`).
 /// Not a configuration key; never set in production.
 pub const TEST_FAIL_AT_ENV: &str = "CAIRN_TEST_FAIL_AT";
+
+/// Upper bound of `storage.scrub_interval_ms` (thirty days).
+pub const SCRUB_INTERVAL_MS_MAX: u64 = 30 * 86_400_000;
 
 /// Upper bound of `storage.retention_interval_ms` (one day).
 pub const RETENTION_INTERVAL_MS_MAX: u64 = 86_400_000;
@@ -155,6 +164,8 @@ pub struct Config {
     pub flush_interval_ms: u64,
     /// Period of the retention pass (`retention`).
     pub retention_interval_ms: u64,
+    /// 0: no scrub.
+    pub scrub_interval_ms: u64,
     /// `None` when not configured (a password is generated on first start).
     pub root_password: Option<String>,
 }
@@ -334,6 +345,7 @@ impl Sources {
                 1,
                 RETENTION_INTERVAL_MS_MAX,
             )?,
+            scrub_interval_ms: self.integer("storage.scrub_interval_ms", 0, SCRUB_INTERVAL_MS_MAX)?,
             root_password: {
                 let password = self.text("auth.root_password")?;
                 if password.is_empty() {

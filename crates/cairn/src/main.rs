@@ -22,6 +22,7 @@ mod node;
 mod partition;
 mod partition_group;
 mod retention;
+mod scrub;
 mod stats;
 mod tcp;
 #[cfg(test)]
@@ -274,6 +275,11 @@ async fn serve(config: config::Config) -> Result<(), String> {
         std::time::Duration::from_millis(server.config.retention_interval_ms),
         shutdown_rx.clone(),
     ));
+    let scrubbing = tokio::spawn(run_scrub(
+        server.clone(),
+        server.config.scrub_interval_ms,
+        shutdown_rx.clone(),
+    ));
     let serving = tokio::spawn(tcp::serve(server.clone(), listener, shutdown_rx));
     wait_for_stop_signal().await;
     tracing::info!("stop requested: finishing in-flight requests");
@@ -287,9 +293,12 @@ async fn serve(config: config::Config) -> Result<(), String> {
         tracing::error!(%error, "the HTTP shell ended abnormally");
     }
     let _ = reporting.await;
-    // No retention pass may run while the partitions close.
+    // No retention or scrub pass may run while the partitions close.
     if let Err(error) = retaining.await {
         tracing::error!(%error, "the retention task ended abnormally");
+    }
+    if let Err(error) = scrubbing.await {
+        tracing::error!(%error, "the scrub task ended abnormally");
     }
     stop_partitions(&server).await;
     tracing::info!("group commit totals: {}", global_counters.snapshot().summary());
@@ -347,6 +356,40 @@ async fn run_retention(
         });
         if let Err(error) = pass.await {
             tracing::error!(%error, "retention pass panicked");
+        }
+    }
+}
+
+/// The scrub timer: a pass (`scrub::scrub`, on a blocking thread) every `interval_ms`, the
+/// first one an interval after start; never when 0. A pass in progress finishes before
+/// shutdown goes on.
+async fn run_scrub(
+    server: Arc<handler::Server>,
+    interval_ms: u64,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    if interval_ms == 0 {
+        return;
+    }
+    let interval = Duration::from_millis(interval_ms);
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let pass_server = server.clone();
+        let started = std::time::Instant::now();
+        match tokio::task::spawn_blocking(move || scrub::scrub(&pass_server.catalog)).await {
+            Ok(totals) => tracing::info!(
+                segments = totals.segments_verified,
+                bytes = totals.bytes_verified,
+                partitions_refused = totals.partitions_refused,
+                took_ms = started.elapsed().as_millis() as u64,
+                "scrub pass verified every sealed segment"
+            ),
+            Err(error) => tracing::error!(%error, "scrub pass panicked"),
         }
     }
 }

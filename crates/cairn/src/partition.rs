@@ -15,12 +15,13 @@ use crate::partition_group::{self, LogParams, PartitionError, PartitionGroup, Pa
 use cairn_machine::partition::Owner;
 use cairn_storage::StorageError;
 use cairn_storage::check::{Damage, PartitionReport};
-use cairn_storage::journal::JournalSegment;
+use cairn_storage::io::Disk;
+use cairn_storage::journal::{JournalSegment, SealedSegment};
 use cairn_storage::read::{ReadOutcome, ReadPart};
 use cairn_wire::codes;
 use cairn_wire::types::PollingStrategy;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Status answered for every request to a partition that failed to open (damage or IO
 /// error at boot). 3003 CannotOpenPartitionLogFile: the 0.11 SDK does not retry it.
@@ -387,6 +388,17 @@ impl PartitionData {
                 );
             }
         }
+    }
+
+    /// The sealed segments of the partition's log, and the disk they are on: what a scrub
+    /// verifies, without the partition's lock.
+    pub fn sealed_segments(&self) -> (Arc<dyn Disk>, Vec<SealedSegment>) {
+        (self.group.log().disk(), self.group.log().sealed_segments())
+    }
+
+    /// Whether `segment` is still one of the log's sealed segments, as it was.
+    pub fn holds_sealed(&self, segment: &SealedSegment) -> bool {
+        self.group.log().sealed_segments().contains(segment)
     }
 
     /// The first offset still retained.

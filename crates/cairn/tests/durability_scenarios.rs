@@ -1185,3 +1185,104 @@ async fn a_partition_of_the_earlier_record_log_layout_is_refused_with_what_to_do
     );
     assert_eq!(hash_tree(&p0), written, "the earlier layout's files changed");
 }
+
+// ------------------------------------------------------------------------------------------
+// Sealed segments: taken from their summaries at start, verified when read and by the scrub
+// ------------------------------------------------------------------------------------------
+
+/// A byte flipped in a sealed segment (not the active one): a start takes that segment from
+/// its summary without reading it, so the partition serves, and a poll that reaches the
+/// damaged batch is refused with 3003; the background scrub reads it, refuses the partition
+/// as a start would (files untouched, the other partition serving) and removes the segment's
+/// summary, so every later start reads the segment and refuses the partition too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damage_in_a_sealed_segment_is_refused_when_read_and_by_the_scrub() {
+    let no_scrub = [
+        "--segment-size-bytes",
+        "4096",
+        "--set",
+        "storage.scrub_interval_ms=0",
+    ];
+    let scrub = [
+        "--segment-size-bytes",
+        "4096",
+        "--set",
+        "storage.scrub_interval_ms=100",
+    ];
+    let dir = temp_dir();
+    let (server, client) = boot(dir.path(), &no_scrub).await;
+    let [l0, mut l1] = two_partitions(&client, "sealed", 12).await;
+    drop(client);
+    server.stop();
+
+    let p0 = partition_dir(dir.path(), l0.stream, l0.topic, 0);
+    let segments = segment_logs(&p0);
+    assert!(segments.len() >= 3, "{segments:?}");
+    let (_, sealed) = &segments[1];
+    let bytes = std::fs::read(sealed).unwrap();
+    let (recs, _) = parse_records(&bytes);
+    let victim = *recs
+        .iter()
+        .find(|r| r.kind == RECORD_KIND_BATCH)
+        .expect("a batch in the sealed segment");
+    flip_byte(sealed, victim.pos + 64 + 256 + 48 + 3, 0x08);
+    let damaged_bytes = std::fs::read(sealed).unwrap();
+    let summary = sealed.with_extension("summary");
+    assert!(summary.exists(), "the sealed segment has a summary");
+
+    // The start serves; the damage is found when read.
+    let (server, client) = boot(dir.path(), &no_scrub).await;
+    assert_no_refusal(&server);
+    assert!(
+        serves(&client, &l0).await,
+        "a start does not read sealed segments"
+    );
+    assert_code(
+        poll_from(
+            &client,
+            l0.stream,
+            l0.topic,
+            0,
+            PollingStrategy::offset(victim.base_offset),
+            1,
+        )
+        .await,
+        REFUSED,
+    );
+    drop(client);
+    server.stop_with_damage();
+
+    // The scrub refuses the partition, and removes the summary.
+    let (server, client) = boot(dir.path(), &scrub).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !server
+        .logs()
+        .contains("the scrub found damage in a sealed segment")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the scrub found nothing within 30 s:\n{}",
+            server.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_refused(&client, &l0).await;
+    assert!(serves(&client, &l1).await, "the other partition was refused");
+    l1.send_acked(&client, 1).await;
+    assert!(!summary.exists(), "the damaged segment's summary was removed");
+    assert_eq!(
+        std::fs::read(sealed).unwrap(),
+        damaged_bytes,
+        "the segment's bytes were kept"
+    );
+    drop(client);
+    server.stop_with_damage();
+
+    // Every later start refuses it too.
+    let (server, client) = boot(dir.path(), &no_scrub).await;
+    assert_refused(&client, &l0).await;
+    refusal_position(&server.logs(), sealed);
+    l1.verify(&client, true).await;
+    drop(client);
+    server.stop_with_damage();
+}

@@ -1,0 +1,109 @@
+//! The scrub: a background pass that reads every sealed segment of every serving partition
+//! in full and verifies it, on a timer (`storage.scrub_interval_ms`).
+//!
+//! A start takes sealed segments from their summaries without reading them (boot cost does
+//! not grow with the retained data), and polls verify every record they read; the scrub is
+//! what finds damage in data nobody reads. It refuses damage the way a start does: the
+//! partition stops serving (every request gets 3003), its files are left as they are, and
+//! the damaged segment's summary is removed, so every later start reads that segment again
+//! and refuses the partition too, until an operator acts.
+//!
+//! A segment is read without the partition's lock (a sealed segment's bytes do not change);
+//! the lock is taken only to list the segments and, on a finding, to check the segment is
+//! still the one that was read before refusing.
+
+use crate::catalog::{Catalog, Partition};
+use crate::partition::{PartitionState, lock, serving};
+use cairn_storage::StorageError;
+use cairn_storage::journal::{self, SealedSegment};
+use std::sync::{Arc, RwLock};
+
+/// What one pass did, for the log line and the tests.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ScrubTotals {
+    pub segments_verified: u64,
+    pub bytes_verified: u64,
+    pub partitions_refused: u64,
+}
+
+/// One pass over every serving partition.
+pub fn scrub(catalog: &RwLock<Catalog>) -> ScrubTotals {
+    let partitions: Vec<Arc<Partition>> = {
+        let catalog = match catalog.read() {
+            Ok(guard) => guard,
+            Err(poisoned) => panic!("catalog lock poisoned by an earlier panic: {poisoned}"),
+        };
+        catalog
+            .all_topics()
+            .flat_map(|topic| topic.partitions.iter().cloned())
+            .collect()
+    };
+    let mut totals = ScrubTotals::default();
+    for partition in &partitions {
+        scrub_partition(partition, &mut totals);
+    }
+    totals
+}
+
+fn scrub_partition(partition: &Partition, totals: &mut ScrubTotals) {
+    let (disk, segments) = {
+        let mut state = lock(&partition.state);
+        let Ok(data) = serving(&mut state) else {
+            return;
+        };
+        data.sealed_segments()
+    };
+    for segment in segments {
+        match journal::verify_sealed(disk.as_ref(), &segment) {
+            Ok(()) => {
+                totals.segments_verified += 1;
+                totals.bytes_verified += segment.len_bytes;
+            }
+            Err(error @ StorageError::Damaged { .. }) => {
+                if refuse(partition, &segment, &error, disk.as_ref()) {
+                    totals.partitions_refused += 1;
+                    return;
+                }
+            }
+            Err(error) => {
+                // Removed by retention while it was read, or unreadable for now: not a
+                // verdict on the bytes; the next pass reads it again.
+                tracing::debug!(partition_dir = %partition.dir.display(), %error, "scrub could not read a sealed segment");
+            }
+        }
+    }
+}
+
+/// Refuse `partition` for damage found in `segment`, if the segment is still the one read.
+fn refuse(
+    partition: &Partition,
+    segment: &SealedSegment,
+    error: &StorageError,
+    disk: &dyn cairn_storage::io::Disk,
+) -> bool {
+    let mut state = lock(&partition.state);
+    let still_held = matches!(&*state, PartitionState::Serving(data) if data.holds_sealed(segment));
+    if !still_held {
+        return false;
+    }
+    let summary = segment.path.with_extension("summary");
+    let summary_removed = disk
+        .remove_file(&summary)
+        .and_then(|_| disk.sync_dir(segment.path.parent().unwrap_or_else(|| std::path::Path::new("."))));
+    let later_starts = match summary_removed {
+        Ok(()) => "every start reads the segment again and refuses the partition too",
+        Err(_) => {
+            "its summary could not be removed, so a restart may serve the partition again until the scrub finds the damage again"
+        }
+    };
+    tracing::error!(
+        partition_dir = %partition.dir.display(),
+        %error,
+        "partition refused: the scrub found damage in a sealed segment; it will not serve reads or writes; its \
+         segment files are left untouched ({later_starts})"
+    );
+    *state = PartitionState::Refused {
+        reason: error.to_string(),
+    };
+    true
+}
