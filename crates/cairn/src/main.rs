@@ -335,63 +335,80 @@ async fn report_counters(
     }
 }
 
-/// The retention timer: a pass (`retention::enforce`, on a blocking thread, with the server's
-/// clock) every `interval` until shutdown.
-async fn run_retention(
-    server: Arc<handler::Server>,
+/// Run `pass` on a blocking thread at `first`, then every `interval`, until shutdown (a pass
+/// in progress finishes first). `what` names it in the log if it panics.
+async fn every<T: Send + 'static>(
+    first: tokio::time::Instant,
     interval: Duration,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
+    what: &'static str,
+    pass: impl Fn() -> T + Clone + Send + 'static,
+    done: impl Fn(T, Duration),
 ) {
-    let mut ticks = tokio::time::interval(interval);
+    let mut ticks = tokio::time::interval_at(first, interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
             _ = shutdown.changed() => return,
         }
-        let pass_server = server.clone();
-        let pass = tokio::task::spawn_blocking(move || {
-            let now_us = pass_server.clock.now_us();
-            retention::enforce(&pass_server.catalog, now_us);
-        });
-        if let Err(error) = pass.await {
-            tracing::error!(%error, "retention pass panicked");
+        let started = std::time::Instant::now();
+        match tokio::task::spawn_blocking(pass.clone()).await {
+            Ok(outcome) => done(outcome, started.elapsed()),
+            Err(error) => tracing::error!(%error, "{what} pass panicked"),
         }
     }
 }
 
-/// The scrub timer: a pass (`scrub::scrub`, on a blocking thread) every `interval_ms`, the
-/// first one an interval after start; never when 0. A pass in progress finishes before
-/// shutdown goes on.
+/// The retention timer: a pass (`retention::enforce`, with the server's clock) every
+/// `interval` until shutdown.
+async fn run_retention(
+    server: Arc<handler::Server>,
+    interval: Duration,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let pass = move || retention::enforce(&server.catalog, server.clock.now_us());
+    every(
+        tokio::time::Instant::now(),
+        interval,
+        shutdown,
+        "retention",
+        pass,
+        |(), _| {},
+    )
+    .await;
+}
+
+/// The scrub timer: a pass (`scrub::scrub`) every `interval_ms`, the first one an interval
+/// after start; never when 0.
 async fn run_scrub(
     server: Arc<handler::Server>,
     interval_ms: u64,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     if interval_ms == 0 {
         return;
     }
     let interval = Duration::from_millis(interval_ms);
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
-            _ = shutdown.changed() => return,
-        }
-        let pass_server = server.clone();
-        let started = std::time::Instant::now();
-        match tokio::task::spawn_blocking(move || scrub::scrub(&pass_server.catalog)).await {
-            Ok(totals) => tracing::info!(
-                segments = totals.segments_verified,
-                bytes = totals.bytes_verified,
-                partitions_refused = totals.partitions_refused,
-                took_ms = started.elapsed().as_millis() as u64,
-                "scrub pass verified every sealed segment"
-            ),
-            Err(error) => tracing::error!(%error, "scrub pass panicked"),
-        }
-    }
+    let pass = move || scrub::scrub(&server.catalog);
+    let done = |totals: scrub::ScrubTotals, took: Duration| {
+        tracing::info!(
+            segments = totals.segments_verified,
+            bytes = totals.bytes_verified,
+            partitions_refused = totals.partitions_refused,
+            took_ms = took.as_millis() as u64,
+            "scrub pass verified every sealed segment"
+        );
+    };
+    every(
+        tokio::time::Instant::now() + interval,
+        interval,
+        shutdown,
+        "scrub",
+        pass,
+        done,
+    )
+    .await;
 }
 
 /// Create the root user on first start. Returns the generated password, if one was made.
