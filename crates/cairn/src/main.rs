@@ -349,8 +349,9 @@ async fn every<T: Send + 'static>(
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = ticks.tick() => {}
+            biased;
             _ = shutdown.changed() => return,
+            _ = ticks.tick() => {}
         }
         let started = std::time::Instant::now();
         match tokio::task::spawn_blocking(pass.clone()).await {
@@ -379,8 +380,10 @@ async fn run_retention(
     .await;
 }
 
-/// The scrub timer: a pass (`scrub::scrub`) every `interval_ms`, the first one an interval
-/// after start; never when 0.
+/// The scrub timer: a pass (`scrub::scrub`) every `interval_ms`, never when 0. The first
+/// comes at a random point of the first interval: a start no longer reads sealed segments,
+/// so a server restarted more often than the interval must still be scrubbed. A stop
+/// interrupts a pass between segments.
 async fn run_scrub(
     server: Arc<handler::Server>,
     interval_ms: u64,
@@ -390,25 +393,21 @@ async fn run_scrub(
         return;
     }
     let interval = Duration::from_millis(interval_ms);
-    let pass = move || scrub::scrub(&server.catalog);
+    let first = tokio::time::Instant::now() + Duration::from_millis(rand::random::<u64>() % interval_ms);
+    let stop = shutdown.clone();
+    let pass = move || scrub::scrub(&server.catalog, &|| *stop.borrow());
     let done = |totals: scrub::ScrubTotals, took: Duration| {
         tracing::info!(
-            segments = totals.segments_verified,
-            bytes = totals.bytes_verified,
+            segments_verified = totals.segments_verified,
+            bytes_verified = totals.bytes_verified,
+            segments_unread = totals.segments_unread,
             partitions_refused = totals.partitions_refused,
+            interrupted = totals.interrupted,
             took_ms = took.as_millis() as u64,
-            "scrub pass verified every sealed segment"
+            "scrub pass done"
         );
     };
-    every(
-        tokio::time::Instant::now() + interval,
-        interval,
-        shutdown,
-        "scrub",
-        pass,
-        done,
-    )
-    .await;
+    every(first, interval, shutdown, "scrub", pass, done).await;
 }
 
 /// Create the root user on first start. Returns the generated password, if one was made.

@@ -23,11 +23,17 @@ use std::sync::{Arc, RwLock};
 pub struct ScrubTotals {
     pub segments_verified: u64,
     pub bytes_verified: u64,
+    /// Segments that could not be read (an IO error, or removed while read): the next pass
+    /// reads them again.
+    pub segments_unread: u64,
     pub partitions_refused: u64,
+    /// The pass stopped early (the server is stopping).
+    pub interrupted: bool,
 }
 
-/// One pass over every serving partition.
-pub fn scrub(catalog: &RwLock<Catalog>) -> ScrubTotals {
+/// One pass over every serving partition; `stopping` is asked between segments, and a
+/// pass that sees it stops there (a stop must not wait for a pass over every byte).
+pub fn scrub(catalog: &RwLock<Catalog>, stopping: &dyn Fn() -> bool) -> ScrubTotals {
     let partitions: Vec<Arc<Partition>> = {
         let catalog = match catalog.read() {
             Ok(guard) => guard,
@@ -40,12 +46,15 @@ pub fn scrub(catalog: &RwLock<Catalog>) -> ScrubTotals {
     };
     let mut totals = ScrubTotals::default();
     for partition in &partitions {
-        scrub_partition(partition, &mut totals);
+        scrub_partition(partition, &mut totals, stopping);
+        if totals.interrupted {
+            break;
+        }
     }
     totals
 }
 
-fn scrub_partition(partition: &Partition, totals: &mut ScrubTotals) {
+fn scrub_partition(partition: &Partition, totals: &mut ScrubTotals, stopping: &dyn Fn() -> bool) {
     let (disk, segments) = {
         let mut state = lock(&partition.state);
         let Ok(data) = serving(&mut state) else {
@@ -54,6 +63,10 @@ fn scrub_partition(partition: &Partition, totals: &mut ScrubTotals) {
         data.sealed_segments()
     };
     for segment in segments {
+        if stopping() {
+            totals.interrupted = true;
+            return;
+        }
         match journal::verify_sealed(disk.as_ref(), &segment) {
             Ok(()) => {
                 totals.segments_verified += 1;
@@ -66,9 +79,11 @@ fn scrub_partition(partition: &Partition, totals: &mut ScrubTotals) {
                 }
             }
             Err(error) => {
-                // Removed by retention while it was read, or unreadable for now: not a
-                // verdict on the bytes; the next pass reads it again.
-                tracing::debug!(partition_dir = %partition.dir.display(), %error, "scrub could not read a sealed segment");
+                // Not a verdict on the bytes (removed by retention while it was read, or an
+                // IO error): the next pass reads it again; a start takes it from its summary
+                // meanwhile, and a poll that cannot read it fails.
+                totals.segments_unread += 1;
+                tracing::warn!(partition_dir = %partition.dir.display(), %error, "scrub could not read a sealed segment; the next pass tries again");
             }
         }
     }

@@ -377,8 +377,10 @@ impl JournalLog {
         let frontier_first_op = plan.segments.last().expect("the frontier's segment").first_op();
         let mut summaries_removed = false;
         for &first_op in &plan.summaries {
+            // Kept only for a sealed segment this open took from it: one that did not match
+            // would make every open read the segment anyway.
             let kept_sealed = first_op >= plan.start.next_op && first_op < frontier_first_op;
-            if !kept_sealed {
+            if !kept_sealed || !plan.adopted.contains(&first_op) {
                 summaries_removed |= disk.remove_file(&dir.join(summary_name(first_op)))?;
             }
         }
@@ -1305,6 +1307,8 @@ struct OpenPlan {
     dropped_bytes: u64,
     /// Segments that have a summary (by first op), and summaries a crash left half-written.
     summaries: BTreeSet<u64>,
+    /// Sealed segments taken from their summaries.
+    adopted: BTreeSet<u64>,
     summary_staging: Vec<String>,
 }
 
@@ -1400,6 +1404,7 @@ fn plan_open(
         .filter(|&first_op| first_op > frontier_name)
         .collect();
     let mut chain = start;
+    let mut adopted: BTreeSet<u64> = BTreeSet::new();
     let mut segments = Vec::with_capacity(kept.len());
     let mut ops: BTreeMap<u64, OpExtent> = BTreeMap::new();
     let mut batches: Vec<BatchEntry> = Vec::new();
@@ -1460,7 +1465,9 @@ fn plan_open(
             && let Some(summary) = read_summary(disk, dir, partition_id, first_op)
             && summary.start == chain
             && summary.len_bytes == len
+            && summary_ends_hold(disk, &path, &summary)
         {
+            adopted.insert(first_op);
             for extent in summary.ops {
                 ops.insert(extent.op, extent);
             }
@@ -1631,6 +1638,7 @@ fn plan_open(
         below_start,
         dropped_bytes,
         summaries,
+        adopted,
         summary_staging,
     })
 }
@@ -1792,14 +1800,17 @@ impl SegmentSummary {
             };
             if entry.base_offset != expected_offset
                 || entry.message_count == 0
-                || entry.position_bytes + u64::from(entry.len_bytes) > len_bytes
+                || entry
+                    .position_bytes
+                    .checked_add(u64::from(entry.len_bytes))
+                    .is_none_or(|entry_end| entry_end > len_bytes)
                 || batches
                     .last()
                     .is_some_and(|last| last.timestamp_us > entry.timestamp_us)
             {
                 return None;
             }
-            expected_offset = entry.end_offset();
+            expected_offset = entry.base_offset.checked_add(u64::from(entry.message_count))?;
             batches.push(entry);
         }
         (expected_offset == end.next_offset).then_some(SegmentSummary {
@@ -1810,6 +1821,35 @@ impl SegmentSummary {
             batches,
         })
     }
+}
+
+/// Whether the segment at `path` begins and ends with the records `summary` says: its first
+/// record continues the summary's start chain and its last one ends with its end chain (two
+/// header reads). A summary that says otherwise is not taken; the segment is scanned.
+fn summary_ends_hold(disk: &dyn Disk, path: &Path, summary: &SegmentSummary) -> bool {
+    let Some(last_op) = summary.ops.last() else {
+        return false;
+    };
+    let last_position = match summary.batches.last() {
+        Some(batch) if batch.position_bytes >= last_op.position_bytes => batch.position_bytes,
+        _ => last_op.position_bytes,
+    };
+    let Ok(file) = disk.open_read(path) else {
+        return false;
+    };
+    let header_at = |position: u64| -> Option<RecordHeader> {
+        let mut bytes = [0u8; RECORD_HEADER_SIZE];
+        file.read_exact_at(position, &mut bytes).ok()?;
+        record::decode(&bytes).ok()
+    };
+    let (Some(first), Some(last)) = (header_at(0), header_at(last_position)) else {
+        return false;
+    };
+    first.op == summary.start.next_op
+        && first.parent_checksum == summary.start.parent_checksum
+        && last.checksum == summary.end.parent_checksum
+        && last.op + 1 == summary.end.next_op
+        && last_position + last.record_size_bytes() == summary.len_bytes
 }
 
 /// The summary of segment `first_op` in `dir`, if it can be read and is one (a damaged or

@@ -911,3 +911,52 @@ fn a_sealed_segment_is_taken_from_its_summary_and_verified_when_read() {
         Err(StorageError::Damaged { .. })
     ));
 }
+
+/// A summary that matches a segment's start and length but not its records (here: the
+/// summary of another journal whose ops had the same sizes and other bytes) is not taken:
+/// the open reads the segment, serves it, and removes the summary.
+#[test]
+fn a_summary_that_does_not_match_its_segment_is_not_taken() {
+    let mut rng = SimRng::new(5);
+    let writtens: Vec<Written> = (1..=20).map(|op| random_written(&mut rng, op)).collect();
+    let (disk, dir, mut journal) = created(600);
+    let (other_disk, other_dir, mut other) = created(600);
+    for (index, written) in writtens.iter().enumerate() {
+        let op = index as u64 + 1;
+        write(&mut journal, op, written).expect("write");
+        let mut changed = written.clone();
+        for byte in changed.op_payload.iter_mut() {
+            *byte ^= 1;
+        }
+        write(&mut other, op, &changed).expect("write the other");
+    }
+    journal.sync().expect("sync");
+    other.sync().expect("sync the other");
+    let sealed = journal.segments()[0];
+    assert_eq!(
+        other.segments()[0],
+        sealed,
+        "the same sizes, so the same segment shape"
+    );
+    drop(journal);
+    drop(other);
+    let name = format!("{:020}.summary", sealed.first_op);
+    let foreign = other_disk
+        .read_volatile(&other_dir.join(&name))
+        .expect("the other's summary");
+    assert!(disk.overwrite_durable(&dir.join(&name), foreign));
+
+    let journal = open(&disk, &dir).expect("the segment is read instead");
+    for (index, written) in writtens.iter().enumerate() {
+        assert!(
+            holds(&journal, index as u64 + 1, written).expect("read"),
+            "op {}",
+            index + 1
+        );
+    }
+    let listing = cairn_storage::io::Disk::list_dir(&disk, &dir).expect("list");
+    assert!(
+        !listing.contains(&name),
+        "the summary that did not match was removed: {listing:?}"
+    );
+}
