@@ -1085,7 +1085,11 @@ impl Server {
             auto_commit,
             &mut out.buffer,
             &mut out.parts,
-        )?;
+        );
+        if let Some(damage) = data.take_found_damage() {
+            crate::partition::refuse_for_damage(&mut state, &partition.dir, &damage, "a poll");
+        }
+        let read = read?;
         crate::stats::record_read(out.payload_len() - (batches_start - PrefixedPayload::PREFIX_BYTES));
         out.buffer[batches_start - 4..batches_start].copy_from_slice(&read.messages_count.to_le_bytes());
         Ok(out)

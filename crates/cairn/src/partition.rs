@@ -59,6 +59,9 @@ pub enum PartitionState {
 pub struct PartitionData {
     group: PartitionGroup,
     dir: PathBuf,
+    /// Damage a read met (a sealed segment a start took from its summary is verified only
+    /// when read): the holder of the lock refuses the partition ([`refuse_for_damage`]).
+    found_damage: Option<StorageError>,
 }
 
 /// Which partition a directory holds: the ids its group id derives from.
@@ -168,6 +171,7 @@ impl PartitionData {
         Ok(PartitionData {
             group,
             dir: dir.to_path_buf(),
+            found_damage: None,
         })
     }
 
@@ -270,10 +274,14 @@ impl PartitionData {
             return Ok(ReadOutcome::NOTHING);
         };
         let first_returned = start.max(first_offset);
-        let read = self
-            .group
-            .read_parts(first_returned, count, out, parts)
-            .map_err(|error| storage_status(&self.dir, error))?;
+        let read = match self.group.read_parts(first_returned, count, out, parts) {
+            Ok(read) => read,
+            Err(error @ StorageError::Damaged { .. }) => {
+                self.found_damage = Some(error);
+                return Err(PARTITION_REFUSED_STATUS);
+            }
+            Err(error) => return Err(storage_status(&self.dir, error)),
+        };
         if auto_commit && read.messages_count > 0 {
             let Some(last) = read.last_offset else {
                 tracing::error!(partition_dir = %self.dir.display(), "poll read batches without a last offset");
@@ -396,6 +404,11 @@ impl PartitionData {
         (self.group.log().disk(), self.group.log().sealed_segments())
     }
 
+    /// Damage the last read met, if any (taken: the caller refuses the partition).
+    pub fn take_found_damage(&mut self) -> Option<StorageError> {
+        self.found_damage.take()
+    }
+
     /// Whether `segment` is still one of the log's sealed segments, as it was.
     pub fn holds_sealed(&self, segment: &SealedSegment) -> bool {
         self.group.log().sealed_segments().contains(segment)
@@ -499,6 +512,40 @@ pub fn check(dir: &Path, ids @ (_, _, partition_id): (u32, u32, u32)) -> Option<
         reason: format!("boot refuses it: {refusal}"),
     });
     Some(report)
+}
+
+/// Refuse the partition whose state is `state` for `damage` found in its files by `finder`
+/// (a poll, the scrub), as a start refuses it: every request then gets the refusal status,
+/// its segment files are left as they are, and the damaged segment's summary (if any) is
+/// removed, so every later start reads that segment and refuses the partition too.
+pub fn refuse_for_damage(state: &mut PartitionState, dir: &Path, damage: &StorageError, finder: &str) {
+    let later_starts = match damage {
+        StorageError::Damaged { path, .. } => {
+            let summary = path.with_extension("summary");
+            let removed = std::fs::remove_file(&summary)
+                .or_else(|error| match error.kind() {
+                    std::io::ErrorKind::NotFound => Ok(()),
+                    _ => Err(error),
+                })
+                .and_then(|()| std::fs::File::open(path.parent().unwrap_or(dir))?.sync_all());
+            match removed {
+                Ok(()) => "every start reads the segment and refuses the partition too",
+                Err(_) => {
+                    "its summary could not be removed, so a restart may serve the partition until the damage is found again"
+                }
+            }
+        }
+        _ => "a restart reads the partition again",
+    };
+    tracing::error!(
+        partition_dir = %dir.display(),
+        error = %damage,
+        "partition refused: {finder} found damage in a sealed segment; it will not serve reads or writes; its \
+         segment files are left untouched ({later_starts})"
+    );
+    *state = PartitionState::Refused {
+        reason: damage.to_string(),
+    };
 }
 
 /// Whether `dir` holds the record log of a Cairn from before partitions were groups: a

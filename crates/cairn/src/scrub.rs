@@ -73,7 +73,7 @@ fn scrub_partition(partition: &Partition, totals: &mut ScrubTotals, stopping: &d
                 totals.bytes_verified += segment.len_bytes;
             }
             Err(error @ StorageError::Damaged { .. }) => {
-                if refuse(partition, &segment, &error, disk.as_ref()) {
+                if refuse(partition, &segment, &error) {
                     totals.partitions_refused += 1;
                     return;
                 }
@@ -90,35 +90,11 @@ fn scrub_partition(partition: &Partition, totals: &mut ScrubTotals, stopping: &d
 }
 
 /// Refuse `partition` for damage found in `segment`, if the segment is still the one read.
-fn refuse(
-    partition: &Partition,
-    segment: &SealedSegment,
-    error: &StorageError,
-    disk: &dyn cairn_storage::io::Disk,
-) -> bool {
+fn refuse(partition: &Partition, segment: &SealedSegment, error: &StorageError) -> bool {
     let mut state = lock(&partition.state);
     let still_held = matches!(&*state, PartitionState::Serving(data) if data.holds_sealed(segment));
-    if !still_held {
-        return false;
+    if still_held {
+        crate::partition::refuse_for_damage(&mut state, &partition.dir, error, "the scrub");
     }
-    let summary = segment.path.with_extension("summary");
-    let summary_removed = disk
-        .remove_file(&summary)
-        .and_then(|_| disk.sync_dir(segment.path.parent().unwrap_or_else(|| std::path::Path::new("."))));
-    let later_starts = match summary_removed {
-        Ok(()) => "every start reads the segment again and refuses the partition too",
-        Err(_) => {
-            "its summary could not be removed, so a restart may serve the partition again until the scrub finds the damage again"
-        }
-    };
-    tracing::error!(
-        partition_dir = %partition.dir.display(),
-        %error,
-        "partition refused: the scrub found damage in a sealed segment; it will not serve reads or writes; its \
-         segment files are left untouched ({later_starts})"
-    );
-    *state = PartitionState::Refused {
-        reason: error.to_string(),
-    };
-    true
+    still_held
 }

@@ -1191,12 +1191,13 @@ async fn a_partition_of_the_earlier_record_log_layout_is_refused_with_what_to_do
 // ------------------------------------------------------------------------------------------
 
 /// A byte flipped in a sealed segment (not the active one): a start takes that segment from
-/// its summary without reading it, so the partition serves, and a poll that reaches the
-/// damaged batch is refused with 3003; the background scrub reads it, refuses the partition
-/// as a start would (files untouched, the other partition serving) and removes the segment's
-/// summary, so every later start reads the segment and refuses the partition too.
+/// its summary without reading it, so the partition serves; the background scrub reads it,
+/// refuses the partition as a start would (files untouched, the other partition serving) and
+/// removes the segment's summary, so every later start reads the segment and refuses the
+/// partition too. Once the operator restores the byte it serves again. Damage a poll meets
+/// in another sealed segment refuses the partition the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn damage_in_a_sealed_segment_is_refused_when_read_and_by_the_scrub() {
+async fn damage_in_a_sealed_segment_is_refused_by_the_scrub_and_when_read() {
     let no_scrub = [
         "--segment-size-bytes",
         "4096",
@@ -1211,43 +1212,36 @@ async fn damage_in_a_sealed_segment_is_refused_when_read_and_by_the_scrub() {
     ];
     let dir = temp_dir();
     let (server, client) = boot(dir.path(), &no_scrub).await;
-    let [l0, mut l1] = two_partitions(&client, "sealed", 12).await;
+    let [mut l0, mut l1] = two_partitions(&client, "sealed", 24).await;
     drop(client);
     server.stop();
 
     let p0 = partition_dir(dir.path(), l0.stream, l0.topic, 0);
     let segments = segment_logs(&p0);
-    assert!(segments.len() >= 3, "{segments:?}");
-    let (_, sealed) = &segments[1];
-    let bytes = std::fs::read(sealed).unwrap();
-    let (recs, _) = parse_records(&bytes);
-    let victim = *recs
-        .iter()
-        .find(|r| r.kind == RECORD_KIND_BATCH)
-        .expect("a batch in the sealed segment");
-    flip_byte(sealed, victim.pos + 64 + 256 + 48 + 3, 0x08);
-    let damaged_bytes = std::fs::read(sealed).unwrap();
+    assert!(segments.len() >= 4, "{segments:?}");
+    // A batch of sealed segment `index`, and where to flip a byte of its first payload.
+    let victim_of = |index: usize| {
+        let path = segments[index].1.clone();
+        let bytes = std::fs::read(&path).unwrap();
+        let (recs, _) = parse_records(&bytes);
+        let victim = *recs
+            .iter()
+            .find(|r| r.kind == RECORD_KIND_BATCH)
+            .expect("a batch in the sealed segment");
+        (path, victim, victim.pos + 64 + 256 + 48 + 3)
+    };
+    let (sealed, _, flip_at) = victim_of(1);
+    flip_byte(&sealed, flip_at, 0x08);
+    let damaged_bytes = std::fs::read(&sealed).unwrap();
     let summary = sealed.with_extension("summary");
     assert!(summary.exists(), "the sealed segment has a summary");
 
-    // The start serves; the damage is found when read.
+    // The start serves: it does not read sealed segments.
     let (server, client) = boot(dir.path(), &no_scrub).await;
     assert_no_refusal(&server);
     assert!(
         serves(&client, &l0).await,
         "a start does not read sealed segments"
-    );
-    assert_code(
-        poll_from(
-            &client,
-            l0.stream,
-            l0.topic,
-            0,
-            PollingStrategy::offset(victim.base_offset),
-            1,
-        )
-        .await,
-        REFUSED,
     );
     drop(client);
     server.stop_with_damage();
@@ -1271,18 +1265,56 @@ async fn damage_in_a_sealed_segment_is_refused_when_read_and_by_the_scrub() {
     l1.send_acked(&client, 1).await;
     assert!(!summary.exists(), "the damaged segment's summary was removed");
     assert_eq!(
-        std::fs::read(sealed).unwrap(),
+        std::fs::read(&sealed).unwrap(),
         damaged_bytes,
         "the segment's bytes were kept"
     );
     drop(client);
     server.stop_with_damage();
 
-    // Every later start refuses it too.
+    // Every later start refuses it too, until the operator restores the byte.
     let (server, client) = boot(dir.path(), &no_scrub).await;
     assert_refused(&client, &l0).await;
-    refusal_position(&server.logs(), sealed);
+    refusal_position(&server.logs(), &sealed);
+    drop(client);
+    server.stop_with_damage();
+    flip_byte(&sealed, flip_at, 0x08);
+    let (server, client) = boot(dir.path(), &no_scrub).await;
+    assert_no_refusal(&server);
+    l0.verify(&client, true).await;
+    l0.send_acked(&client, 1).await;
+    drop(client);
+    server.stop();
+
+    // A poll that meets damage in a sealed segment refuses the partition the same way.
+    let (sealed, victim, flip_at) = victim_of(2);
+    flip_byte(&sealed, flip_at, 0x08);
+    let (server, client) = boot(dir.path(), &no_scrub).await;
+    assert_no_refusal(&server);
+    assert_code(
+        poll_from(
+            &client,
+            l0.stream,
+            l0.topic,
+            0,
+            PollingStrategy::offset(victim.base_offset),
+            1,
+        )
+        .await,
+        REFUSED,
+    );
+    assert!(
+        server.logs().contains("a poll found damage in a sealed segment"),
+        "{}",
+        server.logs()
+    );
+    assert_refused(&client, &l0).await;
     l1.verify(&client, true).await;
+    drop(client);
+    server.stop_with_damage();
+    let (server, client) = boot(dir.path(), &no_scrub).await;
+    assert_refused(&client, &l0).await;
+    refusal_position(&server.logs(), &sealed);
     drop(client);
     server.stop_with_damage();
 }
