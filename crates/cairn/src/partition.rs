@@ -308,15 +308,8 @@ impl PartitionData {
     /// on an empty partition). A store the machine would refuse, or that changes nothing,
     /// takes no op: requests that change nothing must not grow the log.
     pub fn store_offset(&mut self, owner: &Owner, offset: u64) -> Result<(), u32> {
-        if offset > self.group.next_offset().saturating_sub(1) {
-            return Err(codes::INVALID_OFFSET);
-        }
-        let offsets = &self.group.state_machine().state().offsets;
-        if offsets.get(owner) == Some(&offset) {
+        if !self.group.state_machine().state().offset_store(owner, offset)? {
             return Ok(());
-        }
-        if offsets.len() >= cairn_machine::partition::OFFSETS_MAX && !offsets.contains_key(owner) {
-            return Err(codes::INVALID_COMMAND);
         }
         self.check_not_stopped()?;
         let result = self.group.store_offset(owner, offset);
@@ -436,23 +429,7 @@ impl PartitionData {
     /// recorded) and every stored offset, as one op; then remove the released segments.
     pub fn purge(&mut self, target: u64) -> Result<(), u32> {
         self.check_not_stopped()?;
-        if self.group.start_offset() >= target.min(self.group.next_offset()) {
-            // No message to purge (the machine's PURGE would change nothing): only stored
-            // offsets may be left, each deleted by its own op. Nothing at all takes no op.
-            let owners: Vec<Owner> = self
-                .group
-                .state_machine()
-                .state()
-                .offsets
-                .keys()
-                .cloned()
-                .collect();
-            for owner in owners {
-                let result = self.group.delete_offset(&owner);
-                result.map_err(|error| self.op_status(error, "purging a consumer offset"))?;
-            }
-            return Ok(());
-        }
+        // One op, none when nothing would change (the group's rule).
         let result = self.group.purge(target);
         result.map_err(|error| self.op_status(error, "purging"))?;
         self.remove_released_segments();
@@ -521,14 +498,7 @@ pub fn check(dir: &Path, ids @ (_, _, partition_id): (u32, u32, u32)) -> Option<
 pub fn refuse_for_damage(state: &mut PartitionState, dir: &Path, damage: &StorageError, finder: &str) {
     let later_starts = match damage {
         StorageError::Damaged { path, .. } => {
-            let summary = path.with_extension("summary");
-            let removed = std::fs::remove_file(&summary)
-                .or_else(|error| match error.kind() {
-                    std::io::ErrorKind::NotFound => Ok(()),
-                    _ => Err(error),
-                })
-                .and_then(|()| std::fs::File::open(path.parent().unwrap_or(dir))?.sync_all());
-            match removed {
+            match cairn_storage::journal::forget_summary(&cairn_storage::io::RealDisk, path) {
                 Ok(()) => "every start reads the segment and refuses the partition too",
                 Err(_) => {
                     "its summary could not be removed, so a restart may serve the partition until the damage is found again"
@@ -644,7 +614,7 @@ mod tests {
             "a purge with nothing to purge takes no op"
         );
 
-        // Offsets stored after the messages went are still purged (one op each).
+        // Offsets stored after the messages went are still purged (one op).
         data.store_offset(&owner, 2).expect("store below the start");
         data.purge(3).expect("purge the offset");
         assert_eq!(data.stored_offset(&owner), None);

@@ -509,11 +509,15 @@ impl LocalGroup<PartitionMachine, LogJournal> {
         partition::decode_append_reply(&reply).map_err(PartitionError::Status)
     }
 
-    /// Store `owner`'s offset (at most the last offset the partition holds). A store of the
-    /// offset already stored takes no op, so a consumer polling an idle partition with
-    /// auto-commit adds nothing to its log.
+    /// Store `owner`'s offset (at most the last offset the partition holds). A store the
+    /// machine would refuse, or of the offset already stored, takes no op, so a consumer
+    /// polling an idle partition with auto-commit adds nothing to its log.
     pub fn store_offset(&mut self, owner: &Owner, offset: u64) -> Result<(), PartitionError> {
-        if self.stored_offset(owner) == Some(offset) {
+        if !self
+            .state()
+            .offset_store(owner, offset)
+            .map_err(PartitionError::Status)?
+        {
             return Ok(());
         }
         self.status_op(
@@ -531,7 +535,11 @@ impl LocalGroup<PartitionMachine, LogJournal> {
     }
 
     /// Purge every message below `target` and every stored offset (offsets keep counting).
+    /// A purge that would change nothing takes no op.
     pub fn purge(&mut self, target: u64) -> Result<(), PartitionError> {
+        if !self.state().purge_changes(target) {
+            return Ok(());
+        }
         self.status_op(partition::OPERATION_PURGE, &partition::encode_purge(target))
     }
 

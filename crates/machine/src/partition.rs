@@ -107,6 +107,30 @@ pub struct PartitionState {
     pub offsets: BTreeMap<Owner, u64>,
 }
 
+impl PartitionState {
+    /// What storing `offset` as `owner`'s would do: `Ok(true)` when it changes the state,
+    /// `Ok(false)` when `owner` holds that offset already, `Err(status)` when the machine
+    /// refuses it. As Iggy: an offset past the last message is refused (offset 0 of an empty
+    /// partition is allowed); a new owner beyond [`OFFSETS_MAX`] is refused too. The one
+    /// rule for the op's apply and for a shell that answers without an op.
+    pub fn offset_store(&self, owner: &Owner, offset: u64) -> Result<bool, u32> {
+        if offset > self.next_offset.saturating_sub(1) {
+            return Err(codes::INVALID_OFFSET);
+        }
+        match self.offsets.get(owner) {
+            Some(&stored) => Ok(stored != offset),
+            None if self.offsets.len() >= OFFSETS_MAX => Err(codes::INVALID_COMMAND),
+            None => Ok(true),
+        }
+    }
+
+    /// Whether a purge up to `target` changes the state: messages to purge below it, or
+    /// stored offsets to clear.
+    pub fn purge_changes(&self, target: u64) -> bool {
+        self.start_offset < target.min(self.next_offset) || !self.offsets.is_empty()
+    }
+}
+
 /// The partition machine of one partition.
 #[derive(Debug, Clone, Default)]
 pub struct PartitionMachine {
@@ -441,13 +465,8 @@ impl StateMachine for PartitionMachine {
                 if !reader.is_empty() {
                     return status_reply(codes::INVALID_FORMAT);
                 }
-                // As Iggy: an offset past the last message is refused (offset 0 of an empty
-                // partition is allowed).
-                if offset > self.state.next_offset.saturating_sub(1) {
-                    return status_reply(codes::INVALID_OFFSET);
-                }
-                if self.state.offsets.len() >= OFFSETS_MAX && !self.state.offsets.contains_key(&owner) {
-                    return status_reply(codes::INVALID_COMMAND);
+                if let Err(status) = self.state.offset_store(&owner, offset) {
+                    return status_reply(status);
                 }
                 self.state.offsets.insert(owner, offset);
                 status_reply(STATUS_OK)
@@ -467,13 +486,13 @@ impl StateMachine for PartitionMachine {
                 let Some(target) = reader.u64().filter(|_| reader.is_empty()) else {
                     return status_reply(codes::INVALID_FORMAT);
                 };
+                // Every stored offset goes; messages below the target, if any are left (a
+                // purge of a partition whose messages are gone still clears its offsets).
                 let target = target.min(self.state.next_offset);
-                if self.state.start_offset >= target {
-                    // Done already (a retry), or nothing to purge: nothing changes.
-                    return status_reply(STATUS_OK);
+                if self.state.start_offset < target {
+                    self.state.start_offset = target;
+                    self.state.purge_generation += 1;
                 }
-                self.state.start_offset = target;
-                self.state.purge_generation += 1;
                 self.state.offsets.clear();
                 status_reply(STATUS_OK)
             }

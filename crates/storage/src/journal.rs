@@ -166,6 +166,23 @@ pub struct SealedSegment {
     pub len_bytes: u64,
 }
 
+/// Remove, durably, the summary of the journal segment at `segment_path` (damage was found
+/// in it after an open took it from its summary): every later open then reads the segment
+/// and refuses what it holds. `Ok` when it has none, or the path names no journal segment.
+pub fn forget_summary(disk: &dyn Disk, segment_path: &Path) -> Result<(), StorageError> {
+    let name = segment_path
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or_default();
+    let (EntryName::Log(first_op), Some(dir)) = (parse_entry_name(name), segment_path.parent()) else {
+        return Ok(());
+    };
+    if disk.remove_file(&dir.join(summary_name(first_op)))? {
+        disk.sync_dir(dir)?;
+    }
+    Ok(())
+}
+
 /// Verify a sealed segment in full, as an open that reads it would: every record verifies
 /// and continues the chain from its start, and it ends exactly with the chain the next
 /// segment begins with. Reads the file in pieces (no lock needed: a sealed segment's bytes do
