@@ -17,6 +17,7 @@
 
 use crate::node::{GroupError, LocalGroup};
 use crate::partition::{PartitionData, PartitionIds, PartitionState, lock, remove_dir};
+use crate::partition_group::JournalOptions;
 use crate::writer::{CommitCounters, WriterContext, WriterHandle};
 use cairn_machine::metadata::{
     Applied, Effect, Metadata, MetadataMachine, MetadataOp, OPERATION_METADATA, PartitionDoc, Stream,
@@ -146,6 +147,8 @@ pub struct Catalog {
     pub data_dir: PathBuf,
     /// The server's segment size (`storage.segment_size_bytes`); a topic may set its own.
     pub segment_size_bytes: u64,
+    /// `storage.durability = relaxed` (every partition's journal).
+    pub relaxed: bool,
     /// Starts each partition's writer when the partition is opened or created.
     pub writers: WriterContext,
     /// The replicated metadata log; its state machine holds the committed metadata, changed
@@ -223,10 +226,10 @@ impl Partition {
         dir: &Path,
         ids: PartitionIds,
         doc: PartitionDoc,
-        segment_size_bytes: u64,
+        options: JournalOptions,
     ) -> PartitionState {
         debug_assert_eq!(ids.partition_id, doc.id);
-        match PartitionData::open(dir, ids, doc.purge_target, segment_size_bytes) {
+        match PartitionData::open(dir, ids, doc.purge_target, options) {
             Ok(data) => PartitionState::Serving(Box::new(data)),
             Err(error) => {
                 tracing::error!(
@@ -247,14 +250,14 @@ impl Partition {
         dir: PathBuf,
         doc: PartitionDoc,
         ids: PartitionIds,
-        segment_size_bytes: u64,
+        options: JournalOptions,
         writers: &WriterContext,
     ) -> Result<Partition, CatalogError> {
         if dir.exists() {
             tracing::warn!(partition_dir = %dir.display(), "removing orphan partition directory left by an interrupted create");
             remove_dir(&dir)?;
         }
-        let data = PartitionData::create(&dir, ids, segment_size_bytes).map_err(CatalogError::Partition)?;
+        let data = PartitionData::create(&dir, ids, options).map_err(CatalogError::Partition)?;
         let state = PartitionState::Serving(Box::new(data));
         Ok(Partition::assemble(dir, doc, state, writers))
     }
@@ -296,6 +299,7 @@ impl Catalog {
     pub fn load(
         data_dir: &Path,
         segment_size_bytes: u64,
+        relaxed: bool,
         writers: WriterContext,
     ) -> Result<(Catalog, bool), CatalogError> {
         std::fs::create_dir_all(data_dir).map_err(|source| StorageError::Io {
@@ -310,10 +314,13 @@ impl Catalog {
         let meta = &group.state_machine().state;
         let mut runtime = BTreeMap::new();
         // Every partition the metadata names, in (stream, topic, partition) order.
-        let mut to_open: Vec<(PathBuf, PartitionIds, PartitionDoc, u64)> = Vec::new();
+        let mut to_open: Vec<(PathBuf, PartitionIds, PartitionDoc, JournalOptions)> = Vec::new();
         for stream in meta.streams.values() {
             for topic in stream.topics.values() {
-                let topic_segment_size = topic_segment_size(segment_size_bytes, topic);
+                let options = JournalOptions {
+                    segment_size_bytes: topic_segment_size(segment_size_bytes, topic),
+                    relaxed,
+                };
                 for p in &topic.partitions {
                     let ids = PartitionIds {
                         stream_id: stream.id,
@@ -321,7 +328,7 @@ impl Catalog {
                         partition_id: p.id,
                     };
                     let dir = partition_dir(data_dir, stream.id, topic.id, p.id);
-                    to_open.push((dir, ids, *p, topic_segment_size));
+                    to_open.push((dir, ids, *p, options));
                 }
                 runtime.insert((stream.id, topic.id), TopicRuntime::default());
             }
@@ -337,6 +344,7 @@ impl Catalog {
         let catalog = Catalog {
             data_dir: data_dir.to_path_buf(),
             segment_size_bytes,
+            relaxed,
             writers,
             group,
             runtime,
@@ -507,7 +515,10 @@ impl Catalog {
                 "new partitions of topic {stream_id}/{topic_id}, which the metadata does not hold"
             ))));
         };
-        let segment_size_bytes = topic_segment_size(self.segment_size_bytes, topic);
+        let options = JournalOptions {
+            segment_size_bytes: topic_segment_size(self.segment_size_bytes, topic),
+            relaxed: self.relaxed,
+        };
         let mut partitions = Vec::with_capacity(count as usize);
         for doc in topic.partitions.iter().skip(first as usize).take(count as usize) {
             let dir = partition_dir(&self.data_dir, stream_id, topic_id, doc.id);
@@ -516,7 +527,7 @@ impl Catalog {
                 topic_id,
                 partition_id: doc.id,
             };
-            match Partition::create(dir, *doc, ids, segment_size_bytes, &self.writers) {
+            match Partition::create(dir, *doc, ids, options, &self.writers) {
                 Ok(partition) => partitions.push(Arc::new(partition)),
                 Err(error) => {
                     destroy_all(&partitions);
@@ -656,7 +667,7 @@ impl Catalog {
 
 /// [`Partition::open_state`] of every partition in `to_open`, on up to as many threads as
 /// there are cores; the states in the same order.
-fn open_all(to_open: &[(PathBuf, PartitionIds, PartitionDoc, u64)]) -> Vec<PartitionState> {
+fn open_all(to_open: &[(PathBuf, PartitionIds, PartitionDoc, JournalOptions)]) -> Vec<PartitionState> {
     let threads = std::thread::available_parallelism()
         .map_or(1, usize::from)
         .clamp(1, 8)
@@ -668,10 +679,10 @@ fn open_all(to_open: &[(PathBuf, PartitionIds, PartitionDoc, u64)]) -> Vec<Parti
             scope.spawn(|| {
                 loop {
                     let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some((dir, ids, doc, segment_size_bytes)) = to_open.get(index) else {
+                    let Some((dir, ids, doc, options)) = to_open.get(index) else {
                         break;
                     };
-                    let state = Partition::open_state(dir, *ids, *doc, *segment_size_bytes);
+                    let state = Partition::open_state(dir, *ids, *doc, *options);
                     lock(&opened)[index] = Some(state);
                 }
             });

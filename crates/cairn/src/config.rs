@@ -90,13 +90,13 @@ pub const KEYS: &[Key] = &[
         path: "storage.durability",
         kind: ValueKind::Text,
         default: "durable",
-        about: "durable: a send is acknowledged after an fdatasync covering it (shared by concurrent sends); relaxed: accepted, and for now the same as durable (acknowledging before the barrier is not built for the replicated log yet)",
+        about: "durable: a send is acknowledged after an fdatasync covering it (shared by concurrent sends); relaxed: acknowledged once written, made durable by a flush every storage.flush_interval_ms (a process crash loses nothing; a power loss may lose the last interval's acknowledged messages, never re-issuing their offsets)",
     },
     Key {
         path: "storage.flush_interval_ms",
         kind: ValueKind::Integer,
         default: "1000",
-        about: "relaxed durability only, and no effect for now (relaxed behaves as durable): longest time an acknowledged write would wait for its fdatasync",
+        about: "relaxed durability only: longest time an acknowledged write waits for the fdatasync that makes it durable",
     },
     Key {
         path: "storage.retention_interval_ms",

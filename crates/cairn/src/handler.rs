@@ -435,8 +435,9 @@ impl Server {
                 partition_id,
                 fsync: _,
             } => {
-                // Every acknowledged send is durable already (with or without `fsync`): the
-                // flush only tells a client whether the partition still takes writes.
+                // In durable mode every acknowledged send is durable already; in relaxed mode
+                // this syncs what the timer has not yet (with or without `fsync`). Either way
+                // it tells a client whether the partition still takes writes.
                 let partition = self.partition(&stream, &topic, partition_id)?;
                 let mut state = lock(&partition.state);
                 match serving(&mut state)?.flush() {

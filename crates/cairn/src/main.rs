@@ -193,9 +193,10 @@ fn load_config(args: &ServeArgs) -> Result<config::Config, config::ConfigError> 
 async fn serve(config: config::Config) -> Result<(), String> {
     if config.durability == config::Durability::Relaxed {
         tracing::warn!(
-            "storage.durability = relaxed: sends are acknowledged once durable, as in durable mode \
-             (acknowledging before the barrier is not built for the replicated log yet); storage.flush_interval_ms ({} ms) has no effect",
-            config.flush_interval_ms
+            flush_interval_ms = config.flush_interval_ms,
+            "storage.durability = relaxed: sends are acknowledged once written, before a barrier; a flush every \
+             storage.flush_interval_ms makes them durable. A process crash loses nothing; a power loss may lose \
+             the acknowledged messages of the last interval, whose offsets are never handed out again"
         );
     }
     // Each partition's writer commits one op per group of sends, durable before its ACK.
@@ -207,8 +208,13 @@ async fn serve(config: config::Config) -> Result<(), String> {
     // Held until the server has closed every partition: a second server, or `cairn repair`,
     // on the same directory is refused instead of corrupting it.
     let _data_dir_lock = cairn_storage::lock::DataDirLock::acquire(&data_dir).map_err(|e| e.to_string())?;
-    let (mut catalog, first_start) = catalog::Catalog::load(&data_dir, config.segment_size_bytes, writers)
-        .map_err(|e| format!("cannot load the data directory {}: {e}", data_dir.display()))?;
+    let (mut catalog, first_start) = catalog::Catalog::load(
+        &data_dir,
+        config.segment_size_bytes,
+        config.durability == config::Durability::Relaxed,
+        writers,
+    )
+    .map_err(|e| format!("cannot load the data directory {}: {e}", data_dir.display()))?;
     let clock: Box<dyn handler::Clock> = Box::new(handler::SystemClock);
     let generated_password = ensure_root_user(&mut catalog, &config, clock.now_us(), first_start)?;
     let listener = tokio::net::TcpListener::bind(config.tcp_address)
@@ -280,6 +286,13 @@ async fn serve(config: config::Config) -> Result<(), String> {
         server.config.scrub_interval_ms,
         shutdown_rx.clone(),
     ));
+    let flushing = (server.config.durability == config::Durability::Relaxed).then(|| {
+        tokio::spawn(run_flush(
+            server.clone(),
+            Duration::from_millis(server.config.flush_interval_ms),
+            shutdown_rx.clone(),
+        ))
+    });
     let serving = tokio::spawn(tcp::serve(server.clone(), listener, shutdown_rx));
     wait_for_stop_signal().await;
     tracing::info!("stop requested: finishing in-flight requests");
@@ -299,6 +312,11 @@ async fn serve(config: config::Config) -> Result<(), String> {
     }
     if let Err(error) = scrubbing.await {
         tracing::error!(%error, "the scrub task ended abnormally");
+    }
+    if let Some(flushing) = flushing
+        && let Err(error) = flushing.await
+    {
+        tracing::error!(%error, "the flush task ended abnormally");
     }
     stop_partitions(&server).await;
     tracing::info!("group commit totals: {}", global_counters.snapshot().summary());
@@ -374,6 +392,39 @@ async fn run_retention(
         interval,
         shutdown,
         "retention",
+        pass,
+        |(), _| {},
+    )
+    .await;
+}
+
+/// The `relaxed` mode's flush timer: every `interval`, each partition's acknowledged ops are
+/// made durable (`partition::flush_relaxed`). The clean stop flushes the rest.
+async fn run_flush(
+    server: Arc<handler::Server>,
+    interval: Duration,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let pass = move || {
+        let partitions: Vec<Arc<catalog::Partition>> = {
+            let catalog = match server.catalog.read() {
+                Ok(guard) => guard,
+                Err(poisoned) => panic!("catalog lock poisoned by an earlier panic: {poisoned}"),
+            };
+            catalog
+                .all_topics()
+                .flat_map(|topic| topic.partitions.iter().cloned())
+                .collect()
+        };
+        for partition in &partitions {
+            partition::flush_relaxed(&partition.state);
+        }
+    };
+    every(
+        tokio::time::Instant::now() + interval,
+        interval,
+        shutdown,
+        "flush",
         pass,
         |(), _| {},
     )

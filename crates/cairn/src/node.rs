@@ -225,8 +225,21 @@ pub trait GroupJournal: Sized {
         cluster: u128,
         group: u64,
     ) -> Result<(Self, Vec<SlotState>, Vec<String>), GroupError>;
-    /// Write `message` and make it durable before returning.
+    /// Write `message` and make it durable before returning; or, for a journal that runs
+    /// `relaxed` (a partition's, when configured so), write it and leave it to
+    /// [`GroupJournal::flush`].
     fn write_prepare(&mut self, message: &Message) -> Result<(), GroupError>;
+    /// Make every prepare written so far durable. Called before anything durable may name
+    /// them (a checkpoint, the superblock) and on a timer; a no-op for a journal that makes
+    /// each prepare durable as it writes it.
+    fn flush(&mut self) -> Result<(), GroupError> {
+        Ok(())
+    }
+    /// [`GroupJournal::flush`] at a clean stop: a `relaxed` journal also gives back the
+    /// offsets it reserved ahead, so the next start leaves no gap.
+    fn flush_for_stop(&mut self) -> Result<(), GroupError> {
+        self.flush()
+    }
     /// Read prepare `op` back; `None` when the journal no longer holds it whole (logged).
     fn read_prepare(&mut self, op: u64, checksum: u128) -> Option<Message>;
     /// The file or directory a damage report names.
@@ -774,6 +787,31 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         self.superblock.0.checkpoint_op
     }
 
+    /// Make every prepare written durable ([`GroupJournal::flush`]: a `relaxed` partition's
+    /// timer). A failure stops the group, as a failed write does.
+    pub fn flush(&mut self) -> Result<(), GroupError> {
+        self.check_not_stopped()?;
+        self.journal.flush().inspect_err(|error| {
+            self.stopped = Some(error.to_string());
+        })
+    }
+
+    /// A clean stop: [`GroupJournal::flush_for_stop`], then a checkpoint at the last applied
+    /// op when it is ahead of the one the superblock names (so the next start applies
+    /// nothing). Does nothing to a stopped group: its files are settled by the next open.
+    pub fn close(&mut self) -> Result<(), GroupError> {
+        if self.stopped.is_some() {
+            return Ok(());
+        }
+        self.journal.flush_for_stop().inspect_err(|error| {
+            self.stopped = Some(error.to_string());
+        })?;
+        if self.commit_op() > self.checkpoint_op() {
+            self.checkpoint()?;
+        }
+        Ok(())
+    }
+
     /// Checkpoint at the last applied op now, off the interval, and wait until the
     /// superblock names it: what lies in the journal at or below it is then never read again
     /// (a partition removes those segments). Returns the checkpoint's op.
@@ -961,6 +999,8 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 self.replica.on_prepare_read(op, checksum, prepare, for_replica);
             }
             Output::WriteDurable { state } => {
+                // The superblock may name ops of the journal: they are durable first.
+                self.journal.flush()?;
                 let (current, sequence) = &self.superblock;
                 let (next_sequence, bytes) =
                     durable::plan_write(current, *sequence, &state).map_err(|error| {
@@ -979,6 +1019,8 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 checksum,
                 bytes,
             } => {
+                // A checkpoint covers only a durable log.
+                self.journal.flush()?;
                 self.files
                     .write_synced(Zone::Checkpoints, usize::from(slot), &bytes)?;
                 self.replica.on_checkpoint_written(op, checksum);

@@ -11,7 +11,9 @@
 //! This module sits below the catalog, the writer and retention, and imports none of them.
 
 use crate::node::GroupError;
-use crate::partition_group::{self, LogParams, PartitionError, PartitionGroup, PartitionStats};
+use crate::partition_group::{
+    self, JournalOptions, LogParams, PartitionError, PartitionGroup, PartitionStats,
+};
 use cairn_machine::partition::Owner;
 use cairn_storage::StorageError;
 use cairn_storage::check::{Damage, PartitionReport};
@@ -105,6 +107,11 @@ pub enum OpenError {
     #[error("{}: finishing a purge recorded in the metadata failed: {source}", dir.display())]
     Purge { dir: PathBuf, source: PartitionError },
     #[error(
+        "{}: skipping the offsets reserved before an unclean stop (relaxed mode) failed: {source}; nothing was minted",
+        dir.display()
+    )]
+    Resume { dir: PathBuf, source: PartitionError },
+    #[error(
         "{}: the log ends at offset {next_offset}, below the purge target {purge_target} recorded in the metadata (lost data)",
         dir.display()
     )]
@@ -129,7 +136,7 @@ impl PartitionData {
         dir: &Path,
         ids: PartitionIds,
         purge_target: u64,
-        segment_size_bytes: u64,
+        options: JournalOptions,
     ) -> Result<PartitionData, OpenError> {
         if holds_record_log(dir) {
             return Err(OpenError::EarlierLayout {
@@ -144,14 +151,19 @@ impl PartitionData {
                 dir: dir.to_path_buf(),
             });
         }
-        let mut data =
-            PartitionData::open_with(dir, ids, LogParams::new(ids.partition_id, segment_size_bytes))?;
+        let mut data = PartitionData::open_with(dir, ids, LogParams::new(ids.partition_id, options))?;
         if let Some(fault) = data.group.state_machine().fault() {
             return Err(OpenError::Faulted {
                 dir: dir.to_path_buf(),
                 fault: fault.to_string(),
             });
         }
+        // After an unclean stop in relaxed mode, offsets up to the reservation may have been
+        // acknowledged and lost: none is handed out again.
+        data.group.resume_minting().map_err(|source| OpenError::Resume {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
         data.finish_purge(purge_target)?;
         Ok(data)
     }
@@ -160,9 +172,9 @@ impl PartitionData {
     pub fn create(
         dir: &Path,
         ids: PartitionIds,
-        segment_size_bytes: u64,
+        options: JournalOptions,
     ) -> Result<PartitionData, GroupError> {
-        PartitionData::open_with(dir, ids, LogParams::new(ids.partition_id, segment_size_bytes))
+        PartitionData::open_with(dir, ids, LogParams::new(ids.partition_id, options))
     }
 
     /// Open (or format) the group in `dir` with its journal made from `params`.
@@ -326,13 +338,21 @@ impl PartitionData {
         result.map_err(|error| self.op_status(error, "deleting a consumer offset"))
     }
 
-    /// A client's flush: refused once the partition stopped. Everything acknowledged is
-    /// durable already (each op is, before its reply), so there is nothing to sync.
+    /// Make every acknowledged op durable: a client's flush, and the `relaxed` mode's timer
+    /// (in `durable` mode each op is durable before its reply, so this syncs nothing).
+    /// Refused once the partition stopped; a failed barrier stops it.
     pub fn flush(&mut self) -> Result<(), FlushError> {
-        match self.stopped_reason() {
-            Some(_) => Err(FlushError::Stopped),
-            None => Ok(()),
+        if self.stopped_reason().is_some() {
+            return Err(FlushError::Stopped);
         }
+        self.group.flush().map_err(|error| {
+            tracing::error!(
+                partition_dir = %self.dir.display(),
+                %error,
+                "a flush of the partition's journal failed: the partition stops taking writes until a restart; acknowledged messages it did not cover may be lost with a power loss (relaxed mode), their offsets are never handed out again"
+            );
+            FlushError::Stopped
+        })
     }
 
     /// The segments retention may still trim: sealed (not the one written) and ending above
@@ -414,10 +434,10 @@ impl PartitionData {
 
     /// The clean stop: a checkpoint at the last op, so the next start has no op to apply.
     pub fn close(mut self) -> Result<(), GroupError> {
-        if self.stopped_reason().is_none() && self.group.commit_op() > self.group.checkpoint_op() {
-            self.group.checkpoint()?;
+        if self.stopped_reason().is_some() {
+            return Ok(());
         }
-        Ok(())
+        self.group.close()
     }
 
     /// The offset a purge of the partition now would purge up to: its next offset.
@@ -550,6 +570,26 @@ pub fn serving(state: &mut PartitionState) -> Result<&mut PartitionData, u32> {
     }
 }
 
+/// The `relaxed` mode's flush of one partition (on `storage.flush_interval_ms`): the bulk of
+/// the barrier, the active segment's dirty pages, is synced on a handle of its own without
+/// the partition's lock, so sends are not held up by it; then, under the lock, the journal's
+/// own barrier covers what arrived meanwhile and publishes the frontier
+/// ([`PartitionData::flush`]). A writeback error the first sync meets is reported to the
+/// journal's handle too, so the second one fails and the partition stops.
+pub fn flush_relaxed(state: &Mutex<PartitionState>) {
+    let (disk, path) = match serving(&mut lock(state)) {
+        Ok(data) => (data.group.log().disk(), data.group.log().active_segment_path()),
+        Err(_) => return,
+    };
+    if let Ok(mut file) = disk.open_write(&path) {
+        let _ = file.sync_data();
+    }
+    if let Ok(data) = serving(&mut lock(state)) {
+        // A failure is logged by `flush` and stops the partition.
+        let _ = data.flush();
+    }
+}
+
 /// Lock a std mutex; a poisoned lock means a writer panicked mid-update, which is a bug:
 /// carrying on could publish half-applied state, so the poison propagates as a panic.
 pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -581,12 +621,17 @@ mod tests {
         partition_id: 0,
     };
 
+    const OPTIONS: JournalOptions = JournalOptions {
+        segment_size_bytes: 1 << 20,
+        relaxed: false,
+    };
+
     /// Requests that would change nothing are answered without an op, so they cannot grow
     /// the log; each real change is exactly one op.
     #[test]
     fn requests_that_change_nothing_add_no_op() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut data = PartitionData::create(dir.path(), IDS, 1 << 20).expect("create");
+        let mut data = PartitionData::create(dir.path(), IDS, OPTIONS).expect("create");
         let batch = client_batch(3, 10, 1);
         assert_eq!(data.append(5, &[&batch]).expect("append"), vec![0]);
         let owner = Owner::ConsumerName("reader".into());
@@ -628,14 +673,14 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let missing = dir.path().join("missing");
         assert!(matches!(
-            PartitionData::open(&missing, IDS, 0, 1 << 20),
+            PartitionData::open(&missing, IDS, 0, OPTIONS),
             Err(OpenError::NotFormatted { .. })
         ));
         assert!(!missing.exists(), "nothing was created");
         let earlier = dir.path().join("earlier");
         std::fs::create_dir_all(earlier.join("offsets")).expect("mkdir");
         assert!(matches!(
-            PartitionData::open(&earlier, IDS, 0, 1 << 20),
+            PartitionData::open(&earlier, IDS, 0, OPTIONS),
             Err(OpenError::EarlierLayout { .. })
         ));
     }

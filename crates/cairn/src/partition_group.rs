@@ -44,22 +44,34 @@ use std::sync::Arc;
 /// The journal log's directory inside the group directory.
 const LOG_DIR: &str = "log";
 
+/// How a partition's journal runs: from the server's configuration and the topic's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JournalOptions {
+    pub segment_size_bytes: u64,
+    /// `storage.durability = relaxed`: an op is acknowledged once written, a flush on a timer
+    /// makes it durable (see `cairn_storage::journal`, "Relaxed mode").
+    pub relaxed: bool,
+}
+
 /// What a partition's journal needs besides its directory.
 #[derive(Debug, Clone)]
 pub struct LogParams {
     /// The partition's id in its records (and the machine's).
     pub partition_id: u32,
     pub segment_size_bytes: u64,
+    /// See [`JournalOptions::relaxed`].
+    pub relaxed: bool,
     /// Where the journal's files are (the real filesystem, or a fault-injecting one in tests).
     pub disk: Arc<dyn Disk>,
 }
 
 impl LogParams {
     /// A partition journal on the real filesystem.
-    pub fn new(partition_id: u32, segment_size_bytes: u64) -> LogParams {
+    pub fn new(partition_id: u32, options: JournalOptions) -> LogParams {
         LogParams {
             partition_id,
-            segment_size_bytes,
+            segment_size_bytes: options.segment_size_bytes,
+            relaxed: options.relaxed,
             disk: Arc::new(RealDisk),
         }
     }
@@ -195,6 +207,7 @@ impl GroupJournal for LogJournal {
             params.partition_id,
             JournalConfig {
                 segment_size_bytes: params.segment_size_bytes,
+                relaxed: params.relaxed,
             },
             Chain::genesis(params.partition_id),
         )
@@ -220,6 +233,7 @@ impl GroupJournal for LogJournal {
         let log_dir = dir.join(LOG_DIR);
         let config = JournalConfig {
             segment_size_bytes: params.segment_size_bytes,
+            relaxed: params.relaxed,
         };
         let refused = |error: cairn_storage::StorageError| GroupError::Refused {
             dir: log_dir.clone(),
@@ -248,13 +262,30 @@ impl GroupJournal for LogJournal {
         let (log, recovery) =
             JournalLog::open_on(Arc::clone(&params.disk), &log_dir, params.partition_id, config)
                 .map_err(refused)?;
-        if recovery.dropped_bytes > 0 {
-            tracing::warn!(
+        if recovery.unsynced_ops_kept > 0 {
+            tracing::info!(
                 dir = %log_dir.display(),
-                bytes = recovery.dropped_bytes,
-                durable_op = recovery.durable_op,
-                "dropped the journal's bytes above its durable frontier: writes never reported durable (an unsynced or partly written op, or what a cut had removed)"
+                ops = recovery.unsynced_ops_kept,
+                bytes = recovery.unsynced_bytes_kept,
+                "kept the whole ops written above the journal's durable frontier (relaxed mode acknowledged them before a barrier) and made them durable"
             );
+        }
+        if recovery.dropped_bytes > 0 {
+            if recovery.unsynced_may_be_acknowledged {
+                tracing::warn!(
+                    dir = %log_dir.display(),
+                    bytes = recovery.dropped_bytes,
+                    durable_op = recovery.durable_op,
+                    "dropped the journal's bytes above its durable frontier that were not whole ops: a torn tail; in relaxed mode it may have held acknowledged messages lost with unsynced data (a power loss), and their offsets are never handed out again"
+                );
+            } else {
+                tracing::warn!(
+                    dir = %log_dir.display(),
+                    bytes = recovery.dropped_bytes,
+                    durable_op = recovery.durable_op,
+                    "dropped the journal's bytes above its durable frontier: writes never reported durable (an unsynced or partly written op, or what a cut had removed)"
+                );
+            }
         }
         Self::recovered(log_dir, log, None, params.partition_id, cluster, group)
     }
@@ -264,6 +295,16 @@ impl GroupJournal for LogJournal {
             return Ok(());
         }
         let header = message.header.encode();
+        // A skip's op record carries the offset minting resumes at (the prepare's cursor).
+        let skip_to = (message.header.operation == partition::OPERATION_SKIP)
+            .then(|| partition::cursor_parts(message.header.cursor).0)
+            .filter(|&to| {
+                to > self
+                    .log
+                    .extent(message.header.op)
+                    .map_or(self.log.chain(), |extent| extent.chain_before)
+                    .next_offset
+            });
         let written = match self.batches_continuing(message) {
             Some((timestamp_us, batches)) => self.log.write_op(
                 message.header.op,
@@ -274,16 +315,34 @@ impl GroupJournal for LogJournal {
             ),
             None => {
                 let payload = [&header[..], &message.body[..]].concat();
-                self.log.write_op(
-                    message.header.op,
-                    message.header.view,
-                    message.header.timestamp,
-                    &payload,
-                    &[],
-                )
+                match skip_to {
+                    Some(to_offset) => self.log.write_skip_op(
+                        message.header.op,
+                        message.header.view,
+                        message.header.timestamp,
+                        &payload,
+                        to_offset,
+                    ),
+                    None => self.log.write_op(
+                        message.header.op,
+                        message.header.view,
+                        message.header.timestamp,
+                        &payload,
+                        &[],
+                    ),
+                }
             }
         };
-        match written.and_then(|()| self.log.sync()) {
+        // In relaxed mode the op counts as written once it is in the page cache; a timer (or
+        // anything durable naming it) flushes it.
+        let relaxed = self.log.relaxed();
+        match written.and_then(|()| {
+            if relaxed {
+                Ok(self.log.last_op())
+            } else {
+                self.log.sync()
+            }
+        }) {
             Ok(_) => Ok(()),
             // An IO error the journal undid (no space left, say): the op was never written.
             // Anything else (a refused op is a bug upstream) stops the group.
@@ -295,6 +354,26 @@ impl GroupJournal for LogJournal {
             }
             Err(error) => Err(self.storage_error(error)),
         }
+    }
+
+    fn flush(&mut self) -> Result<(), GroupError> {
+        if self.inspection.is_some() {
+            return Ok(());
+        }
+        self.log
+            .sync()
+            .map(|_| ())
+            .map_err(|error| self.storage_error(error))
+    }
+
+    fn flush_for_stop(&mut self) -> Result<(), GroupError> {
+        if self.inspection.is_some() {
+            return Ok(());
+        }
+        self.log
+            .sync_for_stop()
+            .map(|_| ())
+            .map_err(|error| self.storage_error(error))
     }
 
     fn read_prepare(&mut self, op: u64, checksum: u128) -> Option<Message> {
@@ -371,7 +450,13 @@ pub fn check(dir: &Path, (stream_id, topic_id, partition_id): (u32, u32, u32)) -
     let log_dir = dir.join(LOG_DIR);
     report.segment_files = segment_files(&log_dir).len();
     // The segment size matters to writes only; a read-only open writes nothing.
-    let params = LogParams::new(partition_id, JOURNAL_SEGMENT_SIZE_ANY);
+    let params = LogParams::new(
+        partition_id,
+        JournalOptions {
+            segment_size_bytes: JOURNAL_SEGMENT_SIZE_ANY,
+            relaxed: false,
+        },
+    );
     let opened = PartitionGroup::open_read_only_with(
         dir,
         group_id(stream_id, topic_id, partition_id),
@@ -457,7 +542,8 @@ pub enum PartitionError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartitionStats {
     pub segments_count: u32,
-    /// Messages a poll can reach: from the start offset to the next one (no gaps).
+    /// Messages a poll can reach: from the start offset to the next one, less the offsets a
+    /// skip left without messages.
     pub messages_count: u64,
     /// Bytes in the journal's segments (op records included).
     pub size_bytes: u64,
@@ -499,9 +585,29 @@ impl LocalGroup<PartitionMachine, LogJournal> {
         }
     }
 
+    /// If the journal's open found offsets reserved above the log's end (an unclean stop in
+    /// `relaxed` mode: they may have been acknowledged and lost), commit a skip to them, so
+    /// none is handed out again. Returns the offset minting resumes at, if it skipped.
+    pub fn resume_minting(&mut self) -> Result<Option<u64>, PartitionError> {
+        let Some(to_offset) = self.log().resume_offset() else {
+            return Ok(None);
+        };
+        let from_offset = self.next_offset();
+        self.status_op(partition::OPERATION_SKIP, &partition::encode_skip(to_offset))?;
+        tracing::warn!(
+            dir = %self.journal().dir.display(),
+            from_offset,
+            to_offset,
+            "offsets skipped after an unclean stop in relaxed mode: offsets up to the durable reservation may have been acknowledged before a power loss took them, so minting resumes above them (polls find no messages in between)"
+        );
+        Ok(Some(to_offset))
+    }
+
     /// Append the batches of a group of sends (validated client batches) as one op stamped
     /// `timestamp_us`: the base offset each batch got, in order.
     pub fn append(&mut self, timestamp_us: u64, batches: &[&[u8]]) -> Result<Vec<u64>, PartitionError> {
+        // (After a reopen of the journal: the skip comes before anything is minted.)
+        self.resume_minting()?;
         let reply = self.op_shared(
             OPERATION_APPEND,
             partition::encode_append_shared(timestamp_us, batches),
@@ -562,14 +668,24 @@ impl LocalGroup<PartitionMachine, LogJournal> {
         self.state().next_offset
     }
 
+    /// The offset after the newest message (below the next offset when the log ends with
+    /// skipped offsets).
+    fn messages_end(&self) -> u64 {
+        self.log()
+            .messages_end()
+            .unwrap_or(self.start_offset())
+            .min(self.next_offset())
+    }
+
     /// The oldest message a poll can reach, if any.
     pub fn first_offset(&self) -> Option<u64> {
-        (self.start_offset() < self.next_offset()).then(|| self.start_offset())
+        (self.start_offset() < self.messages_end()).then(|| self.start_offset())
     }
 
     /// The newest message a poll can reach, if any.
     pub fn last_offset(&self) -> Option<u64> {
-        (self.start_offset() < self.next_offset()).then(|| self.next_offset() - 1)
+        let end = self.messages_end();
+        (self.start_offset() < end).then(|| end - 1)
     }
 
     /// [`JournalLog::read_parts`] over what a poll may see: retained and committed messages.
@@ -618,7 +734,8 @@ impl LocalGroup<PartitionMachine, LogJournal> {
     pub fn stats(&self) -> PartitionStats {
         PartitionStats {
             segments_count: u32::try_from(self.log().segments().len()).unwrap_or(u32::MAX),
-            messages_count: self.next_offset() - self.start_offset(),
+            messages_count: (self.next_offset() - self.start_offset())
+                .saturating_sub(self.log().offsets_skipped_from(self.start_offset())),
             size_bytes: self.log().size_bytes(),
         }
     }
@@ -667,7 +784,13 @@ mod tests {
     const PARTITION_ID: u32 = 3;
 
     fn params() -> LogParams {
-        LogParams::new(PARTITION_ID, 4096)
+        LogParams::new(
+            PARTITION_ID,
+            JournalOptions {
+                segment_size_bytes: 4096,
+                relaxed: false,
+            },
+        )
     }
 
     /// Append `sends` requests of two batches each; returns every base offset minted.
@@ -711,6 +834,86 @@ mod tests {
         let next = append(&mut group, 1);
         assert_eq!(next.first(), Some(&before.next_offset));
         assert!(group.state_machine().fault().is_none());
+    }
+
+    /// `relaxed` mode over the simulated disk (the group's own files are real, its journal
+    /// simulated): appends are acknowledged before any barrier; a process kill loses none of
+    /// them; a power loss may lose the unflushed ones, but their offsets are never minted
+    /// again; flushed ones survive it; a clean stop leaves no gap.
+    #[test]
+    fn relaxed_appends_survive_a_kill_and_lost_offsets_are_never_minted_again() {
+        use cairn_storage::sim_disk::SimDisk;
+        let temp = tempfile::tempdir().expect("tempdir");
+        let dir = temp.path().join("partition");
+        let disk = SimDisk::new();
+        let params = LogParams {
+            relaxed: true,
+            disk: Arc::new(disk.clone()),
+            ..params()
+        };
+        let send = |group: &mut PartitionGroup, fill: u8| -> u64 {
+            group
+                .append(1_000, &[&client_batch(2, 40, fill)])
+                .expect("append")[0]
+        };
+        let mut group = open(&dir, GROUP, params.clone()).expect("format");
+        for fill in 0..10 {
+            send(&mut group, fill);
+        }
+        let end = group.next_offset();
+        assert_eq!(end, 20);
+        assert!(
+            group.log().durable_op() < group.log().last_op(),
+            "acknowledged before a barrier covered them"
+        );
+        drop(group);
+        disk.kill_process();
+
+        let mut group = open(&dir, GROUP, params.clone()).expect("reopen after a kill");
+        assert_eq!(
+            poll_all(&group, 0).len(),
+            20,
+            "a kill loses no acknowledged message"
+        );
+        let resumed = send(&mut group, 10);
+        assert!(resumed > end, "minting resumes above the reservation: {resumed}");
+        assert_eq!(poll_all(&group, 0).len(), 22);
+        assert_eq!(
+            group.stats().messages_count,
+            22,
+            "skipped offsets hold no message"
+        );
+        assert_eq!(group.last_offset(), Some(resumed + 1));
+
+        group.flush().expect("flush");
+        let flushed = poll_all(&group, 0);
+        for fill in 11..20 {
+            send(&mut group, fill);
+        }
+        let handed_out_end = group.next_offset();
+        drop(group);
+        disk.crash(3);
+
+        let mut group = open(&dir, GROUP, params.clone()).expect("reopen after a power loss");
+        let kept = poll_all(&group, 0);
+        assert_eq!(
+            kept[..flushed.len()],
+            flushed[..],
+            "flushed messages survive a power loss"
+        );
+        let next = send(&mut group, 20);
+        assert!(
+            next >= handed_out_end,
+            "offset {next} minted again: offsets up to {handed_out_end} were handed out before the power loss"
+        );
+
+        // A clean stop gives the reservation back: no skip at the next start.
+        group.close().expect("clean stop");
+        let end = group.next_offset();
+        drop(group);
+        disk.kill_process();
+        let mut group = open(&dir, GROUP, params).expect("reopen after a clean stop");
+        assert_eq!(send(&mut group, 21), end, "no gap after a clean stop");
     }
 
     /// Every message a poll of everything from `from` returns: (offset, timestamp, first

@@ -13,16 +13,17 @@
 //!    [`GROUP_BOUNDS`] ([`Group`]).
 //! 3. On a blocking thread it locks the partition and appends the group's batches as ONE op
 //!    of the partition group ([`crate::partition::PartitionData::append`]): the op is written
-//!    to the segment log, made durable by one barrier, and applied, which mints each batch's
+//!    to the segment log, made durable by one barrier (in `relaxed` mode later, by a flush), and applied, which mints each batch's
 //!    offsets; it unlocks and completes each send with its base offset or its error status
 //!    ([`commit_group`]). The op is stamped with the latest arrival time of its sends.
 //!
 //! Per ACK there are no file creations, renames or directory syncs; those belong to segment
 //! rotation inside the log. Barriers are counted in [`CommitCounters`].
 //!
-//! Every send is acknowledged only once its op is durable, whatever `storage.durability`
-//! says: acknowledging before the barrier needs a design over the replicated log that is not
-//! built yet (`docs/replication.md`), so `relaxed` behaves as `durable` for now.
+//! In `durable` mode a send is acknowledged only once its op is durable. In `relaxed` mode
+//! the op is acknowledged once written to the journal; a flush on a timer
+//! (`partition::flush_relaxed`) makes it durable (see `cairn_storage::journal`, "Relaxed
+//! mode", for what a crash keeps and why no offset is handed out twice).
 //!
 //! Failures (durability contract, guarantees 8 and 12):
 //! - A write that failed and was undone (e.g. the disk is full) refuses every send of the op
@@ -723,6 +724,7 @@ mod tests {
         LogParams {
             partition_id: IDS.partition_id,
             segment_size_bytes: 1 << 20,
+            relaxed: false,
             disk: Arc::new(FaultyDisk {
                 faults: faults.clone(),
             }),

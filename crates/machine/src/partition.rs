@@ -33,6 +33,7 @@
 //! | [`OPERATION_DELETE_OFFSET`] | owner | the same | `status u32` |
 //! | [`OPERATION_PURGE`] | `target u64` (the end offset to purge up to) | the same | `status u32` |
 //! | [`OPERATION_TRIM`] | `below_offset u64` | the same | `status u32` |
+//! | [`OPERATION_SKIP`] | `to_offset u64` | the same | `status u32` |
 //!
 //! An owner is `kind u8` (0 consumer id, 1 consumer name, 2 consumer group), then `id u32`,
 //! or for a name `len u8` (1..=255) and its UTF-8 bytes.
@@ -60,6 +61,11 @@ pub const OPERATION_DELETE_OFFSET: u8 = 3;
 pub const OPERATION_PURGE: u8 = 4;
 /// Retention: messages below an offset leave (the shell deletes the sealed segments).
 pub const OPERATION_TRIM: u8 = 5;
+/// Skip offsets: minting resumes at a target above the log's end (at most [`OFFSET_LIMIT`]).
+/// After an unclean stop in `relaxed` mode, offsets below the journal's durable reservation
+/// may have been acknowledged and then lost with unsynced data; none of them may be handed
+/// out again (durability contract, guarantee 2). A target at or below the end does nothing.
+pub const OPERATION_SKIP: u8 = 6;
 
 /// The reply status of an op that was applied.
 pub const STATUS_OK: u32 = 0;
@@ -226,6 +232,20 @@ pub fn encode_trim(below_offset: u64) -> Vec<u8> {
     below_offset.to_le_bytes().to_vec()
 }
 
+/// A skip request: minting resumes at `to_offset` if that is above the log's end.
+pub fn encode_skip(to_offset: u64) -> Vec<u8> {
+    to_offset.to_le_bytes().to_vec()
+}
+
+/// The offset a skip request or prepare names, if its body is one.
+pub fn skip_target(body: &[u8]) -> Option<u64> {
+    let mut reader = Reader::new(body);
+    reader
+        .u64()
+        .filter(|_| reader.is_empty())
+        .map(|to| to.min(OFFSET_LIMIT))
+}
+
 /// A purge request: messages below `target` (the end of the log when the purge was asked)
 /// leave.
 pub fn encode_purge(target: u64) -> Vec<u8> {
@@ -375,6 +395,12 @@ impl StateMachine for PartitionMachine {
         input: &Arc<[u8]>,
         cursor: u128,
     ) -> (Arc<[u8]>, u128) {
+        if operation == OPERATION_SKIP {
+            // Minting continues from the target; apply moves the committed end the same way.
+            let (next_offset, last_timestamp_us) = cursor_parts(cursor);
+            let next = skip_target(input).map_or(next_offset, |to| next_offset.max(to));
+            return (Arc::clone(input), self::cursor(next, last_timestamp_us));
+        }
         if operation != OPERATION_APPEND {
             return (Arc::clone(input), cursor);
         }
@@ -503,6 +529,13 @@ impl StateMachine for PartitionMachine {
                 };
                 // Never past the end, never back.
                 self.state.start_offset = self.state.start_offset.max(below.min(self.state.next_offset));
+                status_reply(STATUS_OK)
+            }
+            OPERATION_SKIP => {
+                let Some(to) = skip_target(input) else {
+                    return status_reply(codes::INVALID_FORMAT);
+                };
+                self.state.next_offset = self.state.next_offset.max(to);
                 status_reply(STATUS_OK)
             }
             _ => status_reply(codes::INVALID_COMMAND),
@@ -657,6 +690,41 @@ mod tests {
             (3, 7, 2_000)
         );
         assert_eq!(batch::compute_checksum(&prepared[16..]), stamped.batch_checksum);
+    }
+
+    #[test]
+    fn a_skip_moves_minting_forward_never_back() {
+        let mut machine = PartitionMachine::new(3);
+        let two = client_batch(2);
+        let (_, next) = append(&mut machine, 1, 0, &[&two]);
+        let skip = |machine: &mut PartitionMachine, op: u64, cursor: u128, to: u64| {
+            let request: Arc<[u8]> = Arc::from(encode_skip(to));
+            let (prepared, cursor) = machine.prepare(op, 0, OPERATION_SKIP, &request, cursor);
+            (
+                reply_status(&machine.apply(op, 0, OPERATION_SKIP, &prepared)),
+                cursor,
+            )
+        };
+        let (status, next) = skip(&mut machine, 2, next, 1_000);
+        assert_eq!(
+            (status, cursor_parts(next).0, machine.state().next_offset),
+            (STATUS_OK, 1_000, 1_000)
+        );
+        // The next append continues at the target; a skip back does nothing.
+        let (reply, next) = append(&mut machine, 3, next, &[&two]);
+        assert_eq!(decode_append_reply(&reply), Ok(vec![1_000]));
+        let (status, next) = skip(&mut machine, 4, next, 10);
+        assert_eq!(
+            (status, cursor_parts(next).0, machine.state().next_offset),
+            (STATUS_OK, 1_002, 1_002)
+        );
+        assert_eq!(machine.fault(), None);
+        // A malformed skip is refused and changes nothing.
+        assert_eq!(
+            reply_status(&machine.apply(5, 0, OPERATION_SKIP, &[1, 2, 3])),
+            codes::INVALID_FORMAT
+        );
+        assert_eq!(machine.state().next_offset, 1_002);
     }
 
     #[test]

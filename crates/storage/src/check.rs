@@ -863,6 +863,7 @@ fn plan_salvage(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<Salvag
         offset_reserved: u64::MAX,
         boot_floor: 0,
         clean_stop: false,
+        unsynced_acknowledged: false,
     };
     view.replaced.insert(
         STATE_FILE_NAME.to_string(),
@@ -970,6 +971,7 @@ fn plan_salvage(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<Salvag
         offset_reserved,
         boot_floor: old_state.map_or(0, |state| state.boot_floor),
         clean_stop: false,
+        unsynced_acknowledged: false,
     };
     new_state
         .check()

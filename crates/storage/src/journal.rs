@@ -52,6 +52,31 @@
 //! (and a segment it left empty removed), and the journal goes on; if that undo fails, or a
 //! barrier fails, the journal stops until it is reopened.
 //!
+//! # Relaxed mode (`JournalConfig::relaxed`)
+//!
+//! The caller acknowledges an op once it is written, before a barrier covers it (a flush on
+//! a timer calls `sync`). Two things keep the durability contract:
+//! - **Nothing acknowledged is dropped at a process crash.** Before the first such write the
+//!   state file says so (`unsynced_acknowledged`); an open that reads it keeps every *whole*
+//!   op above the frontier (its op record, then as many batch records as the op record
+//!   names, all verifying in the chain) and ends the log at the first record that is not
+//!   part of one: after a SIGKILL the page cache holds everything written; after a power
+//!   loss a torn tail is truncated as usual. So that the unsynced part is at most one
+//!   segment's tail and the next segment, sealing a segment publishes the frontier at its
+//!   end. The open then syncs what it kept and publishes the frontier above it.
+//! - **No offset is handed out twice.** Before a batch reaching past the durable offset
+//!   reservation is written, the reservation is raised by [`OFFSET_LEASE_MESSAGES`] (one
+//!   state-file barrier). An open reports the reservation it found above the log's end as
+//!   [`JournalLog::resume_offset`]: offsets below it may have been acknowledged and lost with
+//!   a power loss, so the caller's next op skips to it ([`JournalLog::write_skip_op`], an op
+//!   record whose base offset jumps, after which the segment is sealed: offsets stay
+//!   contiguous inside a segment). [`JournalLog::sync_for_stop`] collapses the reservation
+//!   to the log's end at a clean stop, so a clean restart leaves no gap.
+//!
+//! A cut lowers the frontier with `unsynced_acknowledged` cleared first (the ops it removes
+//! were never committed, so never acknowledged): a crash before its truncation is durable
+//! must not keep them.
+//!
 //! # Cutting back (a view change replaced a prepare)
 //!
 //! [`JournalLog::cut`] removes an op and everything after it. Order, so that a crash at any
@@ -80,6 +105,11 @@ use std::sync::{Arc, Mutex};
 /// larger op there is refused rather than written).
 pub const SEGMENT_BYTES_MAX: u64 = u32::MAX as u64 + 2 * (RECORD_HEADER_SIZE as u64 + BATCH_BYTES_MAX as u64);
 
+/// Offsets a `relaxed` journal reserves ahead of the batches it writes (see the module doc):
+/// one state-file barrier per this many messages, and at most this many offsets skipped
+/// beyond the last one handed out after an unclean stop.
+pub const OFFSET_LEASE_MESSAGES: u64 = 65_536;
+
 /// Name of the file that marks a journal log and says where it begins.
 pub const JOURNAL_START_FILE: &str = "journal.start";
 
@@ -87,6 +117,10 @@ pub const JOURNAL_START_FILE: &str = "journal.start";
 pub struct JournalConfig {
     /// A new segment is started at the first op boundary once the active one reaches this.
     pub segment_size_bytes: u64,
+    /// `relaxed` mode: the caller acknowledges ops before a barrier covers them (see the
+    /// module doc). An open keeps whole unsynced ops whenever the state file says they may
+    /// have been acknowledged, whatever this says now.
+    pub relaxed: bool,
 }
 
 /// Where one op's records lie, and the chain before them.
@@ -242,6 +276,9 @@ struct ListedRecord {
     is_batch: bool,
     message_count: u64,
     checksum: u64,
+    /// A batch's first offset; for an op record, the offset after it (above the chain's for
+    /// a skip).
+    base_offset: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -298,6 +335,16 @@ pub struct JournalLog {
     stopped: Option<String>,
     /// fdatasync calls [`JournalLog::sync`] issued (statistics).
     fdatasyncs: u64,
+    /// The durable offset reservation (last published or loaded): no batch reaching past it
+    /// is written in `relaxed` mode before it is raised. A durable journal keeps it at its
+    /// frontier (or the resume floor, until the log reaches it).
+    offset_reserved: u64,
+    /// What the state file says of the ops above the frontier: they may have been
+    /// acknowledged.
+    unsynced_acknowledged: bool,
+    /// The reservation an open found beyond the log's end (0 if none): the next offset
+    /// minted must not be below it (see [`JournalLog::resume_offset`]).
+    resume_floor: u64,
 }
 
 /// What [`JournalLog::inspect_on`] found, writing nothing.
@@ -309,8 +356,11 @@ pub struct JournalInspection {
     pub durable_op: u64,
     /// The offset after the last message kept.
     pub next_offset: u64,
-    /// Bytes an open would drop: everything above the frontier.
+    /// Bytes an open would drop: everything above the frontier it does not keep.
     pub bytes_above_frontier: u64,
+    /// Whole ops above the frontier an open would keep (they may have been acknowledged:
+    /// `relaxed` mode).
+    pub unsynced_ops_kept: u64,
     /// Segments below the start an open would remove (left by an interrupted removal of the
     /// oldest segments; their messages were already given up).
     pub segments_below_start: u32,
@@ -322,8 +372,17 @@ pub struct JournalRecovery {
     /// Bytes above the durable frontier that were dropped (never reported durable: an
     /// unsynced write, a partly written op, or what a cut had removed).
     pub dropped_bytes: u64,
-    /// The last op at or below the published frontier (`start.next_op - 1` if none).
+    /// The last op at or below the published frontier (`start.next_op - 1` if none), after
+    /// the open (which syncs what it kept above the frontier it found).
     pub durable_op: u64,
+    /// Whole ops above the frontier the open kept, because they may have been acknowledged
+    /// (`relaxed` mode), and their bytes.
+    pub unsynced_ops_kept: u64,
+    pub unsynced_bytes_kept: u64,
+    /// Whether the state file said ops above the frontier may have been acknowledged
+    /// (`relaxed` mode): then dropped bytes may have held acknowledged messages (lost with
+    /// unsynced data), whose offsets [`JournalLog::resume_offset`] keeps from being minted.
+    pub unsynced_may_be_acknowledged: bool,
 }
 
 impl JournalLog {
@@ -347,7 +406,11 @@ impl JournalLog {
         let segment = Segment { start, len_bytes: 0 };
         let active = disk.create_new(&segment.path(dir))?;
         let frontier = frontier_at(&segment, start);
-        let state = StateFile::create(disk.as_ref(), &dir.join(STATE_FILE_NAME), journal_state(frontier))?;
+        let state = StateFile::create(
+            disk.as_ref(),
+            &dir.join(STATE_FILE_NAME),
+            journal_state(frontier, start.next_offset, false),
+        )?;
         disk.sync_dir(dir)?;
         Ok(JournalLog {
             disk,
@@ -365,11 +428,15 @@ impl JournalLog {
             frontier,
             stopped: None,
             fdatasyncs: 0,
+            offset_reserved: start.next_offset,
+            unsynced_acknowledged: false,
+            resume_floor: 0,
         })
     }
 
     /// Open the journal in `dir`: verify everything below the durable frontier (damage there
-    /// is refused before a byte changes), drop everything above it, and index every op.
+    /// is refused before a byte changes), drop everything above it (but the whole ops that
+    /// may have been acknowledged, see the module doc), and index every op.
     pub fn open_on(
         disk: Arc<dyn Disk>,
         dir: &Path,
@@ -378,7 +445,6 @@ impl JournalLog {
     ) -> Result<(JournalLog, JournalRecovery), StorageError> {
         check_config(&config)?;
         let plan = plan_open(disk.as_ref(), dir, partition_id, true)?;
-        let frontier = plan.loaded.frontier;
         // Only now, with everything kept verified: finish a removal of the oldest segments
         // that a crash interrupted, and drop what lies above the frontier.
         for &first_op in &plan.below_start {
@@ -404,10 +470,10 @@ impl JournalLog {
         for name in &plan.summary_staging {
             summaries_removed |= disk.remove_file(&dir.join(name))?;
         }
-        let active_path = plan.segments.last().expect("the frontier's segment").path(dir);
-        let mut active = disk.open_write(&active_path)?;
-        if dropped_bytes > 0 {
-            active.set_len(frontier.segment_len_bytes)?;
+        let last_kept = *plan.segments.last().expect("the frontier's segment");
+        let mut active = disk.open_write(&last_kept.path(dir))?;
+        if plan.dropped_bytes > 0 {
+            active.set_len(last_kept.len_bytes)?;
             active.sync_data()?;
         }
         // Even an empty segment's removal is made durable: a stale segment coming back under a
@@ -416,13 +482,23 @@ impl JournalLog {
             disk.sync_dir(dir)?;
         }
         let state = StateFile::open(disk.as_ref(), &dir.join(STATE_FILE_NAME), plan.loaded)?;
-        let journal = JournalLog::from_plan(disk, dir, partition_id, config, plan, Some((active, state)));
+        let (unsynced_ops_kept, unsynced_bytes_kept) = (plan.unsynced_ops_kept, plan.unsynced_bytes_kept);
+        let unsynced_may_be_acknowledged = plan.loaded.unsynced_acknowledged;
+        let mut journal = JournalLog::from_plan(disk, dir, partition_id, config, plan, Some((active, state)));
+        if unsynced_ops_kept > 0 {
+            // What was kept is made durable and put below the frontier at once: from here on
+            // it is an ordinary part of the log.
+            journal.sync()?;
+        }
         let durable_op = journal.durable_op();
         Ok((
             journal,
             JournalRecovery {
                 dropped_bytes,
                 durable_op,
+                unsynced_ops_kept,
+                unsynced_bytes_kept,
+                unsynced_may_be_acknowledged,
             },
         ))
     }
@@ -470,6 +546,7 @@ impl JournalLog {
     ) -> JournalLog {
         let stopped = writable.is_none().then(|| "opened read-only".to_string());
         let (active, state) = writable.unzip();
+        let loaded = plan.loaded;
         let journal = JournalLog {
             disk,
             dir: dir.to_path_buf(),
@@ -483,12 +560,32 @@ impl JournalLog {
             batches: plan.batches,
             read_cache: Mutex::new(None),
             state,
-            frontier: plan.loaded.frontier,
+            frontier: loaded.frontier,
             stopped,
             fdatasyncs: 0,
+            offset_reserved: loaded.offset_reserved,
+            unsynced_acknowledged: loaded.unsynced_acknowledged,
+            // Only a reservation beyond what the log holds binds minting: one a `relaxed`
+            // journal took ahead (a durable one never reserves past its frontier).
+            resume_floor: if loaded.offset_reserved > plan.chain.next_offset {
+                loaded.offset_reserved
+            } else {
+                0
+            },
         };
         journal.check_invariants();
         journal
+    }
+
+    /// The segment being written: a caller may sync it on a handle of its own first, so the
+    /// bulk of a [`JournalLog::sync`] (the dirty pages) happens outside its own lock.
+    pub fn active_segment_path(&self) -> PathBuf {
+        self.segments.last().expect("one segment").path(&self.dir)
+    }
+
+    /// Whether it runs in `relaxed` mode (see the module doc).
+    pub fn relaxed(&self) -> bool {
+        self.config.relaxed
     }
 
     /// The op of the last record, or `start.next_op - 1` when the journal holds none.
@@ -510,6 +607,21 @@ impl JournalLog {
     /// The chain after the last record.
     pub fn chain(&self) -> Chain {
         self.chain
+    }
+
+    /// The durable offset reservation: in `relaxed` mode no batch reaching past it has been
+    /// written.
+    pub fn offset_reserved(&self) -> u64 {
+        self.offset_reserved
+    }
+
+    /// Where minting must resume, when that is above the log's end: the reservation the open
+    /// found. Offsets below it may have been acknowledged before an unclean stop (`relaxed`
+    /// mode) and lost with unsynced data, so none of them may be handed out again; the
+    /// caller's next op is a skip to it ([`JournalLog::write_skip_op`]). `None` once the log
+    /// reaches it (always after a clean stop).
+    pub fn resume_offset(&self) -> Option<u64> {
+        (self.resume_floor > self.chain.next_offset).then_some(self.resume_floor)
     }
 
     pub fn extent(&self, op: u64) -> Option<&OpExtent> {
@@ -663,6 +775,36 @@ impl JournalLog {
             .collect()
     }
 
+    /// The offset after the newest message, if the journal holds any.
+    pub fn messages_end(&self) -> Option<u64> {
+        self.batches.last().map(BatchEntry::end_offset)
+    }
+
+    /// Offsets at or above `from_offset` that hold no message because a skip passed them. A
+    /// skip seals its segment, so they lie at the ends of segments: between a segment's last
+    /// message and the next segment's (or the log's) start offset. Costs one lookup per
+    /// segment.
+    pub fn offsets_skipped_from(&self, from_offset: u64) -> u64 {
+        self.segments
+            .iter()
+            .enumerate()
+            .map(|(index, segment)| {
+                let end_offset = self
+                    .segments
+                    .get(index + 1)
+                    .map_or(self.chain.next_offset, |next| next.start.next_offset);
+                let messages_end = self
+                    .batches
+                    .partition_point(|entry| entry.base_offset < end_offset)
+                    .checked_sub(1)
+                    .map(|last| self.batches[last])
+                    .filter(|entry| entry.base_offset >= segment.start.next_offset)
+                    .map_or(segment.start.next_offset, |entry| entry.end_offset());
+                end_offset.saturating_sub(messages_end.max(from_offset))
+            })
+            .sum()
+    }
+
     /// Batch records in the journal.
     pub fn batch_count(&self) -> usize {
         self.batches.len()
@@ -749,6 +891,33 @@ impl JournalLog {
         op_payload: &[u8],
         batches: &[&[u8]],
     ) -> Result<(), StorageError> {
+        self.write_op_at(op, view, timestamp_us, op_payload, batches, None)
+    }
+
+    /// Write op `op` as [`JournalLog::write_op`] does an op without batches, its op record
+    /// skipping the offsets from the log's end to `to_offset` (the journal's deliberate gap:
+    /// see [`JournalLog::resume_offset`]). The segment is sealed after it, so the next batch
+    /// begins a segment.
+    pub fn write_skip_op(
+        &mut self,
+        op: u64,
+        view: u32,
+        timestamp_us: u64,
+        op_payload: &[u8],
+        to_offset: u64,
+    ) -> Result<(), StorageError> {
+        self.write_op_at(op, view, timestamp_us, op_payload, &[], Some(to_offset))
+    }
+
+    fn write_op_at(
+        &mut self,
+        op: u64,
+        view: u32,
+        timestamp_us: u64,
+        op_payload: &[u8],
+        batches: &[&[u8]],
+        skip_to: Option<u64>,
+    ) -> Result<(), StorageError> {
         self.check_not_stopped()?;
         if op < self.start.next_op || op > self.chain.next_op {
             return Err(StorageError::Invalid(format!(
@@ -761,6 +930,23 @@ impl JournalLog {
             self.cut(op)?;
         }
         debug_assert_eq!(op, self.chain.next_op);
+        if skip_to.is_none()
+            && !batches.is_empty()
+            && let Some(resume) = self.resume_offset()
+        {
+            return Err(StorageError::Invalid(format!(
+                "op {op} would mint offsets from {}, but minting resumes at {resume} (offsets below it may have been handed out before an unclean stop): skip to it first",
+                self.chain.next_offset
+            )));
+        }
+        if let Some(to_offset) = skip_to
+            && to_offset < self.chain.next_offset
+        {
+            return Err(StorageError::Invalid(format!(
+                "op {op} would skip back to offset {to_offset}, below the log's end at {}",
+                self.chain.next_offset
+            )));
+        }
         self.rotate_if_full()?;
         let segment_first_op = self.segments.last().expect("one segment").first_op();
         let position_bytes = self.segments.last().expect("one segment").len_bytes;
@@ -775,6 +961,26 @@ impl JournalLog {
                 "op {op} of {op_bytes} bytes would take segment {segment_first_op} past {SEGMENT_BYTES_MAX} bytes"
             )));
         }
+        let op_base_offset = skip_to.unwrap_or(self.chain.next_offset);
+        if self.config.relaxed {
+            // This op may be acknowledged before a barrier covers it: the state file must say
+            // so, and reserve every offset it hands out, first.
+            let messages: u64 = batches
+                .iter()
+                .map(|batch| batch::header(batch).map_or(0, |header| u64::from(header.message_count)))
+                .sum();
+            let end_offset = op_base_offset.saturating_add(messages);
+            if !self.unsynced_acknowledged || end_offset > self.offset_reserved {
+                let reserved = self
+                    .offset_reserved
+                    .max(end_offset.saturating_add(OFFSET_LEASE_MESSAGES));
+                let frontier = self.frontier;
+                if let Err(error) = self.publish_state(frontier, reserved, true) {
+                    self.stopped = Some(format!("publishing the offset reservation failed: {error}"));
+                    return Err(error);
+                }
+            }
+        }
         let chain_before = self.chain;
         let mut chain = self.chain;
         // The small parts (record headers, stamped batch headers) are built first; the
@@ -788,8 +994,8 @@ impl JournalLog {
             op,
             view,
             partition_id: self.partition_id,
-            base_offset: chain.next_offset,
-            message_count: 0,
+            base_offset: op_base_offset,
+            message_count: batches.len() as u32,
             batch_length_bytes: op_payload.len() as u32,
             timestamp_us,
         };
@@ -925,6 +1131,23 @@ impl JournalLog {
         Ok(self.last_op())
     }
 
+    /// [`JournalLog::sync`] at a clean stop, then the offset reservation collapsed to the
+    /// log's end (never below where an open said minting must resume): everything written is
+    /// durable, so a clean restart skips nothing. Returns the last op it covers.
+    pub fn sync_for_stop(&mut self) -> Result<u64, StorageError> {
+        let last_op = self.sync()?;
+        let collapsed = self.chain.next_offset.max(self.resume_floor);
+        if self.offset_reserved > collapsed {
+            let frontier = self.frontier;
+            let unsynced_acknowledged = self.unsynced_acknowledged;
+            if let Err(error) = self.publish_state(frontier, collapsed, unsynced_acknowledged) {
+                self.stopped = Some(format!("collapsing the offset reservation failed: {error}"));
+                return Err(error);
+            }
+        }
+        Ok(last_op)
+    }
+
     /// The sealed segments (every one but the active), oldest first, for a scrub.
     pub fn sealed_segments(&self) -> Vec<SealedSegment> {
         self.segments
@@ -993,9 +1216,15 @@ impl JournalLog {
             .partition_point(|entry| entry.base_offset < extent.chain_before.next_offset);
         self.batches.truncate(kept);
         self.forget_read_handle();
-        // 1. The frontier first, if the cut reaches below it.
-        if self.durable_op() >= extent.op {
-            self.publish(frontier_at(&cut_segment, extent.chain_before))?;
+        // 1. The frontier first, if the cut reaches below it; and in any case the state file
+        //    must stop saying that ops above the frontier may be acknowledged (the cut ones
+        //    never were), so first everything below the cut is made durable.
+        if self.durable_op() >= extent.op || self.unsynced_acknowledged {
+            if self.durable_op() < extent.op {
+                self.active_file().sync_data()?;
+            }
+            let reserved = self.reservation_kept();
+            self.publish_state(frontier_at(&cut_segment, extent.chain_before), reserved, false)?;
         }
         // 2. Segments above the cut, newest first.
         let removed_any = segment_index + 1 < self.segments.len();
@@ -1198,18 +1427,34 @@ impl JournalLog {
 
     fn rotate_if_full(&mut self) -> Result<(), StorageError> {
         let active = *self.segments.last().expect("one segment");
-        if active.len_bytes < self.config.segment_size_bytes {
+        // A skip seals its segment, so that a segment's batches hold contiguous offsets.
+        let sealed_by_skip = self.ops.values().next_back().is_some_and(|last| {
+            last.segment_first_op == active.first_op()
+                && last.batch_count == 0
+                && last.chain_before.next_offset < self.chain.next_offset
+        });
+        if active.len_bytes < self.config.segment_size_bytes && !sealed_by_skip {
             return Ok(());
         }
         debug_assert!(
             self.chain.next_op > active.first_op(),
             "a full segment holds an op"
         );
-        // Seal the full segment, then start the next one at the chain's next offset.
+        // Seal the full segment and publish the frontier at its end (so that what lies above
+        // the frontier is never more than the next segment), then start the next one at the
+        // chain's next offset.
         if let Err(error) = self.active_file().sync_data() {
             self.stopped = Some(format!("sealing a segment failed: {error}"));
             return Err(error);
         }
+        self.fdatasyncs += 1;
+        if let Err(error) = self.publish(frontier_at(&active, self.chain)) {
+            self.stopped = Some(format!(
+                "publishing the frontier of a sealed segment failed: {error}"
+            ));
+            return Err(error);
+        }
+        self.fdatasyncs += 1;
         self.write_summary_of_active();
         let segment = Segment {
             start: self.chain,
@@ -1236,13 +1481,39 @@ impl JournalLog {
         }
     }
 
-    /// Publish `frontier` in the state file.
+    /// Publish `frontier` in the state file, with the reservation kept (at least the
+    /// frontier's offset) and, in `relaxed` mode, saying that ops above it may be
+    /// acknowledged.
     fn publish(&mut self, frontier: Frontier) -> Result<(), StorageError> {
+        let reserved = self.reservation_kept();
+        self.publish_state(frontier, reserved, self.config.relaxed)
+    }
+
+    /// The reservation a publish keeps (`publish_state` raises it to the frontier): a
+    /// `relaxed` journal never lowers it but at a clean stop; a durable one needs none beyond
+    /// its frontier, but keeps a resume floor an open found until the log reaches it.
+    fn reservation_kept(&self) -> u64 {
+        if self.config.relaxed {
+            self.offset_reserved
+        } else {
+            self.resume_floor
+        }
+    }
+
+    fn publish_state(
+        &mut self,
+        frontier: Frontier,
+        offset_reserved: u64,
+        unsynced_acknowledged: bool,
+    ) -> Result<(), StorageError> {
+        let offset_reserved = offset_reserved.max(frontier.chain.next_offset);
         self.state
             .as_mut()
             .expect("a journal that is not stopped was opened for writing")
-            .publish(journal_state(frontier))?;
+            .publish(journal_state(frontier, offset_reserved, unsynced_acknowledged))?;
         self.frontier = frontier;
+        self.offset_reserved = offset_reserved;
+        self.unsynced_acknowledged = unsynced_acknowledged;
         Ok(())
     }
 
@@ -1293,16 +1564,24 @@ impl JournalLog {
                 .is_none_or(|&last| last + 1 == self.chain.next_op)
         );
         debug_assert!(self.durable_op() <= self.last_op());
+        // Batches are in offset order, never overlapping, within the journal's offsets (a
+        // skip leaves offsets no batch holds).
         debug_assert!(
             self.batches
                 .first()
-                .is_none_or(|first| first.base_offset == self.start.next_offset)
+                .is_none_or(|first| first.base_offset >= self.start.next_offset)
+        );
+        debug_assert!(
+            self.batches
+                .windows(2)
+                .all(|pair| pair[0].end_offset() <= pair[1].base_offset)
         );
         debug_assert!(
             self.batches
                 .last()
-                .is_none_or(|last| last.end_offset() == self.chain.next_offset)
+                .is_none_or(|last| last.end_offset() <= self.chain.next_offset)
         );
+        debug_assert!(self.frontier.chain.next_offset <= self.offset_reserved);
     }
 }
 
@@ -1320,6 +1599,9 @@ struct OpenPlan {
     above: Vec<(u64, u64)>,
     /// Segments below the journal's start (by first op): a removal's leftovers, removed.
     below_start: Vec<u64>,
+    /// Whole ops above the frontier kept (they may have been acknowledged), and their bytes.
+    unsynced_ops_kept: u64,
+    unsynced_bytes_kept: u64,
     /// Bytes above the frontier in the segment that holds it: dropped.
     dropped_bytes: u64,
     /// Segments that have a summary (by first op), and summaries a crash left half-written.
@@ -1539,6 +1821,7 @@ fn plan_open(
                 is_batch: true,
                 message_count: u64::from(r.message_count),
                 checksum: r.checksum,
+                base_offset: r.base_offset,
             })
             .chain(scanned.op_records.iter().map(|r| ListedRecord {
                 position_bytes: r.position_bytes,
@@ -1549,80 +1832,11 @@ fn plan_open(
                 is_batch: false,
                 message_count: 0,
                 checksum: r.checksum,
+                base_offset: r.base_offset,
             }))
             .collect();
         listed.sort_unstable_by_key(|record| record.position_bytes);
-        let mut walk = chain;
-        for ListedRecord {
-            position_bytes,
-            op,
-            size_bytes,
-            view,
-            timestamp_us,
-            is_batch,
-            message_count,
-            checksum,
-        } in listed
-        {
-            match ops.get_mut(&op) {
-                Some(extent) if is_batch => {
-                    // The op's next batch (the scan's op rule keeps batches after their
-                    // op record; rotation never splits an op).
-                    if extent.segment_first_op != first_op {
-                        return Err(damaged(
-                            path,
-                            position_bytes,
-                            format!("op {op} continues from an earlier segment"),
-                        ));
-                    }
-                    extent.len_bytes += size_bytes;
-                    extent.message_count += message_count;
-                    extent.batch_count += 1;
-                    let timestamp_us = batches
-                        .last()
-                        .map_or(timestamp_us, |last| timestamp_us.max(last.timestamp_us));
-                    batches.push(BatchEntry {
-                        base_offset: walk.next_offset,
-                        position_bytes,
-                        len_bytes: u32::try_from(size_bytes).map_err(|_| {
-                            damaged(path.clone(), position_bytes, "a batch record past 4 GiB".into())
-                        })?,
-                        message_count: u32::try_from(message_count).expect("a record's count is a u32"),
-                        timestamp_us,
-                    });
-                }
-                Some(_) => unreachable!("the scan's op rule starts every op with one op record"),
-                None => {
-                    if is_batch {
-                        return Err(damaged(
-                            path,
-                            position_bytes,
-                            format!("op {op} begins with a batch, not its op record"),
-                        ));
-                    }
-                    ops.insert(
-                        op,
-                        OpExtent {
-                            op,
-                            view,
-                            timestamp_us,
-                            batch_count: 0,
-                            segment_first_op: first_op,
-                            position_bytes,
-                            len_bytes: size_bytes,
-                            chain_before: Chain { next_op: op, ..walk },
-                            message_count,
-                        },
-                    );
-                }
-            }
-            walk = Chain {
-                partition_id,
-                next_offset: walk.next_offset + message_count,
-                parent_checksum: checksum,
-                next_op: op + 1,
-            };
-        }
+        let walk = index_records(listed, first_op, &path, chain, &mut ops, &mut batches)?;
         debug_assert_eq!(walk, scanned.end);
         chain = scanned.end;
         segments.push(Segment {
@@ -1636,6 +1850,63 @@ fn plan_open(
             frontier.segment_len_bytes,
             "the log below the frontier does not end with the frontier's chain".into(),
         ));
+    }
+    // Above the frontier: the whole ops are kept when they may have been acknowledged
+    // (`relaxed` mode), first in the frontier's segment, then, if that one ends with a whole
+    // op, in the segment after it (sealing a segment publishes the frontier at its end, so
+    // nothing further can hold an acknowledged op).
+    let mut above = above;
+    let mut unsynced_ops_kept = 0u64;
+    let mut unsynced_bytes_kept = 0u64;
+    if loaded.unsynced_acknowledged {
+        let mut segment = *segments.last().expect("the frontier's segment");
+        let mut len = disk.file_len(&segment.path(dir))?.unwrap_or(0);
+        loop {
+            let path = segment.path(dir);
+            let (listed, end, end_chain) = scan_whole_ops(disk, &path, segment.len_bytes, len, chain)?;
+            let kept_bytes = end - segment.len_bytes;
+            if kept_bytes > 0 {
+                if segment.len_bytes == 0
+                    && segments.last().map(Segment::first_op) != Some(segment.first_op())
+                {
+                    // The segment after the frontier's holds kept ops: it is the journal's
+                    // now (named for the chain's next op, checked below).
+                    above.retain(|&first_op| first_op != segment.first_op());
+                    dropped_bytes += len;
+                    segments.push(segment);
+                }
+                unsynced_ops_kept += listed.iter().filter(|record| !record.is_batch).count() as u64;
+                unsynced_bytes_kept += kept_bytes;
+                dropped_bytes -= kept_bytes;
+                let walk = index_records(listed, segment.first_op(), &path, chain, &mut ops, &mut batches)?;
+                debug_assert_eq!(walk, end_chain);
+                chain = end_chain;
+                segments.last_mut().expect("a kept segment").len_bytes = end;
+            }
+            // The next segment continues only one kept to its end, and must be named for the
+            // chain's next op.
+            if end < len || kept_bytes == 0 && segment.len_bytes == 0 {
+                break;
+            }
+            let Some(&next_first_op) = above.first() else {
+                break;
+            };
+            if next_first_op != chain.next_op {
+                break;
+            }
+            let next_len = disk
+                .file_len(&dir.join(segment_log_name(next_first_op)))?
+                .unwrap_or(0);
+            if next_len > SEGMENT_BYTES_MAX {
+                break;
+            }
+            segment = Segment {
+                start: chain,
+                len_bytes: 0,
+            };
+            debug_assert_eq!(segment.first_op(), next_first_op);
+            len = next_len;
+        }
     }
     let mut above_lens = Vec::with_capacity(above.len());
     for first_op in above {
@@ -1653,11 +1924,185 @@ fn plan_open(
         chain,
         above: above_lens,
         below_start,
+        unsynced_ops_kept,
+        unsynced_bytes_kept,
         dropped_bytes,
         summaries,
         adopted,
         summary_staging,
     })
+}
+
+/// Index the verified records of segment `first_op` (at `path`), in log order, continuing
+/// `chain`: each op record begins an op in `ops`, each batch record extends its op and is
+/// added to `batches`. Returns the chain after them.
+fn index_records(
+    listed: Vec<ListedRecord>,
+    first_op: u64,
+    path: &Path,
+    chain: Chain,
+    ops: &mut BTreeMap<u64, OpExtent>,
+    batches: &mut Vec<BatchEntry>,
+) -> Result<Chain, StorageError> {
+    let damaged = |position: u64, reason: String| StorageError::Damaged {
+        path: path.to_path_buf(),
+        position,
+        reason,
+    };
+    let mut walk = chain;
+    for ListedRecord {
+        position_bytes,
+        op,
+        size_bytes,
+        view,
+        timestamp_us,
+        is_batch,
+        message_count,
+        checksum,
+        base_offset,
+    } in listed
+    {
+        match ops.get_mut(&op) {
+            Some(extent) if is_batch => {
+                // The op's next batch (the scan's op rule keeps batches after their op
+                // record; rotation never splits an op).
+                if extent.segment_first_op != first_op {
+                    return Err(damaged(
+                        position_bytes,
+                        format!("op {op} continues from an earlier segment"),
+                    ));
+                }
+                extent.len_bytes += size_bytes;
+                extent.message_count += message_count;
+                extent.batch_count += 1;
+                let timestamp_us = batches
+                    .last()
+                    .map_or(timestamp_us, |last| timestamp_us.max(last.timestamp_us));
+                batches.push(BatchEntry {
+                    base_offset: walk.next_offset,
+                    position_bytes,
+                    len_bytes: u32::try_from(size_bytes)
+                        .map_err(|_| damaged(position_bytes, "a batch record past 4 GiB".into()))?,
+                    message_count: u32::try_from(message_count).expect("a record's count is a u32"),
+                    timestamp_us,
+                });
+            }
+            Some(_) => {
+                return Err(damaged(position_bytes, format!("a second op record of op {op}")));
+            }
+            None => {
+                if is_batch {
+                    return Err(damaged(
+                        position_bytes,
+                        format!("op {op} begins with a batch, not its op record"),
+                    ));
+                }
+                ops.insert(
+                    op,
+                    OpExtent {
+                        op,
+                        view,
+                        timestamp_us,
+                        batch_count: 0,
+                        segment_first_op: first_op,
+                        position_bytes,
+                        len_bytes: size_bytes,
+                        chain_before: Chain { next_op: op, ..walk },
+                        message_count: 0,
+                    },
+                );
+            }
+        }
+        debug_assert!(base_offset >= walk.next_offset);
+        walk = Chain {
+            partition_id: walk.partition_id,
+            next_offset: if is_batch {
+                walk.next_offset + message_count
+            } else {
+                base_offset
+            },
+            parent_checksum: checksum,
+            next_op: op + 1,
+        };
+    }
+    Ok(walk)
+}
+
+/// The whole ops in bytes `from..len` of the segment at `path`, continuing `chain`: each
+/// an op record, then as many batch records of its op as the op record names, every record
+/// verifying in the chain. Stops before the first record that does not, or the first op not
+/// whole: what follows was never covered by a barrier, so it is a torn tail. Records are read
+/// one at a time (each bounded before it is read), so memory stays at one record.
+fn scan_whole_ops(
+    disk: &dyn Disk,
+    path: &Path,
+    from: u64,
+    len: u64,
+    chain: Chain,
+) -> Result<(Vec<ListedRecord>, u64, Chain), StorageError> {
+    let mut kept: Vec<ListedRecord> = Vec::new();
+    let mut kept_end = from;
+    let mut kept_chain = chain;
+    if from >= len {
+        return Ok((kept, kept_end, kept_chain));
+    }
+    let file = disk.open_read(path)?;
+    let mut position = from;
+    let mut walk = chain;
+    let mut op_records: Vec<ListedRecord> = Vec::new();
+    let mut batches_left = 0u32;
+    let mut head = [0u8; RECORD_HEADER_SIZE];
+    let mut record = Vec::new();
+    while position + RECORD_HEADER_SIZE as u64 <= len {
+        file.read_exact_at(position, &mut head)?;
+        let Ok(header) = record::decode(&head) else {
+            break;
+        };
+        let size = header.record_size_bytes();
+        if size > len - position || size > RECORD_HEADER_SIZE as u64 + u64::from(BATCH_BYTES_MAX) {
+            break;
+        }
+        record.resize(size as usize, 0);
+        file.read_exact_at(position, &mut record)?;
+        let Ok(header) = record::verify_with(&record, &walk, OpRule::PerPrepare) else {
+            break;
+        };
+        let is_batch = header.kind == RecordKind::Batch;
+        // An op record while a batch is owed, a batch no op record announced, or a gap
+        // record (a journal holds none): not a whole op.
+        if is_batch != (batches_left > 0) || (!is_batch && header.kind != RecordKind::Op) {
+            break;
+        }
+        if is_batch {
+            batches_left -= 1;
+        } else {
+            batches_left = header.message_count;
+        }
+        op_records.push(ListedRecord {
+            position_bytes: position,
+            op: header.op,
+            size_bytes: size,
+            view: header.view,
+            timestamp_us: header.timestamp_us,
+            is_batch,
+            message_count: if is_batch {
+                u64::from(header.message_count)
+            } else {
+                0
+            },
+            checksum: header.checksum,
+            base_offset: header.base_offset,
+        });
+        walk = walk.advance_by(&header, OpRule::PerPrepare);
+        position += size;
+        if batches_left == 0 {
+            // The op is whole: keep it.
+            kept.append(&mut op_records);
+            kept_end = position;
+            kept_chain = walk;
+        }
+    }
+    Ok((kept, kept_end, kept_chain))
 }
 
 // ---- sealed-segment summaries ----
@@ -1802,7 +2247,11 @@ impl SegmentSummary {
             next_offset = next_offset.checked_add(extent.message_count)?;
             ops.push(extent);
         }
-        if position != len_bytes || next_offset != end.next_offset {
+        // Offsets run on from op to op; only a skip (an op without batches, which seals its
+        // segment, so the last) may end the segment above where its messages end.
+        let skips_at_end = ops.last().is_some_and(|last| last.batch_count == 0);
+        let ends_at = |offset: u64| offset == end.next_offset || (skips_at_end && offset < end.next_offset);
+        if position != len_bytes || !ends_at(next_offset) {
             return None;
         }
         let mut batches: Vec<BatchEntry> = Vec::with_capacity(batch_count);
@@ -1830,7 +2279,7 @@ impl SegmentSummary {
             expected_offset = entry.base_offset.checked_add(u64::from(entry.message_count))?;
             batches.push(entry);
         }
-        (expected_offset == end.next_offset).then_some(SegmentSummary {
+        ends_at(expected_offset).then_some(SegmentSummary {
             start,
             end,
             len_bytes,
@@ -2013,6 +2462,7 @@ fn inspection_of(plan: &OpenPlan) -> JournalInspection {
         durable_op: plan.loaded.frontier.chain.next_op - 1,
         next_offset: plan.chain.next_offset,
         bytes_above_frontier: plan.dropped_bytes + plan.above.iter().map(|&(_, len)| len).sum::<u64>(),
+        unsynced_ops_kept: plan.unsynced_ops_kept,
         segments_below_start: u32::try_from(plan.below_start.len()).unwrap_or(u32::MAX),
     }
 }
@@ -2076,15 +2526,17 @@ fn frontier_at(segment: &Segment, chain: Chain) -> Frontier {
     }
 }
 
-/// A journal's state: its frontier, with the reservation at the frontier (a journal mints
-/// no offsets; the core's ops do).
-fn journal_state(frontier: Frontier) -> PartitionState {
+/// A journal's state: its frontier, its offset reservation (the frontier's offset unless a
+/// `relaxed` journal reserved ahead) and whether ops above the frontier may be acknowledged.
+fn journal_state(frontier: Frontier, offset_reserved: u64, unsynced_acknowledged: bool) -> PartitionState {
+    debug_assert!(offset_reserved >= frontier.chain.next_offset);
     PartitionState {
         sequence: 1,
         frontier,
-        offset_reserved: frontier.chain.next_offset,
+        offset_reserved,
         boot_floor: 0,
         clean_stop: false,
+        unsynced_acknowledged,
     }
 }
 
@@ -2107,6 +2559,7 @@ mod tests {
             3,
             JournalConfig {
                 segment_size_bytes: 1 << 20,
+                relaxed: false,
             },
             genesis,
         )

@@ -55,14 +55,23 @@
 //!
 //! A partition group's segment log is its VSR journal ([`OpRule::PerPrepare`]): `op` is the
 //! VSR op of the prepare a record belongs to. Every op begins with one *op record*: `kind` =
-//! 3, `message_count` = 0, `base_offset` = the chain's next offset (it moves no offset),
-//! `timestamp_us` = the prepare's timestamp, and a payload the journal's writer defines (at
+//! 3, `message_count` = the number of batch records of its op that follow it (0 for an op
+//! that is not an append; 0 too in journals written before the count was recorded, which is
+//! why only an open that keeps unsynced ops relies on it), `base_offset` = the chain's next
+//! offset, or above it for an op that skips offsets (see below), `timestamp_us` = the
+//! prepare's timestamp, and a payload the journal's writer defines (at
 //! most [`BATCH_BYTES_MAX`] bytes; the partition shell puts the prepare's VSR header there,
 //! and the body of any op that is not an append). An append's batches follow it as batch
 //! records with the same op. The op rule becomes: an op record carries the chain's next op (a
 //! new prepare), a batch record the op of the record before it. Polls and the index skip op
 //! records. A record log ([`OpRule::PerRecord`], every log written before replication) holds
 //! no op records: one there is damage.
+//!
+//! An op record whose `base_offset` lies above the chain's next offset *skips* the offsets
+//! between: the journal's deliberate gap (after an unclean stop in `relaxed` mode, minting
+//! resumes at the durable reservation, guarantees 2 and 5). It is chained and verified like
+//! any record, so an intended gap is told from a lost record by the record that says so; the
+//! journal seals the segment after it, so the offsets of a segment's batches stay contiguous.
 //!
 //! # Scan classification
 //!
@@ -374,10 +383,10 @@ impl Chain {
                 debug_assert_eq!(header.message_count, 0);
                 header.base_offset
             }
+            // An op record moves no offset, or skips to its base offset.
             RecordKind::Op => {
-                debug_assert_eq!(header.base_offset, self.next_offset);
-                debug_assert_eq!(header.message_count, 0);
-                self.next_offset
+                debug_assert!(header.base_offset >= self.next_offset);
+                header.base_offset
             }
         };
         let next_op = match rule {
@@ -563,6 +572,10 @@ pub struct ScannedOpRecord {
     pub size_bytes: u64,
     /// The record's checksum: the next record's parent.
     pub checksum: u64,
+    /// The offset after it: the chain's next offset, or above it for a skip.
+    pub base_offset: u64,
+    /// Batch records of its op that follow it (its `message_count`; see the module doc).
+    pub batch_count: u32,
 }
 
 /// The verified gap record that sealed the scanned segment, as found by [`scan`].
@@ -676,6 +689,8 @@ pub fn scan_with(bytes: &[u8], start: Chain, durable_len_bytes: u64, rule: OpRul
                         timestamp_us: header.timestamp_us,
                         size_bytes,
                         checksum: header.checksum,
+                        base_offset: header.base_offset,
+                        batch_count: header.message_count,
                     }),
                     RecordKind::Gap => {
                         gap = Some(ScannedGap {
@@ -793,11 +808,11 @@ fn verify_parent_and_op(header: &RecordHeader, chain: &Chain, rule: OpRule) -> R
 }
 
 /// The checks on a checksum-valid op record: chained like any record, in a journal log, at the
-/// chain's next offset and moving no offset.
+/// chain's next offset or above it (a skip).
 fn verify_op_record(header: &RecordHeader, chain: &Chain, rule: OpRule) -> Result<(), Fault> {
     debug_assert_eq!(header.kind, RecordKind::Op);
     verify_link(header, chain, rule)?;
-    if rule != OpRule::PerPrepare || header.message_count != 0 || header.base_offset != chain.next_offset {
+    if rule != OpRule::PerPrepare || header.base_offset < chain.next_offset {
         return Err(Fault::OpRecordMisplaced);
     }
     Ok(())
@@ -1016,8 +1031,8 @@ fn plausible_candidate(candidate: &[u8], chain: &Chain) -> Option<u64> {
     let header = decode(candidate).ok()?;
     let could_follow = match header.kind {
         RecordKind::Batch => header.message_count > 0,
-        // An op record moves no offset: one after a failure is damage as surely as a batch.
-        RecordKind::Op => header.message_count == 0,
+        // An op record after a failure is damage as surely as a batch.
+        RecordKind::Op => true,
         RecordKind::Gap => false,
     };
     if header.partition_id != chain.partition_id || header.base_offset < chain.next_offset || !could_follow {
@@ -1231,14 +1246,25 @@ mod tests {
             damaged(&|log, chain| push_journal(log, chain, RecordKind::Batch, 3, 1, &[])),
             "record op 3",
         );
-        // An op record that moves the offset.
+        // An op record that moves the offset back.
         let tail = damaged(&|log, chain| {
-            chain.next_offset += 1;
+            assert!(chain.next_offset > 0, "the sample holds batches");
+            chain.next_offset -= 1;
             push_journal(log, chain, RecordKind::Op, 5, 0, b"x")
         });
         assert!(
             matches!(tail, Tail::Damaged { ref reason, .. } if reason.contains("op record")),
             "{tail:?}"
+        );
+        // One that moves it forward is a skip: the chain continues from its base offset.
+        let (mut log, mut chain) = journal_sample();
+        chain.next_offset += 1_000;
+        push_journal(&mut log, &mut chain, RecordKind::Op, 5, 0, b"skip");
+        push_journal(&mut log, &mut chain, RecordKind::Op, 6, 0, b"after");
+        let scanned = scan_with(&log, Chain::genesis(7), 0, OpRule::PerPrepare);
+        assert_eq!(
+            (scanned.tail, scanned.end.next_offset),
+            (Tail::Clean, chain.next_offset)
         );
         // A batch continuing its op is fine.
         let (mut log, mut chain) = journal_sample();

@@ -339,6 +339,28 @@ impl SimDisk {
         state.stats.crash_count += 1;
     }
 
+    /// The process dies (SIGKILL) and the machine keeps running: the page cache survives, so
+    /// everything written (volatile) is what the next process reads, whatever was synced.
+    /// Every open handle dies; power stays on.
+    pub fn kill_process(&self) {
+        let mut state = self.lock();
+        let state = &mut *state;
+        state.journals.clear();
+        for inode in state.inodes.values_mut() {
+            inode.pending.clear();
+            inode.durable = inode.volatile.clone();
+        }
+        state.durable_namespace = state.namespace.clone();
+        let referenced: BTreeSet<u64> = state.namespace.values().copied().collect();
+        state.inodes.retain(|id, _| referenced.contains(id));
+        state.epoch += 1;
+        state.power_cut = false;
+        state.ops_until_power_cut = None;
+        state.sync_data_failures_left = 0;
+        state.write_failures_left = 0;
+        state.stats.crash_count += 1;
+    }
+
     /// The volatile contents of `path` (what a reader sees now), for tests.
     pub fn read_volatile(&self, path: &Path) -> Option<Vec<u8>> {
         let state = self.lock();

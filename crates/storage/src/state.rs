@@ -38,7 +38,7 @@
 //! | 8   | 8    | `checksum`                 | torn slot write, bit flips: XXH3-64 (seed 0) over bytes 16..128 |
 //! | 16  | 8    | `sequence`                 | which slot is newer; a misdirected write (`sequence % 2` must equal the slot index) |
 //! | 24  | 4    | `partition_id`             | a state file of another partition |
-//! | 28  | 4    | `flags` (bit 0 = clean stop) | whether the last stop collapsed the reservation; other bits must be zero |
+//! | 28  | 4    | `flags` (bit 0 = clean stop, bit 1 = unsynced acknowledged) | whether the last stop collapsed the reservation; whether ops above the frontier may have been acknowledged (a journal in `relaxed` mode: an open keeps the whole ones); other bits must be zero |
 //! | 32  | 8    | `frontier_segment_base`    | the segment holding the frontier |
 //! | 40  | 8    | `frontier_segment_len_bytes` | bytes of that segment's `.log` below the frontier (a record boundary) |
 //! | 48  | 8    | `frontier_next_offset`     | the next offset after the durable data |
@@ -87,6 +87,7 @@ const OFFSET_BOOT_FLOOR: usize = 80;
 const OFFSET_RESERVED_TAIL: usize = 88;
 const CHECKSUM_COVERAGE_START: usize = OFFSET_CHECKSUM + 8;
 const FLAG_CLEAN_STOP: u32 = 1;
+const FLAG_UNSYNCED_ACKNOWLEDGED: u32 = 2;
 
 const _: () = assert!(OFFSET_VERSION == OFFSET_MAGIC + 4);
 const _: () = assert!(OFFSET_RESERVED_HEADER == OFFSET_VERSION + 2);
@@ -145,6 +146,10 @@ pub struct PartitionState {
     pub boot_floor: u64,
     /// Whether the last stop was clean (the reservation was collapsed after a final commit).
     pub clean_stop: bool,
+    /// Whether what lies above the frontier may have been acknowledged before a barrier
+    /// covered it (a journal in `relaxed` mode): an open then keeps the whole, verified ops
+    /// there instead of dropping them. Never set by a record log.
+    pub unsynced_acknowledged: bool,
 }
 
 impl PartitionState {
@@ -156,6 +161,7 @@ impl PartitionState {
             offset_reserved: 0,
             boot_floor: 0,
             clean_stop: false,
+            unsynced_acknowledged: false,
         }
     }
 
@@ -203,7 +209,12 @@ pub fn encode_slot(state: &PartitionState) -> [u8; STATE_SLOT_SIZE] {
         OFFSET_PARTITION_ID,
         &state.frontier.chain.partition_id.to_le_bytes(),
     );
-    let flags = if state.clean_stop { FLAG_CLEAN_STOP } else { 0 };
+    let flags = if state.clean_stop { FLAG_CLEAN_STOP } else { 0 }
+        | if state.unsynced_acknowledged {
+            FLAG_UNSYNCED_ACKNOWLEDGED
+        } else {
+            0
+        };
     put(&mut bytes, OFFSET_FLAGS, &flags.to_le_bytes());
     let frontier = &state.frontier;
     put(
@@ -276,7 +287,7 @@ pub fn decode_slot(bytes: &[u8], slot_index: u64, partition_id: u32) -> Result<P
         ));
     }
     let flags = get_u32(bytes, OFFSET_FLAGS);
-    if flags & !FLAG_CLEAN_STOP != 0 {
+    if flags & !(FLAG_CLEAN_STOP | FLAG_UNSYNCED_ACKNOWLEDGED) != 0 {
         return Err(format!("unknown flags {flags:#x}"));
     }
     let state = PartitionState {
@@ -294,6 +305,7 @@ pub fn decode_slot(bytes: &[u8], slot_index: u64, partition_id: u32) -> Result<P
         offset_reserved: get_u64(bytes, OFFSET_OFFSET_RESERVED),
         boot_floor: get_u64(bytes, OFFSET_BOOT_FLOOR),
         clean_stop: flags & FLAG_CLEAN_STOP != 0,
+        unsynced_acknowledged: flags & FLAG_UNSYNCED_ACKNOWLEDGED != 0,
     };
     state.check()?;
     Ok(state)
@@ -455,6 +467,7 @@ mod tests {
             offset_reserved: 65_686,
             boot_floor: 120,
             clean_stop: sequence.is_multiple_of(3),
+            unsynced_acknowledged: sequence.is_multiple_of(2),
         }
     }
 

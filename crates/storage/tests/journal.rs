@@ -11,6 +11,13 @@
 //!   those apart by its own durable state);
 //! - the frontier never goes back behind what a `sync` covered.
 //!
+//! Half the seeds run the journal in `relaxed` mode (ops acknowledged before a barrier), and
+//! some crashes are a process kill (the page cache survives) rather than a power loss. Then
+//! also: after a kill every op written (and not cut) is there; after any crash no offset
+//! handed out since the last clean stop can be minted again (the log's end, or the offset the
+//! open says minting resumes at, is past all of them), and the test skips to that offset as
+//! the partition shell does. A clean stop (`sync_for_stop`) leaves no gap.
+//!
 //! Polls by offset and timestamp lookups are checked against the same model after every
 //! reopen and at random points between writes: exactly the messages of the ops there, with
 //! their stamped offsets and timestamps, whole batches below the end offset asked for.
@@ -41,6 +48,8 @@ struct Written {
     op_payload: Vec<u8>,
     /// Client batches (unstamped) of an append; none for another op.
     batches: Vec<Vec<u8>>,
+    /// A skip op: the offset minting resumes at.
+    skip_to: Option<u64>,
 }
 
 /// Whether what the journal read back is `written`: the same view and op record payload, and
@@ -86,6 +95,7 @@ fn random_written(rng: &mut SimRng, op: u64) -> Written {
         view,
         op_payload,
         batches,
+        skip_to: None,
     }
 }
 
@@ -101,11 +111,14 @@ struct ModelBatch {
 }
 
 /// The batches `current` (contiguous ops from the journal's first) hold, with the offsets the
-/// journal stamps from `first_offset` on.
-fn model_batches(current: &BTreeMap<u64, Written>, first_offset: u64) -> Vec<ModelBatch> {
+/// journal stamps from `first_offset` on, and the offset after them.
+fn model_batches(current: &BTreeMap<u64, Written>, first_offset: u64) -> (Vec<ModelBatch>, u64) {
     let mut next_offset = first_offset;
     let mut batches = Vec::new();
     for (&op, written) in current {
+        if let Some(skip_to) = written.skip_to {
+            next_offset = next_offset.max(skip_to);
+        }
         for client in &written.batches {
             let mut messages = decode_batches(client);
             for message in &mut messages {
@@ -119,7 +132,7 @@ fn model_batches(current: &BTreeMap<u64, Written>, first_offset: u64) -> Vec<Mod
             next_offset += messages.len() as u64;
         }
     }
-    batches
+    (batches, next_offset)
 }
 
 /// What a poll of `max` messages from `from`, seeing whole batches below `end`, returns.
@@ -158,12 +171,11 @@ fn poll(journal: &JournalLog, rng: &mut SimRng, from: u64, max: u32, end: u64) -
 fn check_reads(journal: &JournalLog, current: &BTreeMap<u64, Written>, rng: &mut SimRng, seed: u64) {
     let first_offset = journal.first_offset();
     let end_offset = journal.chain().next_offset;
-    let batches = model_batches(current, first_offset);
+    let (batches, model_end) = model_batches(current, first_offset);
     let all = model_poll(&batches, 0, u32::MAX, u64::MAX);
     assert_eq!(
-        first_offset + all.len() as u64,
-        end_offset,
-        "seed {seed}: offsets are contiguous"
+        model_end, end_offset,
+        "seed {seed}: offsets are contiguous but where a skip says otherwise"
     );
     assert_eq!(
         poll(journal, rng, 0, u32::MAX, u64::MAX),
@@ -221,6 +233,9 @@ fn check_reads(journal: &JournalLog, current: &BTreeMap<u64, Written>, rng: &mut
 }
 
 fn write(journal: &mut JournalLog, op: u64, written: &Written) -> Result<(), StorageError> {
+    if let Some(to_offset) = written.skip_to {
+        return journal.write_skip_op(op, written.view, timestamp_of(op), &written.op_payload, to_offset);
+    }
     let batches: Vec<&[u8]> = written.batches.iter().map(Vec::as_slice).collect();
     journal.write_op(op, written.view, timestamp_of(op), &written.op_payload, &batches)
 }
@@ -252,6 +267,22 @@ struct Sim {
     leftovers: u64,
     /// Failed writes the journal undid and went on from.
     undone_writes: u64,
+    /// The end of the offsets handed out since the last clean stop (`relaxed` mode: they may
+    /// have been acknowledged before a barrier), but those of ops a cut removed (never
+    /// committed, so never acknowledged: minting them again is allowed).
+    handed_out: u64,
+    /// `handed_out` at the last reopen: a cut reaches no op from before it.
+    handed_out_at_reopen: u64,
+    /// The first op a cut may reach (`relaxed` mode: ops written since the last reopen).
+    cut_floor_op: u64,
+    /// Reopens after a process kill rather than a power loss.
+    kills: u64,
+    /// Reopens that kept whole ops above the frontier.
+    kept_unsynced: u64,
+    /// Skips to the offset an open said minting resumes at.
+    skips: u64,
+    /// Clean stops (the reservation collapsed).
+    clean_stops: u64,
 }
 
 impl Sim {
@@ -259,6 +290,7 @@ impl Sim {
         let mut rng = SimRng::new(seed);
         let config = JournalConfig {
             segment_size_bytes: rng.range_inclusive(400, 3_000),
+            relaxed: rng.chance(1, 2),
         };
         let disk = SimDisk::new();
         let dir = PathBuf::from("/sim/journal/9");
@@ -288,6 +320,13 @@ impl Sim {
             removals: 0,
             leftovers: 0,
             undone_writes: 0,
+            handed_out: 0,
+            handed_out_at_reopen: 0,
+            cut_floor_op: 0,
+            kills: 0,
+            kept_unsynced: 0,
+            skips: 0,
+            clean_stops: 0,
         }
     }
 
@@ -335,8 +374,12 @@ impl Sim {
     }
 
     fn step(&mut self) -> Result<(), StorageError> {
+        self.skip_if_needed()?;
         let last = self.journal().last_op();
-        let first = self.journal().first_op();
+        // A cut removes uncommitted ops only. In `relaxed` mode an op may be acknowledged
+        // (so committed) once written; the test lets a cut reach only ops written since the
+        // last reopen, which it then counts as never acknowledged.
+        let first = self.journal().first_op().max(self.cut_floor_op);
         match self.rng.below(10) {
             0..=5 => self.write_new(last + 1),
             6 if last >= first => {
@@ -349,6 +392,7 @@ impl Sim {
                 self.journal().cut(op)
             }
             8 if self.rng.chance(1, 2) => self.remove_oldest(),
+            8 => self.clean_stop(),
             _ => {
                 let synced = self.journal().sync()?;
                 assert_eq!(synced, last, "seed {}: sync covers every op written", self.seed);
@@ -365,8 +409,45 @@ impl Sim {
         let result = write(self.journal(), op, &written);
         if result.is_ok() {
             self.current.insert(op, written);
+            self.handed_out = self.handed_out.max(self.journal().chain().next_offset);
         }
         result
+    }
+
+    /// A clean stop: everything synced and the reservation collapsed; the next open (after
+    /// the process exits) skips nothing.
+    fn clean_stop(&mut self) -> Result<(), StorageError> {
+        self.skip_if_needed()?;
+        let synced = self.journal().sync_for_stop()?;
+        self.guaranteed = synced;
+        let end = self.journal().chain().next_offset;
+        self.journal = None;
+        self.disk.cancel_power_cut();
+        self.power_cut_armed = false;
+        self.disk.kill_process();
+        let seed = self.seed;
+        let (journal, recovery) =
+            JournalLog::open_on(Arc::new(self.disk.clone()), &self.dir, PARTITION, self.config)
+                .unwrap_or_else(|error| {
+                    panic!("seed {seed}: a clean stop left a journal that does not open: {error}")
+                });
+        assert_eq!(
+            (
+                journal.chain().next_offset,
+                journal.resume_offset(),
+                recovery.dropped_bytes
+            ),
+            (end, None, 0),
+            "seed {seed}: a clean stop leaves the log whole and no gap"
+        );
+        self.handed_out = end;
+        self.handed_out_at_reopen = end;
+        if self.config.relaxed {
+            self.cut_floor_op = journal.last_op() + 1;
+        }
+        self.clean_stops += 1;
+        self.journal = Some(journal);
+        Ok(())
     }
 
     /// Remove the oldest segments below a random op and offset, and check what went.
@@ -425,6 +506,12 @@ impl Sim {
     fn forget_from(&mut self, first: u64, last: u64) -> u64 {
         let op = self.rng.range_inclusive(first.max(last.saturating_sub(6)), last);
         self.guaranteed = self.guaranteed.min(op - 1);
+        let handed_out = self.handed_out;
+        let end_before = self
+            .journal()
+            .extent(op)
+            .map_or(handed_out, |extent| extent.chain_before.next_offset);
+        self.handed_out = self.handed_out_at_reopen.max(end_before);
         self.current.split_off(&op);
         self.cuts += 1;
         op
@@ -434,7 +521,23 @@ impl Sim {
         self.journal = None;
         self.disk.cancel_power_cut();
         self.power_cut_armed = false;
-        self.disk.crash(self.rng.next_u64());
+        let killed = self.rng.chance(1, 3);
+        if killed {
+            // SIGKILL: the page cache keeps every write; in `relaxed` mode every op written
+            // may have been acknowledged, so every one must come back.
+            self.disk.kill_process();
+            self.kills += 1;
+            if self.config.relaxed {
+                self.guaranteed = self
+                    .current
+                    .keys()
+                    .next_back()
+                    .copied()
+                    .unwrap_or(self.guaranteed);
+            }
+        } else {
+            self.disk.crash(self.rng.next_u64());
+        }
         self.crashes += 1;
         let seed = self.seed;
         // The read-only inspection sees what the open then does, and changes nothing.
@@ -462,12 +565,41 @@ impl Sim {
         assert_eq!(
             (
                 inspection.bytes_above_frontier,
-                inspection.durable_op,
+                inspection.unsynced_ops_kept,
                 inspection.last_op
             ),
-            (recovery.dropped_bytes, recovery.durable_op, journal.last_op()),
+            (
+                recovery.dropped_bytes,
+                recovery.unsynced_ops_kept,
+                journal.last_op()
+            ),
             "seed {seed}: the inspection and the open disagree"
         );
+        // What the open kept above the frontier it made durable.
+        let expected_durable = if recovery.unsynced_ops_kept > 0 {
+            journal.last_op()
+        } else {
+            inspection.durable_op
+        };
+        assert_eq!(recovery.durable_op, expected_durable, "seed {seed}");
+        assert!(
+            self.config.relaxed || recovery.unsynced_ops_kept == 0,
+            "seed {seed}: a durable journal kept unsynced ops"
+        );
+        self.kept_unsynced += u64::from(recovery.unsynced_ops_kept > 0);
+        // No offset handed out can be minted again: the log holds it, or minting resumes
+        // past it. A durable journal hands nothing out before a barrier and never skips.
+        let resume = journal.resume_offset();
+        if self.config.relaxed {
+            let minting_resumes_at = resume.unwrap_or(journal.chain().next_offset);
+            assert!(
+                minting_resumes_at >= self.handed_out,
+                "seed {seed}: offsets up to {} were handed out, minting would resume at {minting_resumes_at}",
+                self.handed_out
+            );
+        } else {
+            assert_eq!(resume, None, "seed {seed}: a durable journal asked for a skip");
+        }
         assert_eq!(inspection.next_offset, journal.chain().next_offset);
         assert!(
             recovery.durable_op >= self.guaranteed,
@@ -531,9 +663,35 @@ impl Sim {
         );
         check_reads(&read_only, &self.current, &mut self.rng, seed);
         self.guaranteed = recovery.durable_op;
+        self.handed_out_at_reopen = self.handed_out;
+        if self.config.relaxed {
+            self.cut_floor_op = journal.last_op() + 1;
+        }
         self.drops += u64::from(recovery.dropped_bytes > 0);
         check_reads(&journal, &self.current, &mut self.rng, seed);
         self.journal = Some(journal);
+    }
+
+    /// As the partition shell does: while an open says minting resumes above the log's end,
+    /// the next op is a skip to it.
+    fn skip_if_needed(&mut self) -> Result<(), StorageError> {
+        let Some(to_offset) = self.journal().resume_offset() else {
+            return Ok(());
+        };
+        let op = self.journal().last_op() + 1;
+        let skip = Written {
+            view: 0,
+            op_payload: format!("skip to {to_offset}").into_bytes(),
+            batches: Vec::new(),
+            skip_to: Some(to_offset),
+        };
+        self.ever.entry(op).or_default().push(skip.clone());
+        write(self.journal(), op, &skip)?;
+        self.current.insert(op, skip);
+        self.skips += 1;
+        assert_eq!(self.journal().chain().next_offset, to_offset);
+        assert_eq!(self.journal().resume_offset(), None);
+        Ok(())
     }
 }
 
@@ -550,6 +708,7 @@ fn seeds() -> Vec<u64> {
 fn synced_ops_survive_power_losses_cuts_and_rewrites() {
     let (mut crashes, mut cuts, mut ops, mut drops, mut removals, mut leftovers, mut undone) =
         (0, 0, 0, 0, 0, 0, 0);
+    let (mut kills, mut kept_unsynced, mut skips, mut clean_stops) = (0, 0, 0, 0);
     for seed in seeds() {
         let mut sim = Sim::new(seed);
         sim.run(120);
@@ -560,6 +719,10 @@ fn synced_ops_survive_power_losses_cuts_and_rewrites() {
         removals += sim.removals;
         leftovers += sim.leftovers;
         undone += sim.undone_writes;
+        kills += sim.kills;
+        kept_unsynced += sim.kept_unsynced;
+        skips += sim.skips;
+        clean_stops += sim.clean_stops;
     }
     // The workload reaches what it claims to test.
     if seeds().len() >= 100 {
@@ -573,6 +736,10 @@ fn synced_ops_survive_power_losses_cuts_and_rewrites() {
                 && undone > 500,
             "crashes {crashes}, cuts {cuts}, ops {ops}, reopens that dropped unsynced bytes {drops}, removals {removals}, reopens finishing a removal {leftovers}, undone writes {undone}"
         );
+        assert!(
+            kills > 300 && kept_unsynced > 300 && skips > 300 && clean_stops > 300,
+            "process kills {kills}, reopens keeping unsynced ops {kept_unsynced}, skips {skips}, clean stops {clean_stops}"
+        );
     }
 }
 
@@ -584,7 +751,10 @@ fn created(segment_size_bytes: u64) -> (SimDisk, PathBuf, JournalLog) {
         Arc::new(disk.clone()),
         &dir,
         PARTITION,
-        JournalConfig { segment_size_bytes },
+        JournalConfig {
+            segment_size_bytes,
+            relaxed: false,
+        },
         Chain::genesis(PARTITION),
     )
     .expect("create");
@@ -598,6 +768,7 @@ fn open(disk: &SimDisk, dir: &Path) -> Result<JournalLog, StorageError> {
         PARTITION,
         JournalConfig {
             segment_size_bytes: 600,
+            relaxed: false,
         },
     )
     .map(|(journal, _)| journal)
@@ -752,6 +923,7 @@ fn polls_on_real_files_serve_the_rewritten_batches_after_a_cut() {
         PARTITION,
         JournalConfig {
             segment_size_bytes: 1_000,
+            relaxed: false,
         },
         Chain::genesis(PARTITION),
     )

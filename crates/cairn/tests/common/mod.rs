@@ -1703,10 +1703,12 @@ pub fn last_segment_log(partition_dir: &Path) -> PathBuf {
 /// Walk every segment of a partition's journal and assert the chain the format promises: no
 /// segment file outside the journal directory; the files hold only whole records; each
 /// segment is named by its first record's op, which is an op record; ops count up by one,
-/// each op record followed by the batch records of the same op; offsets are contiguous (an
-/// op record holds the chain's next offset, a batch continues it, no gap record exists);
-/// parent checksums chain across every record and segment. Returns the next offset after
-/// the last record.
+/// each op record followed by exactly as many batch records of the same op as it names (its
+/// `message_count`), never split across segments; offsets are contiguous (an op record holds
+/// the chain's next offset, a batch continues it, no gap record exists), but for a skip: an
+/// op record without batches whose base offset lies above, which ends its segment; parent
+/// checksums chain across every record and segment. Returns the next offset after the last
+/// record.
 #[track_caller]
 pub fn assert_segment_chain(partition_dir: &Path) -> u64 {
     let stray: Vec<_> = std::fs::read_dir(partition_dir)
@@ -1720,6 +1722,7 @@ pub fn assert_segment_chain(partition_dir: &Path) -> u64 {
     let mut expected_next: Option<u64> = None;
     let mut parent: Option<u64> = None;
     let mut op: Option<u64> = None;
+    let mut batches_owed = 0u32;
     for (first_op, path) in &segs {
         let bytes = std::fs::read(path).unwrap();
         let (recs, covered) = parse_records(&bytes);
@@ -1745,36 +1748,54 @@ pub fn assert_segment_chain(partition_dir: &Path) -> u64 {
             "{}: named after another op than its first",
             path.display()
         );
-        for r in &recs {
+        for (index, r) in recs.iter().enumerate() {
             let at = format!("{} record at byte {}", path.display(), r.pos);
             if let Some(parent) = parent {
                 assert_eq!(r.parent_checksum, parent, "{at}: parent checksum chain");
             }
             parent = Some(r.checksum);
-            if let Some(next) = expected_next {
-                assert_eq!(r.base_offset, next, "{at}: offsets not contiguous");
-            }
             match r.kind {
                 RECORD_KIND_OP => {
                     if let Some(previous) = op {
                         assert_eq!(r.op, previous + 1, "{at}: op chain");
                     }
-                    assert_eq!(r.message_count, 0, "{at}: an op record with messages");
+                    assert_eq!(batches_owed, 0, "{at}: the op before lacks batch records");
+                    if let Some(next) = expected_next
+                        && r.base_offset != next
+                    {
+                        assert!(r.base_offset > next, "{at}: an op record going back in offsets");
+                        assert_eq!(r.message_count, 0, "{at}: a skip with batches");
+                        assert_eq!(
+                            index + 1,
+                            recs.len(),
+                            "{at}: a skip that does not end its segment"
+                        );
+                    }
+                    batches_owed = r.message_count;
                     op = Some(r.op);
                     expected_next = Some(r.base_offset);
                 }
                 RECORD_KIND_BATCH => {
+                    if let Some(next) = expected_next {
+                        assert_eq!(r.base_offset, next, "{at}: offsets not contiguous");
+                    }
                     assert_eq!(
                         Some(r.op),
                         op,
                         "{at}: a batch record of another op than its op record's"
                     );
+                    assert!(
+                        batches_owed > 0,
+                        "{at}: more batch records than its op record names"
+                    );
+                    batches_owed -= 1;
                     assert!(r.message_count > 0, "{at}: empty batch record");
                     expected_next = Some(r.base_offset + u64::from(r.message_count));
                 }
                 k => panic!("{at}: record kind {k} has no place in a journal"),
             }
         }
+        assert_eq!(batches_owed, 0, "{}: an op split across segments", path.display());
     }
     expected_next.unwrap_or(0)
 }
