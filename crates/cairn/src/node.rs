@@ -926,6 +926,10 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         if !matches!(error, GroupError::WriteUndone { .. }) {
             return error;
         }
+        // Nothing was lost: make what was written durable and give back what a `relaxed`
+        // journal reserved ahead, so the reopened group does not skip offsets as after an
+        // unclean stop. (If this fails, the reopen sees a reservation and skips: safe.)
+        let _ = self.journal.flush_for_stop();
         let reopened = match &self.reopen {
             Some(reopen) => reopen(),
             None => Err(refused(&self.files.dir, "a read-only group cannot reopen".into())),

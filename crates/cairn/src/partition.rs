@@ -574,12 +574,15 @@ pub fn serving(state: &mut PartitionState) -> Result<&mut PartitionData, u32> {
 /// the barrier, the active segment's dirty pages, is synced on a handle of its own without
 /// the partition's lock, so sends are not held up by it; then, under the lock, the journal's
 /// own barrier covers what arrived meanwhile and publishes the frontier
-/// ([`PartitionData::flush`]). A writeback error the first sync meets is reported to the
-/// journal's handle too, so the second one fails and the partition stops.
+/// ([`PartitionData::flush`]). A partition with nothing new costs nothing. A writeback error
+/// the first sync meets is reported to the journal's handle too (Linux reports it to every
+/// descriptor open before it, since 4.13), so the second one fails and the partition stops.
 pub fn flush_relaxed(state: &Mutex<PartitionState>) {
     let (disk, path) = match serving(&mut lock(state)) {
-        Ok(data) => (data.group.log().disk(), data.group.log().active_segment_path()),
-        Err(_) => return,
+        Ok(data) if data.group.log().durable_op() < data.group.log().last_op() => {
+            (data.group.log().disk(), data.group.log().active_segment_path())
+        }
+        _ => return,
     };
     if let Ok(mut file) = disk.open_write(&path) {
         let _ = file.sync_data();

@@ -44,7 +44,8 @@ use std::sync::Arc;
 /// The journal log's directory inside the group directory.
 const LOG_DIR: &str = "log";
 
-/// How a partition's journal runs: from the server's configuration and the topic's.
+/// How a partition's journal runs: the segment size is the topic's (or the server's), the
+/// durability mode the server's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JournalOptions {
     pub segment_size_bytes: u64,
@@ -677,9 +678,12 @@ impl LocalGroup<PartitionMachine, LogJournal> {
             .min(self.next_offset())
     }
 
-    /// The oldest message a poll can reach, if any.
+    /// The oldest message a poll can reach, if any (past skipped offsets the start may lie
+    /// in).
     pub fn first_offset(&self) -> Option<u64> {
-        (self.start_offset() < self.messages_end()).then(|| self.start_offset())
+        self.log()
+            .first_message_from(self.start_offset())
+            .filter(|&offset| offset < self.messages_end())
     }
 
     /// The newest message a poll can reach, if any.
@@ -1104,6 +1108,51 @@ mod tests {
         let mut parts = Vec::new();
         let outcome = group.read_parts(0, u32::MAX, &mut out, &mut parts).expect("poll");
         assert_eq!(u64::from(outcome.messages_count), after.next_offset);
+    }
+
+    /// In `relaxed` mode too, a write the disk refuses is undone without losing anything, and
+    /// the group goes on without a gap: the reopen after it gives the reservation back first
+    /// (nothing was lost, so there is nothing to skip).
+    #[test]
+    fn a_relaxed_write_the_disk_refuses_is_undone_without_a_gap() {
+        use crate::test_support::{DISK_FULL, Faults, FaultyDisk};
+        use std::sync::atomic::Ordering;
+        let temp = tempfile::tempdir().expect("tempdir");
+        let dir = temp.path().join("partition");
+        let faults = Arc::new(Faults::default());
+        let params = LogParams {
+            relaxed: true,
+            disk: Arc::new(FaultyDisk {
+                faults: Arc::clone(&faults),
+            }),
+            ..params()
+        };
+        let mut group = open(&dir, GROUP, params).expect("format");
+        for send in 0..5 {
+            group
+                .append(100 + send, &[&client_batch(2, 50, send as u8)])
+                .expect("append");
+        }
+        let before = group.state_machine().state().clone();
+        let polled = poll_all(&group, 0);
+        faults.log_writes_to_fail.store(DISK_FULL, Ordering::Relaxed);
+        for attempt in 0..3 {
+            assert!(matches!(
+                group.append(200 + attempt, &[&client_batch(3, 50, 9)]),
+                Err(PartitionError::Group(GroupError::WriteUndone { .. }))
+            ));
+        }
+        assert_eq!(
+            poll_all(&group, 0),
+            polled,
+            "the acknowledged appends are all there"
+        );
+        faults.log_writes_to_fail.store(0, Ordering::Relaxed);
+        assert_eq!(
+            group.append(300, &[&client_batch(1, 50, 1)]).expect("append"),
+            vec![before.next_offset],
+            "no offsets skipped after an undone write"
+        );
     }
 
     /// `cairn check` reads a partition group in place: healthy when it opens as it is,

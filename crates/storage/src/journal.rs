@@ -73,8 +73,9 @@
 //!   contiguous inside a segment). [`JournalLog::sync_for_stop`] collapses the reservation
 //!   to the log's end at a clean stop, so a clean restart leaves no gap.
 //!
-//! A cut lowers the frontier with `unsynced_acknowledged` cleared first (the ops it removes
-//! were never committed, so never acknowledged): a crash before its truncation is durable
+//! A cut first publishes the frontier at the cut with `unsynced_acknowledged` cleared (after
+//! syncing what lies below the cut, when the frontier was lower): the ops it removes were
+//! never committed, so never acknowledged, and a crash before its truncation is durable
 //! must not keep them.
 //!
 //! # Cutting back (a view change replaced a prepare)
@@ -109,6 +110,17 @@ pub const SEGMENT_BYTES_MAX: u64 = u32::MAX as u64 + 2 * (RECORD_HEADER_SIZE as 
 /// one state-file barrier per this many messages, and at most this many offsets skipped
 /// beyond the last one handed out after an unclean stop.
 pub const OFFSET_LEASE_MESSAGES: u64 = 65_536;
+
+/// Writeback pacing granularity of a `relaxed` journal (see `JournalLog::pace_writeback`).
+pub const WRITEBACK_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
+
+/// How far writeback of the active segment was started and waited for (pacing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Writeback {
+    segment_first_op: u64,
+    started_bytes: u64,
+    waited_bytes: u64,
+}
 
 /// Name of the file that marks a journal log and says where it begins.
 pub const JOURNAL_START_FILE: &str = "journal.start";
@@ -345,6 +357,8 @@ pub struct JournalLog {
     /// The reservation an open found beyond the log's end (0 if none): the next offset
     /// minted must not be below it (see [`JournalLog::resume_offset`]).
     resume_floor: u64,
+    /// Writeback pacing of the active segment (`relaxed` mode); another segment's is stale.
+    writeback: Option<Writeback>,
 }
 
 /// What [`JournalLog::inspect_on`] found, writing nothing.
@@ -369,8 +383,10 @@ pub struct JournalInspection {
 /// What [`JournalLog::open_on`] found and did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JournalRecovery {
-    /// Bytes above the durable frontier that were dropped (never reported durable: an
-    /// unsynced write, a partly written op, or what a cut had removed).
+    /// Bytes above the durable frontier that were dropped: never reported durable (an
+    /// unsynced write, a partly written op, or what a cut had removed), or, after a power
+    /// loss in `relaxed` mode, what followed the last whole op (see
+    /// `unsynced_may_be_acknowledged`).
     pub dropped_bytes: u64,
     /// The last op at or below the published frontier (`start.next_op - 1` if none), after
     /// the open (which syncs what it kept above the frontier it found).
@@ -431,6 +447,7 @@ impl JournalLog {
             offset_reserved: start.next_offset,
             unsynced_acknowledged: false,
             resume_floor: 0,
+            writeback: None,
         })
     }
 
@@ -516,8 +533,9 @@ impl JournalLog {
     }
 
     /// The journal in `dir` as [`JournalLog::open_on`] would keep it, writing nothing (the
-    /// offline checker): ops and polls read what lies below the durable frontier; every write
-    /// is refused. Also says what an open would do.
+    /// offline checker): ops and polls read what lies below the durable frontier (and the
+    /// whole ops above it an open would keep); every write is refused. Also says what an open
+    /// would do.
     pub fn open_read_only_on(
         disk: Arc<dyn Disk>,
         dir: &Path,
@@ -572,6 +590,7 @@ impl JournalLog {
             } else {
                 0
             },
+            writeback: None,
         };
         journal.check_invariants();
         journal
@@ -773,6 +792,12 @@ impl JournalLog {
                 }
             })
             .collect()
+    }
+
+    /// The offset of the first message at or above `offset`, if the journal holds one.
+    pub fn first_message_from(&self, offset: u64) -> Option<u64> {
+        let first = self.batches.partition_point(|entry| entry.end_offset() <= offset);
+        self.batches.get(first).map(|entry| entry.base_offset.max(offset))
     }
 
     /// The offset after the newest message, if the journal holds any.
@@ -1106,6 +1131,59 @@ impl JournalLog {
             },
         );
         self.check_invariants();
+        if self.config.relaxed {
+            self.pace_writeback()?;
+        }
+        Ok(())
+    }
+
+    /// Writeback pacing (`relaxed` mode, where no barrier follows each op): once
+    /// [`WRITEBACK_CHUNK_BYTES`] of the active segment are written but not yet handed to the
+    /// device, start their writeback (no waiting), then wait for the writeback started one
+    /// chunk earlier. The page cache then holds at most about two chunks of this partition's
+    /// unwritten data: the device works steadily instead of in bursts, the flush finds little
+    /// left to write, and the kernel's dirty-page throttling never steps in. Durability is
+    /// still decided by [`JournalLog::sync`] alone. A failed wait is a failed write of data
+    /// the OS held (Linux reports it once per open file, so a later fdatasync might not): it
+    /// stops the journal like a failed barrier.
+    fn pace_writeback(&mut self) -> Result<(), StorageError> {
+        let active = *self.segments.last().expect("one segment");
+        let synced = if self.durable_op() >= active.first_op() {
+            self.frontier.segment_len_bytes
+        } else {
+            0
+        };
+        let (started, waited) = match self.writeback {
+            Some(writeback) if writeback.segment_first_op == active.first_op() => (
+                writeback.started_bytes.min(active.len_bytes),
+                writeback.waited_bytes.min(active.len_bytes),
+            ),
+            _ => (0, 0),
+        };
+        let (started, waited) = (started.max(synced), waited.max(synced));
+        let written = active.len_bytes;
+        if written < started.saturating_add(WRITEBACK_CHUNK_BYTES) {
+            return Ok(());
+        }
+        let paced = self
+            .active_file()
+            .start_writeback(started, written - started)
+            .and_then(|()| {
+                if started > waited {
+                    self.active_file().wait_writeback(waited, started - waited)
+                } else {
+                    Ok(())
+                }
+            });
+        if let Err(error) = paced {
+            self.stopped = Some(format!("writeback of written ops failed: {error}"));
+            return Err(error);
+        }
+        self.writeback = Some(Writeback {
+            segment_first_op: active.first_op(),
+            started_bytes: written,
+            waited_bytes: started,
+        });
         Ok(())
     }
 
@@ -1167,8 +1245,9 @@ impl JournalLog {
         Arc::clone(&self.disk)
     }
 
-    /// fdatasync calls [`JournalLog::sync`] has issued since the journal opened: two per
-    /// sync that made something new durable (the data, then the frontier's slot).
+    /// fdatasync calls [`JournalLog::sync`] and segment rotation have issued since the journal
+    /// opened: two each (the data, then the frontier's slot). Reservation publishes and cuts
+    /// are not counted (statistics).
     pub fn fdatasyncs(&self) -> u64 {
         self.fdatasyncs
     }
@@ -1242,6 +1321,7 @@ impl JournalLog {
             self.disk.sync_dir(&self.dir)?;
         }
         *self.segments.last_mut().expect("the cut segment") = cut_segment;
+        self.writeback = None;
         self.chain = extent.chain_before;
         self.ops.split_off(&extent.op);
         self.check_invariants();
@@ -1602,7 +1682,8 @@ struct OpenPlan {
     /// Whole ops above the frontier kept (they may have been acknowledged), and their bytes.
     unsynced_ops_kept: u64,
     unsynced_bytes_kept: u64,
-    /// Bytes above the frontier in the segment that holds it: dropped.
+    /// Bytes above the frontier in the segments kept (the frontier's, and the one after it
+    /// when whole ops there were kept): dropped. All lie in the last kept segment.
     dropped_bytes: u64,
     /// Segments that have a summary (by first op), and summaries a crash left half-written.
     summaries: BTreeSet<u64>,
@@ -1899,6 +1980,16 @@ fn plan_open(
                 .unwrap_or(0);
             if next_len > SEGMENT_BYTES_MAX {
                 break;
+            }
+            // The frontier's segment is sealed: its summary (written when it was sealed)
+            // stays if it describes the bytes just scanned, or every later open reads it.
+            if summaries.contains(&segment.first_op())
+                && let Some(summary) = read_summary(disk, dir, partition_id, segment.first_op())
+                && summary.start == segment.start
+                && summary.len_bytes == len
+                && summary.end == chain
+            {
+                adopted.insert(segment.first_op());
             }
             segment = Segment {
                 start: chain,
