@@ -225,10 +225,15 @@ pub trait GroupJournal: Sized {
         cluster: u128,
         group: u64,
     ) -> Result<(Self, Vec<SlotState>, Vec<String>), GroupError>;
-    /// Write `message` and make it durable before returning; or, for a journal that runs
-    /// `relaxed` (a partition's, when configured so), write it and leave it to
-    /// [`GroupJournal::flush`].
+    /// Write `message`. It counts as written (the replica is told) only after the next
+    /// [`GroupJournal::prepares_barrier`], which covers every prepare written since the last.
     fn write_prepare(&mut self, message: &Message) -> Result<(), GroupError>;
+    /// Make every prepare written since the last call durable: one barrier for all of them
+    /// (group commit across ops). A journal that makes each prepare durable as it writes it,
+    /// or that runs `relaxed` (acknowledged once written), does nothing here.
+    fn prepares_barrier(&mut self) -> Result<(), GroupError> {
+        Ok(())
+    }
     /// Make every prepare written so far durable. Called before anything durable may name
     /// them (a checkpoint, the superblock) and on a timer; a no-op for a journal that makes
     /// each prepare durable as it writes it.
@@ -463,15 +468,14 @@ pub struct LocalGroup<S: StateMachine, J: GroupJournal = RingJournal> {
     cluster: u128,
     /// The durable state every superblock copy holds, and its sequence.
     superblock: (DurableState, u64),
-    /// This process's client identity: new for every boot, so a session of an earlier boot
-    /// (restored from a checkpoint) is never mistaken for this one.
-    client: u128,
-    session: u64,
-    request: u64,
+    /// This process's client identities, one per lane: new for every boot, so a session of
+    /// an earlier boot (restored from a checkpoint) is never mistaken for one of this boot.
+    lanes: Vec<Lane>,
     /// Messages the replica sent to itself, delivered in order.
     to_self: VecDeque<Message>,
-    /// The reply to the request in flight.
-    reply: Option<Message>,
+    /// Prepares written since the last barrier, in write order (ascending ops): the replica
+    /// is told once the barrier covered them.
+    unsynced: Vec<(u64, u128)>,
     /// Set by the first failed write that the journal could not undo.
     stopped: Option<String>,
     /// Reopens the group from its files (after a write the journal undid); `None` for a
@@ -481,6 +485,26 @@ pub struct LocalGroup<S: StateMachine, J: GroupJournal = RingJournal> {
 
 /// How a group reopens itself from its files.
 type Reopen<S, J> = Arc<dyn Fn() -> Result<LocalGroup<S, J>, GroupError> + Send + Sync>;
+
+/// Lanes of a group: client ids of this process that each carry one request at a time (the
+/// core admits one request per client in its pipeline), so requests on several lanes are
+/// prepared together and share one barrier. A batch must fit the pipeline (or requests beyond
+/// it would wait for a reply that never comes), and a boot's lanes must leave room in the
+/// client table for the dead sessions of earlier boots, so no live lane is evicted.
+pub const LANES: usize = 8;
+const _: () = assert!(LANES <= Shape::PARTITION.pipeline_prepares_max);
+const _: () = assert!(LANES <= Shape::METADATA.pipeline_prepares_max);
+const _: () = assert!(LANES <= Shape::PARTITION.clients_max / 2);
+const _: () = assert!(LANES <= Shape::METADATA.clients_max / 2);
+
+/// One lane: a client id, its session (0 before it registered) and its last request number.
+struct Lane {
+    client: u128,
+    session: u64,
+    request: u64,
+    /// The reply to the lane's request in flight.
+    reply: Option<Message>,
+}
 
 impl<S: StateMachine> LocalGroup<S, RingJournal> {
     /// Open the metadata-shaped group in `dir`: recover it from its files, or format it when
@@ -718,17 +742,24 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         cluster: u128,
         superblock: (DurableState, u64),
     ) -> LocalGroup<S, J> {
+        // Distinct, non-zero client ids (odd, differing in the bits above the lowest).
+        let base = rand::random::<u128>() | 1;
         LocalGroup {
             replica,
             files,
             journal,
             cluster,
             superblock,
-            client: rand::random::<u128>() | 1,
-            session: 0,
-            request: 0,
+            lanes: (0..LANES)
+                .map(|lane| Lane {
+                    client: base ^ ((lane as u128) << 1),
+                    session: 0,
+                    request: 0,
+                    reply: None,
+                })
+                .collect(),
             to_self: VecDeque::new(),
-            reply: None,
+            unsynced: Vec::new(),
             stopped: None,
             reopen: None,
         }
@@ -847,65 +878,222 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     /// [`LocalGroup::submit`] of a body already in the shared buffer a request carries (no
     /// copy: a partition's append is megabytes).
     pub fn submit_shared(&mut self, operation: u8, body: Arc<[u8]>) -> Result<Vec<u8>, GroupError> {
+        self.submit_batch(vec![(operation, body)])
+            .pop()
+            .expect("one result per request")
+    }
+
+    /// Replicate up to [`LANES`] requests at once, one per lane: they are prepared together
+    /// and one barrier covers all of them. Each result is the state machine's reply (the op
+    /// durable and applied) or why that request failed; a request whose op was durable before
+    /// a later one's write failed still gets its reply.
+    pub fn submit_batch(&mut self, requests: Vec<(u8, Arc<[u8]>)>) -> Vec<Result<Vec<u8>, GroupError>> {
+        assert!(requests.len() <= LANES, "at most one request per lane");
         debug_assert!(!self.files.read_only, "a read-only group takes no requests");
-        self.check_not_stopped()?;
-        if body.len() > J::SHAPE.body_size_max() {
-            return Err(GroupError::TooLarge {
-                len: body.len(),
-                max: J::SHAPE.body_size_max(),
-            });
+        let mut results: Vec<Option<Result<Vec<u8>, GroupError>>> =
+            (0..requests.len()).map(|_| None).collect();
+        for (result, (_, body)) in results.iter_mut().zip(&requests) {
+            if let Err(error) = self.check_not_stopped() {
+                *result = Some(Err(error));
+            } else if body.len() > J::SHAPE.body_size_max() {
+                *result = Some(Err(GroupError::TooLarge {
+                    len: body.len(),
+                    max: J::SHAPE.body_size_max(),
+                }));
+            }
         }
-        if self.session == 0 {
-            self.register()?;
+        // Every lane without a session registers first (all at once). An evicted session (only
+        // after the core's client table filled with other clients since: never within one
+        // process) registers again, once.
+        for _attempt in 0..2 {
+            if self.fail_rest_if_stopped(&mut results) {
+                break;
+            }
+            let unregistered: Vec<usize> = (0..requests.len())
+                .filter(|&lane| results[lane].is_none() && self.lanes[lane].session == 0)
+                .collect();
+            if !unregistered.is_empty() {
+                let calls = unregistered
+                    .iter()
+                    .map(|&lane| {
+                        (
+                            lane,
+                            self.request_on(lane, OPERATION_REGISTER, Arc::from(&[][..])),
+                        )
+                    })
+                    .collect();
+                let lanes_before = self.lanes[0].client;
+                let outcomes = self.call_lanes(calls);
+                let reopened = self.lanes[0].client != lanes_before;
+                for (lane, outcome) in unregistered.iter().zip(outcomes) {
+                    match outcome {
+                        // After a reopen the lanes are new: a session of the old group is
+                        // not theirs.
+                        Ok(reply) if !reopened => {
+                            debug_assert!(reply.header.op > 0);
+                            self.lanes[*lane].session = reply.header.op;
+                        }
+                        Ok(_) => {}
+                        Err(error) => results[*lane] = Some(Err(error)),
+                    }
+                }
+                if reopened {
+                    self.fail_rest_as_undone(&mut results);
+                    break;
+                }
+                if self.fail_rest_if_stopped(&mut results) {
+                    break;
+                }
+            }
+            let ready: Vec<usize> = (0..requests.len())
+                .filter(|&lane| results[lane].is_none() && self.lanes[lane].session != 0)
+                .collect();
+            if ready.is_empty() {
+                break;
+            }
+            let calls = ready
+                .iter()
+                .map(|&lane| {
+                    let (operation, body) = &requests[lane];
+                    (lane, self.request_on(lane, *operation, Arc::clone(body)))
+                })
+                .collect();
+            let lanes_before = self.lanes[0].client;
+            let outcomes = self.call_lanes(calls);
+            let reopened = self.lanes[0].client != lanes_before;
+            for (lane, outcome) in ready.iter().zip(outcomes) {
+                match outcome {
+                    Ok(reply) if reply.header.operation == OPERATION_SESSION_EVICTED => {
+                        if !reopened {
+                            self.lanes[*lane].session = 0;
+                        }
+                    }
+                    Ok(reply) => results[*lane] = Some(Ok(reply.body.to_vec())),
+                    Err(error) => results[*lane] = Some(Err(error)),
+                }
+            }
+            if reopened {
+                self.fail_rest_as_undone(&mut results);
+                break;
+            }
         }
-        self.request += 1;
-        let reply = self.call(operation, self.request, Arc::clone(&body))?;
-        if reply.header.operation == OPERATION_SESSION_EVICTED {
-            // Only after 64 other clients registered since: never within one process, which
-            // is the group's only client. Start a new session and ask again.
-            self.register()?;
-            self.request += 1;
-            let reply = self.call(operation, self.request, body)?;
-            return Ok(reply.body.to_vec());
-        }
-        Ok(reply.body.to_vec())
+        results
+            .into_iter()
+            .map(|result| {
+                result.unwrap_or_else(|| {
+                    Err(GroupError::Stopped {
+                        dir: self.files.dir.clone(),
+                        reason: "the lane's session was evicted twice in a row".into(),
+                    })
+                })
+            })
+            .collect()
     }
 
-    fn register(&mut self) -> Result<(), GroupError> {
-        self.request = 0;
-        let reply = self.call(OPERATION_REGISTER, 0, Arc::from(&[][..]))?;
-        self.session = reply.header.op;
-        debug_assert!(self.session > 0);
-        Ok(())
+    /// Once the group stopped, every request still without a result fails with it. Returns
+    /// whether it stopped.
+    fn fail_rest_if_stopped(&self, results: &mut [Option<Result<Vec<u8>, GroupError>>]) -> bool {
+        if self.stopped.is_none() {
+            return false;
+        }
+        for result in results.iter_mut().filter(|result| result.is_none()) {
+            *result = Some(self.check_not_stopped().map(|()| Vec::new()));
+        }
+        true
     }
 
-    fn call(&mut self, operation: u8, request: u64, body: Arc<[u8]>) -> Result<Message, GroupError> {
-        let mut header = Header::new(Command::Request, self.cluster);
-        header.group = self.replica.config().group;
-        header.client = self.client;
-        header.request = request;
+    /// After the group reopened from its files (a write the journal undid), every request
+    /// still without a result was never taken.
+    fn fail_rest_as_undone(&self, results: &mut [Option<Result<Vec<u8>, GroupError>>]) {
+        for result in results.iter_mut().filter(|result| result.is_none()) {
+            *result = Some(Err(GroupError::WriteUndone {
+                dir: self.files.dir.clone(),
+                reason: "a write of the same batch failed and was undone, and the group reopened from its files before this request was taken".into(),
+            }));
+        }
+    }
+
+    /// The next request of `lane` (a register restarts its request numbers).
+    fn request_on(&mut self, lane: usize, operation: u8, body: Arc<[u8]>) -> Message {
+        let cluster = self.cluster;
+        let group = self.replica.config().group;
+        let lane = &mut self.lanes[lane];
+        if operation == OPERATION_REGISTER {
+            lane.request = 0;
+            lane.session = 0;
+        } else {
+            lane.request += 1;
+        }
+        let mut header = Header::new(Command::Request, cluster);
+        header.group = group;
+        header.client = lane.client;
+        header.request = lane.request;
         header.operation = operation;
-        header.context = u128::from(self.session);
-        let message = Message::new(header, body);
-        self.reply = None;
-        self.replica.on_message(&message);
+        header.context = u128::from(lane.session);
+        Message::new(header, body)
+    }
+
+    /// Hand every request to the replica, then run it until each lane has its reply. A
+    /// failed write ends the wait: lanes that have their reply keep it (their ops were
+    /// durable and applied), the others get the error; a write the journal undid then
+    /// reopens the group ([`LocalGroup::after_failed_write`]).
+    fn call_lanes(&mut self, calls: Vec<(usize, Message)>) -> Vec<Result<Message, GroupError>> {
+        for (lane, message) in &calls {
+            self.lanes[*lane].reply = None;
+            self.replica.on_message(message);
+        }
+        let mut failure = None;
         for _ in 0..REQUEST_TICKS_MAX {
             if let Err(error) = self.pump() {
-                return Err(self.after_failed_write(error));
+                failure = Some(error);
+                break;
             }
-            if let Some(reply) = self.reply.take() {
-                return Ok(reply);
+            if calls.iter().all(|(lane, _)| self.lanes[*lane].reply.is_some()) {
+                break;
             }
             self.replica.on_tick();
         }
-        // The op may still commit later, and apply without anyone waiting for it: refuse
-        // everything from now on rather than let memory and effects part ways.
-        let reason = format!("request {request} got no reply: {}", self.replica.describe());
-        self.stopped = Some(reason.clone());
-        Err(GroupError::Stopped {
-            dir: self.files.dir.clone(),
-            reason,
-        })
+        let mut replies: Vec<Option<Message>> = calls
+            .iter()
+            .map(|(lane, _)| self.lanes[*lane].reply.take())
+            .collect();
+        let error = match failure {
+            Some(error) => self.after_failed_write(error),
+            None if replies.iter().all(Option::is_some) => {
+                return replies
+                    .into_iter()
+                    .map(|reply| Ok(reply.expect("checked")))
+                    .collect();
+            }
+            None => {
+                // The op may still commit later, and apply without anyone waiting for it:
+                // refuse everything from now on rather than let memory and effects part ways.
+                let reason = format!("a request got no reply: {}", self.replica.describe());
+                self.stopped = Some(reason.clone());
+                GroupError::Stopped {
+                    dir: self.files.dir.clone(),
+                    reason,
+                }
+            }
+        };
+        // The first lane without a reply gets the error itself, the others its like.
+        let (undone, reason) = (matches!(error, GroupError::WriteUndone { .. }), error.to_string());
+        let dir = self.files.dir.clone();
+        let mut error = Some(error);
+        replies
+            .iter_mut()
+            .map(|reply| match reply.take() {
+                Some(reply) => Ok(reply),
+                None => Err(error.take().unwrap_or_else(|| {
+                    let (dir, reason) = (dir.clone(), reason.clone());
+                    if undone {
+                        GroupError::WriteUndone { dir, reason }
+                    } else {
+                        GroupError::Stopped { dir, reason }
+                    }
+                })),
+            })
+            .collect()
     }
 
     /// `Stopped` once a failed write stopped the group.
@@ -952,24 +1140,51 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     }
 
     /// Perform what the replica asks, feeding back each completion, until it asks nothing.
+    /// The prepares written in one round share one barrier ([`GroupJournal::prepares_barrier`])
+    /// before the replica is told of them. After a write the journal undid, the prepares
+    /// written before it are still made durable (their replies follow), nothing more is
+    /// written, and the undone write's error is returned once the replica asks nothing more.
     fn pump(&mut self) -> Result<(), GroupError> {
+        let mut undone: Option<GroupError> = None;
         loop {
             let outputs = self.replica.take_outputs();
             if outputs.is_empty() && self.to_self.is_empty() {
-                return Ok(());
+                return undone.map_or(Ok(()), Err);
             }
             for output in outputs {
+                if undone.is_some() && matches!(output, Output::WritePrepare { .. }) {
+                    // Never written: the reopen that follows drops it from memory.
+                    continue;
+                }
                 if let Err(error) = self.perform(output) {
                     if !matches!(error, GroupError::WriteUndone { .. }) {
                         self.stopped = Some(error.to_string());
+                        return Err(error);
                     }
-                    return Err(error);
+                    undone = Some(error);
                 }
+            }
+            if let Err(error) = self.settle_written() {
+                self.stopped = Some(error.to_string());
+                return Err(error);
             }
             while let Some(message) = self.to_self.pop_front() {
                 self.replica.on_message(&message);
             }
         }
+    }
+
+    /// One barrier for every prepare written since the last, then tell the replica of each,
+    /// in write order (ascending ops).
+    fn settle_written(&mut self) -> Result<(), GroupError> {
+        if self.unsynced.is_empty() {
+            return Ok(());
+        }
+        self.journal.prepares_barrier()?;
+        for (op, checksum) in std::mem::take(&mut self.unsynced) {
+            self.replica.on_prepare_written(op, checksum);
+        }
+        Ok(())
     }
 
     fn perform(&mut self, output: Output) -> Result<(), GroupError> {
@@ -982,17 +1197,21 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 to: Destination::Client(client),
                 message,
             } => {
-                if client == self.client
+                if let Some(lane) = self.lanes.iter_mut().find(|lane| lane.client == client)
                     && message.header.command == Command::Reply
-                    && message.header.request == self.request
+                    && message.header.request == lane.request
                 {
-                    self.reply = Some(message);
+                    lane.reply = Some(message);
                 }
             }
             Output::WritePrepare { message } => {
                 self.journal.write_prepare(&message)?;
-                self.replica
-                    .on_prepare_written(message.header.op, message.header.checksum);
+                debug_assert!(
+                    self.unsynced
+                        .last()
+                        .is_none_or(|&(last, _)| last < message.header.op)
+                );
+                self.unsynced.push((message.header.op, message.header.checksum));
             }
             Output::ReadPrepare {
                 op,
@@ -1081,6 +1300,74 @@ mod tests {
             .iter()
             .map(|name| std::fs::read(dir.join(name)).expect("read"))
             .collect()
+    }
+
+    /// A request retried on its lane (the same client, session and request number: its reply
+    /// was lost on the way) is answered again from the client table with the original reply,
+    /// and its op is never applied twice.
+    #[test]
+    fn a_retried_request_is_answered_again_never_applied_twice() {
+        let temp = tempfile::tempdir().expect("tempdir");
+        let mut group = open(&temp.path().join("group"));
+        create_streams(&mut group, 0..3);
+        let op = MetadataOp::CreateStream {
+            name: "retried".into(),
+            created_at_us: 7,
+        };
+        let body: Arc<[u8]> = Arc::from(op.encode());
+        let request = group.request_on(0, OPERATION_METADATA, Arc::clone(&body));
+        let first = group.call_lanes(vec![(0, request.clone())]);
+        let first = first.into_iter().next().expect("one").expect("applied");
+        let (commit, streams) = (group.commit_op(), group.state_machine().clone());
+        assert!(matches!(MetadataMachine::decode_reply(&first.body), Ok(Ok(_))));
+        for _ in 0..3 {
+            let again = group.call_lanes(vec![(0, request.clone())]);
+            let again = again.into_iter().next().expect("one").expect("answered");
+            assert_eq!(again.body, first.body, "the stored reply");
+            assert_eq!(group.commit_op(), commit, "no op for a retry");
+            assert_eq!(*group.state_machine(), streams, "applied once");
+        }
+        // The lane goes on with its next request number.
+        create_streams(&mut group, 3..4);
+        assert_eq!(group.state_machine().state.streams.len(), 5);
+    }
+
+    /// Requests on several lanes are prepared together and one barrier covers them all: a
+    /// batch of five appends to a partition takes one fdatasync of its log (and one of its
+    /// frontier), and their offsets follow the order given.
+    #[test]
+    fn a_batch_on_several_lanes_shares_one_barrier() {
+        use crate::partition_group::{self, JournalOptions, LogParams};
+        use crate::test_support::client_batch;
+        let temp = tempfile::tempdir().expect("tempdir");
+        let params = LogParams::new(
+            3,
+            JournalOptions {
+                segment_size_bytes: 1 << 20,
+                relaxed: false,
+            },
+        );
+        let dir = temp.path().join("partition");
+        let mut group = partition_group::open(&dir, 9, params.clone()).expect("format");
+        // Every lane registers once (one batch of registers, one barrier).
+        let batch = client_batch(2, 30, 1);
+        let batches: Vec<&[u8]> = vec![&batch];
+        let appends: Vec<(u64, &[&[u8]])> = (0..LANES as u64).map(|n| (100 + n, &batches[..])).collect();
+        assert!(group.append_batch(&appends).iter().all(Result::is_ok));
+        let before = group.log().fdatasyncs();
+        let appends: Vec<(u64, &[&[u8]])> = (0..5).map(|n| (200 + n, &batches[..])).collect();
+        let minted: Vec<u64> = group
+            .append_batch(&appends)
+            .into_iter()
+            .map(|result| result.expect("appended")[0])
+            .collect();
+        let start = 2 * LANES as u64;
+        assert_eq!(minted, (0..5).map(|n| start + 2 * n).collect::<Vec<u64>>());
+        assert_eq!(group.log().fdatasyncs() - before, 2, "one barrier for five ops");
+        let state = group.state_machine().state().clone();
+        drop(group);
+        let group = partition_group::open(&dir, 9, params).expect("reopen");
+        assert_eq!(group.state_machine().state(), &state);
     }
 
     /// Ops across several checkpoints come back after a restart (from the checkpoint and the

@@ -244,8 +244,15 @@ impl PartitionData {
 
     /// Append the batches of a group of sends as one op stamped `timestamp_us`: the base
     /// offset of each batch, in order. Durable and applied when it returns `Ok`.
+    #[cfg(test)]
     pub fn append(&mut self, timestamp_us: u64, batches: &[&[u8]]) -> Result<Vec<u64>, PartitionError> {
         self.group.append(timestamp_us, batches)
+    }
+
+    /// Several groups of sends, one op each, sharing one barrier (see
+    /// `PartitionGroup::append_batch`).
+    pub fn append_batch(&mut self, appends: &[(u64, &[&[u8]])]) -> Vec<Result<Vec<u64>, PartitionError>> {
+        self.group.append_batch(appends)
     }
 
     /// fdatasync calls the partition's log has issued so far (for the commit counters).

@@ -334,17 +334,9 @@ impl GroupJournal for LogJournal {
                 }
             }
         };
-        // In relaxed mode the op counts as written once it is in the page cache; a timer (or
-        // anything durable naming it) flushes it.
-        let relaxed = self.log.relaxed();
-        match written.and_then(|()| {
-            if relaxed {
-                Ok(self.log.last_op())
-            } else {
-                self.log.sync()
-            }
-        }) {
-            Ok(_) => Ok(()),
+        // The barrier comes after every prepare of the round (`prepares_barrier`).
+        match written {
+            Ok(()) => Ok(()),
             // An IO error the journal undid (no space left, say): the op was never written.
             // Anything else (a refused op is a bug upstream) stops the group.
             Err(error @ StorageError::Io { .. }) if self.log.stopped_reason().is_none() => {
@@ -355,6 +347,19 @@ impl GroupJournal for LogJournal {
             }
             Err(error) => Err(self.storage_error(error)),
         }
+    }
+
+    /// One barrier for every prepare written since the last (durable mode). In relaxed mode
+    /// an op counts as written once it is in the page cache; a timer (or anything durable
+    /// naming it) flushes it.
+    fn prepares_barrier(&mut self) -> Result<(), GroupError> {
+        if self.inspection.is_some() || self.log.relaxed() {
+            return Ok(());
+        }
+        self.log
+            .sync()
+            .map(|_| ())
+            .map_err(|error| self.storage_error(error))
     }
 
     fn flush(&mut self) -> Result<(), GroupError> {
@@ -606,14 +611,77 @@ impl LocalGroup<PartitionMachine, LogJournal> {
 
     /// Append the batches of a group of sends (validated client batches) as one op stamped
     /// `timestamp_us`: the base offset each batch got, in order.
+    #[cfg(test)]
     pub fn append(&mut self, timestamp_us: u64, batches: &[&[u8]]) -> Result<Vec<u64>, PartitionError> {
+        self.append_batch(&[(timestamp_us, batches)])
+            .pop()
+            .expect("one result per append")
+    }
+
+    /// Several appends (each a group of sends, stamped with its timestamp) as one op each, on
+    /// the group's lanes (at most [`crate::node::LANES`]): prepared together, one barrier for
+    /// all. Offsets follow the order given. Each result is as [`Self::append`]'s; an append
+    /// whose op was durable before a later one's write failed keeps its offsets.
+    pub fn append_batch(&mut self, appends: &[(u64, &[&[u8]])]) -> Vec<Result<Vec<u64>, PartitionError>> {
         // (After a reopen of the journal: the skip comes before anything is minted.)
-        self.resume_minting()?;
-        let reply = self.op_shared(
-            OPERATION_APPEND,
-            partition::encode_append_shared(timestamp_us, batches),
-        )?;
-        partition::decode_append_reply(&reply).map_err(PartitionError::Status)
+        if let Err(error) = self.resume_minting() {
+            return self.errors_like(error, appends.len());
+        }
+        if let Some(fault) = self.state_machine().fault() {
+            let fault = fault.to_string();
+            return appends
+                .iter()
+                .map(|_| Err(PartitionError::Faulted(fault.clone())))
+                .collect();
+        }
+        let requests = appends
+            .iter()
+            .map(|(timestamp_us, batches)| {
+                (
+                    OPERATION_APPEND,
+                    partition::encode_append_shared(*timestamp_us, batches),
+                )
+            })
+            .collect();
+        let replies = self.submit_batch(requests);
+        let fault = self.state_machine().fault().map(str::to_string);
+        // An op applied before the one that faulted keeps its offsets; the faulted one and
+        // every later one (which the machine refuses) report the fault.
+        replies
+            .into_iter()
+            .map(|reply| match (reply, &fault) {
+                (Ok(reply), fault) => match (partition::decode_append_reply(&reply), fault) {
+                    (Ok(offsets), _) => Ok(offsets),
+                    (Err(_), Some(fault)) => Err(PartitionError::Faulted(fault.clone())),
+                    (Err(status), None) => Err(PartitionError::Status(status)),
+                },
+                (Err(error), None) => Err(PartitionError::Group(error)),
+                (Err(_), Some(fault)) => Err(PartitionError::Faulted(fault.clone())),
+            })
+            .collect()
+    }
+
+    /// `count` results failing as `error` did (the first gets it, the others its like).
+    fn errors_like(&self, error: PartitionError, count: usize) -> Vec<Result<Vec<u64>, PartitionError>> {
+        let like = |error: &PartitionError| match error {
+            PartitionError::Status(status) => PartitionError::Status(*status),
+            PartitionError::Faulted(fault) => PartitionError::Faulted(fault.clone()),
+            PartitionError::Group(GroupError::WriteUndone { dir, reason }) => {
+                PartitionError::Group(GroupError::WriteUndone {
+                    dir: dir.clone(),
+                    reason: reason.clone(),
+                })
+            }
+            PartitionError::Group(other) => PartitionError::Group(GroupError::Stopped {
+                dir: self.journal().dir.clone(),
+                reason: other.to_string(),
+            }),
+        };
+        let mut results: Vec<Result<Vec<u64>, PartitionError>> =
+            (1..count).map(|_| Err(like(&error))).collect();
+        results.insert(0, Err(error));
+        results.truncate(count);
+        results
     }
 
     /// Store `owner`'s offset (at most the last offset the partition holds). A store the
@@ -1153,6 +1221,59 @@ mod tests {
             vec![before.next_offset],
             "no offsets skipped after an undone write"
         );
+    }
+
+    /// A write the disk refuses in the middle of a batch: the ops before it are made durable
+    /// and keep their offsets, the refused op and the ones after it are never taken (undone),
+    /// and the group goes on from its files without a gap; nothing acknowledged is lost.
+    #[test]
+    fn a_write_refused_in_the_middle_of_a_batch_keeps_the_ops_before_it() {
+        use crate::test_support::{Faults, FaultyDisk};
+        use std::sync::atomic::Ordering;
+        let temp = tempfile::tempdir().expect("tempdir");
+        let dir = temp.path().join("partition");
+        let faults = Arc::new(Faults::default());
+        let params = LogParams {
+            disk: Arc::new(FaultyDisk {
+                faults: Arc::clone(&faults),
+            }),
+            ..params()
+        };
+        let mut group = open(&dir, GROUP, params.clone()).expect("format");
+        let batch = client_batch(2, 50, 1);
+        let batches: Vec<&[u8]> = vec![&batch];
+        // The lanes register first (their own writes).
+        let appends: Vec<(u64, &[&[u8]])> = (0..4).map(|n| (100 + n, &batches[..])).collect();
+        assert!(group.append_batch(&appends).iter().all(Result::is_ok));
+        let next = group.next_offset();
+        // The third op's write fails; the two before it are written.
+        faults.log_writes_before_failing.store(2, Ordering::Relaxed);
+        faults.log_writes_to_fail.store(1, Ordering::Relaxed);
+        let results = group.append_batch(&appends);
+        assert_eq!(
+            results[0].as_ref().expect("durable before the failure"),
+            &vec![next]
+        );
+        assert_eq!(
+            results[1].as_ref().expect("durable before the failure"),
+            &vec![next + 2]
+        );
+        for result in &results[2..] {
+            assert!(
+                matches!(result, Err(PartitionError::Group(GroupError::WriteUndone { .. }))),
+                "{result:?}"
+            );
+        }
+        assert_eq!(group.stopped_reason(), None);
+        assert_eq!(group.next_offset(), next + 4);
+        // It goes on where the taken ops ended, and everything taken survives a restart.
+        let after = group.append_batch(&appends[..1]);
+        assert_eq!(after[0].as_ref().expect("append"), &vec![next + 4]);
+        let messages = poll_all(&group, 0).len();
+        drop(group);
+        let group = open(&dir, GROUP, params).expect("reopen");
+        assert_eq!(poll_all(&group, 0).len(), messages);
+        assert_eq!(group.next_offset(), next + 6);
     }
 
     /// `cairn check` reads a partition group in place: healthy when it opens as it is,

@@ -37,12 +37,13 @@ pub fn client_batch(count: u32, payload_bytes: usize, fill: u8) -> Vec<u8> {
     batch
 }
 
-/// Fault model: the next `log_writes_to_fail` writes to a `.log` fail with ENOSPC after
-/// writing half their bytes (a partial write, as a full disk may leave), and while
-/// `syncs_fail` is set every fdatasync fails with EIO. Everything else goes to the real
-/// filesystem.
+/// Fault model: after `log_writes_before_failing` more writes to a `.log` succeed, the next
+/// `log_writes_to_fail` fail with ENOSPC after writing half their bytes (a partial write, as
+/// a full disk may leave), and while `syncs_fail` is set every fdatasync fails with EIO.
+/// Everything else goes to the real filesystem.
 #[derive(Debug, Default)]
 pub struct Faults {
+    pub log_writes_before_failing: AtomicU64,
     pub log_writes_to_fail: AtomicU64,
     pub syncs_fail: AtomicBool,
 }
@@ -109,8 +110,20 @@ impl Disk for FaultyDisk {
 }
 
 impl WriteFile for FaultyFile {
+    /// One logical write (as the real file's single `pwritev`), counted once.
+    fn write_all_vectored_at(&mut self, position_bytes: u64, parts: &[&[u8]]) -> Result<(), StorageError> {
+        self.write_all_at(position_bytes, &parts.concat())
+    }
+
     fn write_all_at(&mut self, position_bytes: u64, bytes: &[u8]) -> Result<(), StorageError> {
+        let spared = self.is_log
+            && self
+                .faults
+                .log_writes_before_failing
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(1))
+                .is_ok();
         let fail = self.is_log
+            && !spared
             && self
                 .faults
                 .log_writes_to_fail

@@ -10,12 +10,14 @@
 //!    [`PendingSend`] on the partition's queue (waiting for room: backpressure) and awaits its
 //!    outcome. No thread is held while a send waits for its group.
 //! 2. The writer takes the first pending send and drains what else is queued, within
-//!    [`GROUP_BOUNDS`] ([`Group`]).
-//! 3. On a blocking thread it locks the partition and appends the group's batches as ONE op
-//!    of the partition group ([`crate::partition::PartitionData::append`]): the op is written
-//!    to the segment log, made durable by one barrier (in `relaxed` mode later, by a flush), and applied, which mints each batch's
+//!    [`GROUP_BOUNDS`] ([`Group`]); while more is queued, it gathers further groups, up to
+//!    [`LANES`] of them.
+//! 3. On a blocking thread it locks the partition and appends each group's batches as ONE op
+//!    of the partition group ([`crate::partition::PartitionData::append_batch`], one lane
+//!    each): the ops are written to the segment log, made durable by one barrier for all of
+//!    them (in `relaxed` mode later, by a flush), and applied, which mints each batch's
 //!    offsets; it unlocks and completes each send with its base offset or its error status
-//!    ([`commit_group`]). The op is stamped with the latest arrival time of its sends.
+//!    ([`commit_groups`]). Each op is stamped with the latest arrival time of its sends.
 //!
 //! Per ACK there are no file creations, renames or directory syncs; those belong to segment
 //! rotation inside the log. Barriers are counted in [`CommitCounters`].
@@ -26,16 +28,17 @@
 //! mode", for what a crash keeps and why no offset is handed out twice).
 //!
 //! Failures (durability contract, guarantees 8 and 12):
-//! - A write that failed and was undone (e.g. the disk is full) refuses every send of the op
-//!   with [`WRITE_FAILED_STATUS`]; nothing of them was stored, the partition keeps taking
-//!   writes and succeeds again once space returns.
+//! - A write that failed and was undone (e.g. the disk is full) refuses every send of its op,
+//!   and of the ops after it in the same commit, with [`WRITE_FAILED_STATUS`]: nothing of
+//!   them was stored. The ops before it in the commit were made durable and are
+//!   acknowledged. The partition keeps taking writes and succeeds again once space returns.
 //! - A failed barrier (or any failure that makes the partition stop, such as a write that
-//!   could not be undone) is fatal for what it covered: every send of the op gets
+//!   could not be undone) is fatal for what it covered: every send of those ops gets
 //!   [`BARRIER_FAILED_STATUS`], none is acknowledged, and the partition refuses writes until
-//!   restart. Later sends get [`PARTITION_STOPPED_STATUS`]. The stop is logged once, with the
-//!   partition directory and the offsets affected.
+//!   restart. Later sends get [`PARTITION_STOPPED_STATUS`]. The stop is logged once per
+//!   commit, with the partition directory and the offsets affected.
 
-use crate::node::GroupError;
+use crate::node::{GroupError, LANES};
 pub use crate::partition::{BARRIER_FAILED_STATUS, PARTITION_STOPPED_STATUS, WRITE_FAILED_STATUS};
 use crate::partition::{PartitionState, lock, serving};
 use crate::partition_group::PartitionError;
@@ -426,10 +429,12 @@ struct WriterShared {
     global: Arc<CommitCounters>,
 }
 
-/// The writer task of one partition: gather a group, commit it on a blocking thread, repeat.
-/// Ends when every queue sender is gone and the queue is drained.
+/// The writer task of one partition: gather groups, commit them on a blocking thread,
+/// repeat. Each group is one op; when the queue holds more than one group's worth, up to
+/// [`LANES`] groups are committed together (one op each on the group's lanes, one barrier
+/// for all). Ends when every queue sender is gone and the queue is drained.
 async fn run(mut queue: mpsc::Receiver<PendingSend>, shared: Arc<WriterShared>) {
-    // A send that did not fit the previous group: it starts the next one.
+    // A send that did not fit the previous groups: it starts the next one.
     let mut carried: Option<PendingSend> = None;
     loop {
         let first = match carried.take() {
@@ -439,116 +444,184 @@ async fn run(mut queue: mpsc::Receiver<PendingSend>, shared: Arc<WriterShared>) 
                 None => break,
             },
         };
-        let first_bytes = first.batch.len() as u64;
-        let mut group = Group::new(first, first_bytes, GROUP_BOUNDS);
-        while !group.is_full() {
-            let Ok(next) = queue.try_recv() else {
-                break;
-            };
-            let next_bytes = next.batch.len() as u64;
-            if let Err(back) = group.offer(next, next_bytes) {
-                carried = Some(back);
-                break;
+        let mut groups: Vec<Vec<PendingSend>> = Vec::new();
+        let mut next_first = Some(first);
+        while let Some(first) = next_first.take() {
+            let first_bytes = first.batch.len() as u64;
+            let mut group = Group::new(first, first_bytes, GROUP_BOUNDS);
+            while !group.is_full() {
+                let Ok(next) = queue.try_recv() else {
+                    break;
+                };
+                let next_bytes = next.batch.len() as u64;
+                if let Err(back) = group.offer(next, next_bytes) {
+                    next_first = Some(back);
+                    break;
+                }
+            }
+            if group.is_full() && next_first.is_none() {
+                next_first = queue.try_recv().ok();
+            }
+            tracing::trace!(sends = group.len(), bytes = group.bytes(), "group gathered");
+            groups.push(group.into_items());
+            if groups.len() == LANES {
+                carried = next_first.take();
             }
         }
-        tracing::trace!(sends = group.len(), bytes = group.bytes(), "group gathered");
-        let sends = group.into_items();
         let work = shared.clone();
-        if let Err(error) = tokio::task::spawn_blocking(move || commit_group(&work, sends)).await {
+        if let Err(error) = tokio::task::spawn_blocking(move || commit_groups(&work, groups)).await {
             // A panic under the partition lock poisons it; later groups panic the same way
-            // and their sends get errors. Nothing was acknowledged by the failed group.
+            // and their sends get errors. Nothing was acknowledged by the failed groups.
             tracing::error!(partition_dir = %shared.dir.display(), %error, "group commit panicked");
         }
     }
 }
 
-/// Append every send of a group as one op under the partition lock, then complete every
-/// send. Runs on a blocking thread.
-fn commit_group(shared: &WriterShared, sends: Vec<PendingSend>) {
-    assert!(!sends.is_empty());
-    let sends_count = sends.len();
-    let outcomes: Vec<SendOutcome> = {
+/// Append each group as one op (all of them sharing one barrier) under the partition lock,
+/// then complete every send. Runs on a blocking thread.
+fn commit_groups(shared: &WriterShared, groups: Vec<Vec<PendingSend>>) {
+    assert!(!groups.is_empty() && groups.len() <= LANES);
+    assert!(groups.iter().all(|group| !group.is_empty()));
+    let outcomes: Vec<Vec<SendOutcome>> = {
         let mut state = lock(&shared.state);
         match serving(&mut state) {
-            Err(status) => vec![Err(status); sends_count],
+            Err(status) => groups
+                .iter()
+                .map(|group| vec![Err(status); group.len()])
+                .collect(),
             // Stopped earlier (logged then): refused without touching the log.
-            Ok(data) if data.stopped_reason().is_some() => vec![Err(PARTITION_STOPPED_STATUS); sends_count],
+            Ok(data) if data.stopped_reason().is_some() => groups
+                .iter()
+                .map(|group| vec![Err(PARTITION_STOPPED_STATUS); group.len()])
+                .collect(),
             Ok(data) => {
-                let timestamp_us = sends
+                let batches: Vec<Vec<&[u8]>> = groups
                     .iter()
-                    .map(|send| send.received_at_us)
-                    .max()
-                    .unwrap_or_default();
-                let batches: Vec<&[u8]> = sends.iter().map(|send| &send.batch[..]).collect();
+                    .map(|group| group.iter().map(|send| &send.batch[..]).collect())
+                    .collect();
+                let appends: Vec<(u64, &[&[u8]])> = groups
+                    .iter()
+                    .zip(&batches)
+                    .map(|(group, batches)| {
+                        let timestamp_us = group
+                            .iter()
+                            .map(|send| send.received_at_us)
+                            .max()
+                            .unwrap_or_default();
+                        (timestamp_us, &batches[..])
+                    })
+                    .collect();
                 let fdatasyncs_before = data.fdatasyncs();
                 let next_offset = data.purge_target();
                 let started = Instant::now();
-                match data.append(timestamp_us, &batches) {
-                    Ok(base_offsets) if base_offsets.len() == sends_count => {
-                        let latency = started.elapsed();
-                        let fdatasyncs = data.fdatasyncs().saturating_sub(fdatasyncs_before);
-                        for counters in [&shared.partition, &shared.global] {
-                            counters.record_barrier(latency, fdatasyncs);
-                            counters.record_group(sends_count as u64);
-                        }
-                        base_offsets.into_iter().map(Ok).collect()
-                    }
-                    Ok(base_offsets) => {
-                        // The op is durable and applied, but its reply does not match it.
-                        tracing::error!(
-                            partition_dir = %shared.dir.display(),
-                            sends = sends_count,
-                            base_offsets = base_offsets.len(),
-                            "an append's reply does not give one base offset per send (a bug): the sends were stored but are answered with an error"
-                        );
-                        vec![Err(codes::ERROR); sends_count]
-                    }
-                    Err(PartitionError::Group(error @ GroupError::WriteUndone { .. })) => {
-                        tracing::warn!(
-                            partition_dir = %shared.dir.display(),
-                            %error,
-                            sends = sends_count,
-                            "append failed and was undone: the sends were refused, nothing of them was stored; the partition keeps serving"
-                        );
-                        vec![Err(WRITE_FAILED_STATUS); sends_count]
-                    }
-                    Err(PartitionError::Group(error @ GroupError::TooLarge { .. })) => {
-                        // The configuration caps a batch at what one op carries and a group
-                        // of several stays far below it: a bug if reached. Nothing was taken.
-                        tracing::error!(partition_dir = %shared.dir.display(), %error, sends = sends_count, "an append exceeded the largest op (a bug); the sends were refused, nothing of them was stored");
-                        vec![Err(codes::ERROR); sends_count]
-                    }
-                    Err(PartitionError::Status(status)) => {
-                        // Validation ran before the sends were queued; what the partition
-                        // still refuses (offsets exhausted) changed nothing.
-                        tracing::warn!(partition_dir = %shared.dir.display(), status, sends = sends_count, "the partition refused an append; nothing of it was stored");
-                        vec![Err(status); sends_count]
-                    }
-                    Err(error) => {
-                        for counters in [&shared.partition, &shared.global] {
-                            counters.record_barrier_failed();
-                        }
-                        tracing::error!(
-                            partition_dir = %shared.dir.display(),
-                            cause = %error,
-                            written_sends = sends_count,
-                            from_offset = next_offset,
-                            "partition stopped taking writes until restart: the sends of this group were NOT acknowledged \
-                             (clients got status {BARRIER_FAILED_STATUS}); after a restart their messages may or may not be present; \
-                             nothing acknowledged earlier is affected; later sends get status {PARTITION_STOPPED_STATUS}"
-                        );
-                        vec![Err(BARRIER_FAILED_STATUS); sends_count]
+                let results = data.append_batch(&appends);
+                let latency = started.elapsed();
+                let acknowledged: usize = groups
+                    .iter()
+                    .zip(&results)
+                    .filter(|(group, result)| {
+                        result.as_ref().is_ok_and(|offsets| offsets.len() == group.len())
+                    })
+                    .map(|(group, _)| group.len())
+                    .sum();
+                if acknowledged > 0 {
+                    let fdatasyncs = data.fdatasyncs().saturating_sub(fdatasyncs_before);
+                    for counters in [&shared.partition, &shared.global] {
+                        counters.record_barrier(latency, fdatasyncs);
+                        counters.record_group(acknowledged as u64);
                     }
                 }
+                let mut stop_cause: Option<String> = None;
+                let mut stopped_sends = 0usize;
+                let outcomes = groups
+                    .iter()
+                    .zip(results)
+                    .map(|(group, result)| {
+                        let (outcomes, cause) = outcomes_of(shared, group.len(), result);
+                        if let Some(cause) = cause {
+                            stopped_sends += group.len();
+                            stop_cause.get_or_insert(cause);
+                        }
+                        outcomes
+                    })
+                    .collect();
+                if let Some(cause) = stop_cause {
+                    // Once per commit, however many of its ops the stop refused.
+                    for counters in [&shared.partition, &shared.global] {
+                        counters.record_barrier_failed();
+                    }
+                    tracing::error!(
+                        partition_dir = %shared.dir.display(),
+                        cause = %cause,
+                        written_sends = stopped_sends,
+                        from_offset = next_offset,
+                        "partition stopped taking writes until restart: these sends were NOT acknowledged \
+                         (clients got status {BARRIER_FAILED_STATUS}); after a restart their messages may or may not be present; \
+                         nothing acknowledged earlier is affected; later sends get status {PARTITION_STOPPED_STATUS}"
+                    );
+                }
+                outcomes
             }
         }
     };
     // Completed after the lock is released, so woken submitters never wait on it.
-    debug_assert_eq!(outcomes.len(), sends_count);
-    for (send, outcome) in sends.into_iter().zip(outcomes) {
-        // A submitter that went away (connection closed) just misses its reply.
-        let _ = send.reply.send(outcome);
+    for (group, outcomes) in groups.into_iter().zip(outcomes) {
+        debug_assert_eq!(outcomes.len(), group.len());
+        for (send, outcome) in group.into_iter().zip(outcomes) {
+            // A submitter that went away (connection closed) just misses its reply.
+            let _ = send.reply.send(outcome);
+        }
     }
+}
+
+/// What each of a group's `sends_count` sends is answered, from its op's result, and the
+/// cause when the failure stopped the partition (logged once per commit by the caller).
+fn outcomes_of(
+    shared: &WriterShared,
+    sends_count: usize,
+    result: Result<Vec<u64>, PartitionError>,
+) -> (Vec<SendOutcome>, Option<String>) {
+    let outcomes = match result {
+        Ok(base_offsets) if base_offsets.len() == sends_count => base_offsets.into_iter().map(Ok).collect(),
+        Ok(base_offsets) => {
+            // The op is durable and applied, but its reply does not match it.
+            tracing::error!(
+                partition_dir = %shared.dir.display(),
+                sends = sends_count,
+                base_offsets = base_offsets.len(),
+                "an append's reply does not give one base offset per send (a bug): the sends were stored but are answered with an error"
+            );
+            vec![Err(codes::ERROR); sends_count]
+        }
+        Err(PartitionError::Group(error @ GroupError::WriteUndone { .. })) => {
+            tracing::warn!(
+                partition_dir = %shared.dir.display(),
+                %error,
+                sends = sends_count,
+                "append failed and was undone: the sends were refused, nothing of them was stored; the partition keeps serving"
+            );
+            vec![Err(WRITE_FAILED_STATUS); sends_count]
+        }
+        Err(PartitionError::Group(error @ GroupError::TooLarge { .. })) => {
+            // The configuration caps a batch at what one op carries and a group of several
+            // stays far below it: a bug if reached. Nothing was taken.
+            tracing::error!(partition_dir = %shared.dir.display(), %error, sends = sends_count, "an append exceeded the largest op (a bug); the sends were refused, nothing of them was stored");
+            vec![Err(codes::ERROR); sends_count]
+        }
+        Err(PartitionError::Status(status)) => {
+            // Validation ran before the sends were queued; what the partition still refuses
+            // (offsets exhausted) changed nothing.
+            tracing::warn!(partition_dir = %shared.dir.display(), status, sends = sends_count, "the partition refused an append; nothing of it was stored");
+            vec![Err(status); sends_count]
+        }
+        Err(error) => {
+            return (
+                vec![Err(BARRIER_FAILED_STATUS); sends_count],
+                Some(error.to_string()),
+            );
+        }
+    };
+    (outcomes, None)
 }
 
 #[cfg(test)]
@@ -697,7 +770,7 @@ mod tests {
         assert_eq!(counters.snapshot().latency_max_us, 5_000, "the total max stays");
     }
 
-    // ---- commit_group and the writer against a disk with injected faults ----
+    // ---- commit_groups and the writer against a disk with injected faults ----
 
     use crate::partition::{PartitionData, PartitionIds};
     use crate::partition_group::LogParams;
@@ -763,11 +836,63 @@ mod tests {
             });
             outcomes.push(outcome);
         }
-        commit_group(shared, sends);
+        commit_groups(shared, vec![sends]);
         outcomes
             .into_iter()
             .map(|mut outcome| outcome.try_recv().expect("every send is completed"))
             .collect()
+    }
+
+    /// [`run_group`] of several groups committed together (one op each, one barrier).
+    fn run_groups(shared: &WriterShared, groups: &[&[u32]]) -> Vec<Vec<SendOutcome>> {
+        let mut outcomes = Vec::new();
+        let mut pending = Vec::new();
+        for counts in groups {
+            let mut sends = Vec::new();
+            let mut group_outcomes = Vec::new();
+            for &count in *counts {
+                let (reply, outcome) = oneshot::channel();
+                sends.push(PendingSend {
+                    batch: client_batch(count, 10).into(),
+                    received_at_us: 1_000,
+                    reply,
+                });
+                group_outcomes.push(outcome);
+            }
+            pending.push(sends);
+            outcomes.push(group_outcomes);
+        }
+        commit_groups(shared, pending);
+        outcomes
+            .into_iter()
+            .map(|group| {
+                group
+                    .into_iter()
+                    .map(|mut outcome| outcome.try_recv().expect("every send is completed"))
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn groups_committed_together_share_one_barrier() {
+        let fixture = fixture();
+        // The lanes register first (a barrier of their own), so the commit below is alone.
+        run_groups(&fixture.shared, &[&[1], &[1], &[1]]);
+        let before = fixture.shared.partition.snapshot();
+        let outcomes = run_groups(&fixture.shared, &[&[1, 2], &[3], &[1, 1]]);
+        assert_eq!(
+            outcomes,
+            vec![vec![Ok(3), Ok(4)], vec![Ok(6)], vec![Ok(9), Ok(10)]],
+            "offsets in the order of the groups"
+        );
+        let counters = fixture.shared.partition.snapshot().since(&before);
+        assert_eq!(
+            (counters.barriers, counters.fdatasyncs, counters.sends_acked),
+            (1, 2, 5),
+            "three ops, one barrier (the data, then the frontier)"
+        );
+        assert_eq!(next_offset(&fixture.shared), 11);
     }
 
     fn with_data<R>(shared: &WriterShared, read: impl FnOnce(&mut PartitionData) -> R) -> R {

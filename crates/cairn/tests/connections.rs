@@ -86,7 +86,10 @@ async fn a_thousand_and_twenty_four_connections_are_served_at_once() {
                 message.header.id
             );
             let index = message.header.id as usize - 1;
-            assert_eq!(message.payload.as_ref(), format!("from connection {index}").as_bytes());
+            assert_eq!(
+                message.payload.as_ref(),
+                format!("from connection {index}").as_bytes()
+            );
         }
     }
     assert_eq!(ids, (1..=CONNECTIONS as u128).collect(), "every send was stored");
@@ -100,7 +103,11 @@ async fn a_thousand_and_twenty_four_connections_are_served_at_once() {
                 .await
                 .expect("get_me timed out")
                 .unwrap_or_else(|error| panic!("connection {index}: get_me failed: {error}"));
-            assert_eq!(me.user_id, Some(0), "connection {index} is still logged in as root");
+            assert_eq!(
+                me.user_id,
+                Some(0),
+                "connection {index} is still logged in as root"
+            );
         });
     }
     while let Some(joined) = asking.join_next().await {
