@@ -113,13 +113,14 @@ impl SimMachine for MetadataMachine {
 /// batches (a third large enough to span two sectors, so crashes tear them; each client's
 /// clock runs on its own, so requests arrive out of timestamp order), malformed appends now
 /// and then (refused alike everywhere), and offset stores (some past the log's end), deletes,
-/// purges and trims among them. Its checkers: the manifest (digest of every
+/// purges, trims and skips among them. Its checkers: the manifest (digest of every
 /// committed batch included) equal after every op on every replica, and every append's
 /// batches continuing the committed log exactly (no offset minted twice).
 mod partition_workload {
     use crate::partition::{
-        OPERATION_APPEND, OPERATION_DELETE_OFFSET, OPERATION_PURGE, OPERATION_STORE_OFFSET, OPERATION_TRIM,
-        Owner, PartitionMachine, encode_append, encode_offset_op, encode_purge, encode_trim,
+        OPERATION_APPEND, OPERATION_DELETE_OFFSET, OPERATION_PURGE, OPERATION_SKIP, OPERATION_STORE_OFFSET,
+        OPERATION_TRIM, Owner, PartitionMachine, encode_append, encode_offset_op, encode_purge, encode_skip,
+        encode_trim,
     };
     use cairn_vsr::replica::StateMachine;
     use cairn_vsr::sim::cluster::SimMachine;
@@ -185,6 +186,8 @@ mod partition_workload {
                 ),
                 17 => (OPERATION_DELETE_OFFSET, encode_offset_op(&owner(prng), None)),
                 18 => (OPERATION_PURGE, encode_purge(prng.below(64))),
+                // A skip (after an unclean relaxed stop): often a gap, sometimes nothing.
+                _ if prng.chance_ppm(PPM / 4) => (OPERATION_SKIP, encode_skip(prng.below(256))),
                 _ => (OPERATION_TRIM, encode_trim(prng.below(64))),
             };
             if body.len() > body_max {
