@@ -30,7 +30,7 @@ use cairn_wire::types::Identifier;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// A partition at run time. Its log and offsets sit behind one mutex; sends reach the log only
 /// through the partition's writer (group commit, see `writer`).
@@ -663,6 +663,19 @@ impl Catalog {
             .values()
             .flat_map(|stream| self.topics_of(stream))
     }
+}
+
+/// Every partition of the catalog now, in (stream, topic, partition) order, for a pass over
+/// them that takes each one's own lock (the catalog's is held only to list them).
+pub fn all_partitions(catalog: &RwLock<Catalog>) -> Vec<Arc<Partition>> {
+    let catalog = match catalog.read() {
+        Ok(guard) => guard,
+        Err(poisoned) => panic!("catalog lock poisoned by an earlier panic: {poisoned}"),
+    };
+    catalog
+        .all_topics()
+        .flat_map(|topic| topic.partitions.iter().cloned())
+        .collect()
 }
 
 /// [`Partition::open_state`] of every partition in `to_open`, on up to as many threads as

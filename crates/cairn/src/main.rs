@@ -406,17 +406,7 @@ async fn run_flush(
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let pass = move || {
-        let partitions: Vec<Arc<catalog::Partition>> = {
-            let catalog = match server.catalog.read() {
-                Ok(guard) => guard,
-                Err(poisoned) => panic!("catalog lock poisoned by an earlier panic: {poisoned}"),
-            };
-            catalog
-                .all_topics()
-                .flat_map(|topic| topic.partitions.iter().cloned())
-                .collect()
-        };
-        for partition in &partitions {
+        for partition in catalog::all_partitions(&server.catalog) {
             partition::flush_relaxed(&partition.state);
         }
     };

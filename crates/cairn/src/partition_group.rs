@@ -131,6 +131,16 @@ impl LogJournal {
         Some((timestamp_us, batches))
     }
 
+    /// Run `sync` on the log (a read-only journal has nothing to sync).
+    fn synced(&mut self, sync: fn(&mut JournalLog) -> Result<u64, StorageError>) -> Result<(), GroupError> {
+        if self.inspection.is_some() {
+            return Ok(());
+        }
+        sync(&mut self.log)
+            .map(|_| ())
+            .map_err(|error| self.storage_error(error))
+    }
+
     /// The journal opened over `log`, and what its window holds for the replica.
     #[allow(clippy::type_complexity)]
     fn recovered(
@@ -353,33 +363,18 @@ impl GroupJournal for LogJournal {
     /// an op counts as written once it is in the page cache; a timer (or anything durable
     /// naming it) flushes it.
     fn prepares_barrier(&mut self) -> Result<(), GroupError> {
-        if self.inspection.is_some() || self.log.relaxed() {
+        if self.log.relaxed() {
             return Ok(());
         }
-        self.log
-            .sync()
-            .map(|_| ())
-            .map_err(|error| self.storage_error(error))
+        self.synced(JournalLog::sync)
     }
 
     fn flush(&mut self) -> Result<(), GroupError> {
-        if self.inspection.is_some() {
-            return Ok(());
-        }
-        self.log
-            .sync()
-            .map(|_| ())
-            .map_err(|error| self.storage_error(error))
+        self.synced(JournalLog::sync)
     }
 
     fn flush_for_stop(&mut self) -> Result<(), GroupError> {
-        if self.inspection.is_some() {
-            return Ok(());
-        }
-        self.log
-            .sync_for_stop()
-            .map(|_| ())
-            .map_err(|error| self.storage_error(error))
+        self.synced(JournalLog::sync_for_stop)
     }
 
     fn read_prepare(&mut self, op: u64, checksum: u128) -> Option<Message> {
@@ -865,6 +860,19 @@ mod tests {
         )
     }
 
+    /// The test parameters over a disk whose faults the test sets.
+    fn faulty_params(relaxed: bool) -> (Arc<crate::test_support::Faults>, LogParams) {
+        let faults = Arc::new(crate::test_support::Faults::default());
+        let params = LogParams {
+            relaxed,
+            disk: Arc::new(crate::test_support::FaultyDisk {
+                faults: Arc::clone(&faults),
+            }),
+            ..params()
+        };
+        (faults, params)
+    }
+
     /// Append `sends` requests of two batches each; returns every base offset minted.
     fn append(group: &mut PartitionGroup, sends: u32) -> Vec<u64> {
         let mut minted = Vec::new();
@@ -1113,17 +1121,11 @@ mod tests {
     /// stops the group until it is reopened, which drops the op never reported durable.
     #[test]
     fn a_write_the_disk_refuses_is_undone_and_the_group_goes_on() {
-        use crate::test_support::{DISK_FULL, Faults, FaultyDisk};
+        use crate::test_support::DISK_FULL;
         use std::sync::atomic::Ordering;
         let temp = tempfile::tempdir().expect("tempdir");
         let dir = temp.path().join("partition");
-        let faults = Arc::new(Faults::default());
-        let params = LogParams {
-            disk: Arc::new(FaultyDisk {
-                faults: Arc::clone(&faults),
-            }),
-            ..params()
-        };
+        let (faults, params) = faulty_params(false);
         let mut group = open(&dir, GROUP, params.clone()).expect("format");
         for send in 0..5 {
             group
@@ -1183,18 +1185,11 @@ mod tests {
     /// (nothing was lost, so there is nothing to skip).
     #[test]
     fn a_relaxed_write_the_disk_refuses_is_undone_without_a_gap() {
-        use crate::test_support::{DISK_FULL, Faults, FaultyDisk};
+        use crate::test_support::DISK_FULL;
         use std::sync::atomic::Ordering;
         let temp = tempfile::tempdir().expect("tempdir");
         let dir = temp.path().join("partition");
-        let faults = Arc::new(Faults::default());
-        let params = LogParams {
-            relaxed: true,
-            disk: Arc::new(FaultyDisk {
-                faults: Arc::clone(&faults),
-            }),
-            ..params()
-        };
+        let (faults, params) = faulty_params(true);
         let mut group = open(&dir, GROUP, params).expect("format");
         for send in 0..5 {
             group
@@ -1228,17 +1223,10 @@ mod tests {
     /// and the group goes on from its files without a gap; nothing acknowledged is lost.
     #[test]
     fn a_write_refused_in_the_middle_of_a_batch_keeps_the_ops_before_it() {
-        use crate::test_support::{Faults, FaultyDisk};
         use std::sync::atomic::Ordering;
         let temp = tempfile::tempdir().expect("tempdir");
         let dir = temp.path().join("partition");
-        let faults = Arc::new(Faults::default());
-        let params = LogParams {
-            disk: Arc::new(FaultyDisk {
-                faults: Arc::clone(&faults),
-            }),
-            ..params()
-        };
+        let (faults, params) = faulty_params(false);
         let mut group = open(&dir, GROUP, params.clone()).expect("format");
         let batch = client_batch(2, 50, 1);
         let batches: Vec<&[u8]> = vec![&batch];

@@ -16,7 +16,7 @@ use crate::catalog::{Catalog, Partition};
 use crate::partition::{PartitionState, lock, serving};
 use cairn_storage::StorageError;
 use cairn_storage::journal::{self, SealedSegment};
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 
 /// What one pass did, for the log line and the tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -34,16 +34,7 @@ pub struct ScrubTotals {
 /// One pass over every serving partition; `stopping` is asked between segments, and a
 /// pass that sees it stops there (a stop must not wait for a pass over every byte).
 pub fn scrub(catalog: &RwLock<Catalog>, stopping: &dyn Fn() -> bool) -> ScrubTotals {
-    let partitions: Vec<Arc<Partition>> = {
-        let catalog = match catalog.read() {
-            Ok(guard) => guard,
-            Err(poisoned) => panic!("catalog lock poisoned by an earlier panic: {poisoned}"),
-        };
-        catalog
-            .all_topics()
-            .flat_map(|topic| topic.partitions.iter().cloned())
-            .collect()
-    };
+    let partitions = crate::catalog::all_partitions(catalog);
     let mut totals = ScrubTotals::default();
     for partition in &partitions {
         scrub_partition(partition, &mut totals, stopping);

@@ -767,22 +767,30 @@ impl JournalLog {
             .map(|entry| entry.base_offset)
     }
 
+    /// Segment `index`'s end offset (the next one's start, or the log's end) and its newest
+    /// batch, if it holds any.
+    fn segment_end(&self, index: usize) -> (u64, Option<BatchEntry>) {
+        let segment = &self.segments[index];
+        let end_offset = self
+            .segments
+            .get(index + 1)
+            .map_or(self.chain.next_offset, |next| next.start.next_offset);
+        let newest = self
+            .batches
+            .partition_point(|entry| entry.base_offset < end_offset)
+            .checked_sub(1)
+            .map(|last| self.batches[last])
+            .filter(|entry| entry.base_offset >= segment.start.next_offset);
+        (end_offset, newest)
+    }
+
     /// The journal's segments, oldest first (the last is the one written).
     pub fn segments(&self) -> Vec<JournalSegment> {
         self.segments
             .iter()
             .enumerate()
             .map(|(index, segment)| {
-                let end_offset = self
-                    .segments
-                    .get(index + 1)
-                    .map_or(self.chain.next_offset, |next| next.start.next_offset);
-                let newest = self
-                    .batches
-                    .partition_point(|entry| entry.base_offset < end_offset)
-                    .checked_sub(1)
-                    .map(|last| self.batches[last])
-                    .filter(|entry| entry.base_offset >= segment.start.next_offset);
+                let (end_offset, newest) = self.segment_end(index);
                 JournalSegment {
                     first_op: segment.first_op(),
                     base_offset: segment.start.next_offset,
@@ -814,17 +822,8 @@ impl JournalLog {
             .iter()
             .enumerate()
             .map(|(index, segment)| {
-                let end_offset = self
-                    .segments
-                    .get(index + 1)
-                    .map_or(self.chain.next_offset, |next| next.start.next_offset);
-                let messages_end = self
-                    .batches
-                    .partition_point(|entry| entry.base_offset < end_offset)
-                    .checked_sub(1)
-                    .map(|last| self.batches[last])
-                    .filter(|entry| entry.base_offset >= segment.start.next_offset)
-                    .map_or(segment.start.next_offset, |entry| entry.end_offset());
+                let (end_offset, newest) = self.segment_end(index);
+                let messages_end = newest.map_or(segment.start.next_offset, |entry| entry.end_offset());
                 end_offset.saturating_sub(messages_end.max(from_offset))
             })
             .sum()

@@ -187,6 +187,19 @@ fn apply_dir_op(namespace: &mut BTreeMap<PathBuf, u64>, op: &DirOp) {
 }
 
 impl SimState {
+    /// After a crash or a kill, once the namespace and contents are what the next process
+    /// sees: files no name reaches are gone, every open handle dies, faults are reset.
+    fn restart(&mut self) {
+        let referenced: BTreeSet<u64> = self.namespace.values().copied().collect();
+        self.inodes.retain(|id, _| referenced.contains(id));
+        self.epoch += 1;
+        self.power_cut = false;
+        self.ops_until_power_cut = None;
+        self.sync_data_failures_left = 0;
+        self.write_failures_left = 0;
+        self.stats.crash_count += 1;
+    }
+
     /// Count one operation against the power-cut countdown. `Err` once the power is cut;
     /// `Ok(true)` for the last operation before the cut (apply it, then report failure).
     fn tick(&mut self, path: &Path) -> Result<bool, StorageError> {
@@ -329,14 +342,7 @@ impl SimDisk {
             inode.volatile = inode.durable.clone();
         }
         state.namespace = state.durable_namespace.clone();
-        let referenced: BTreeSet<u64> = state.namespace.values().copied().collect();
-        state.inodes.retain(|id, _| referenced.contains(id));
-        state.epoch += 1;
-        state.power_cut = false;
-        state.ops_until_power_cut = None;
-        state.sync_data_failures_left = 0;
-        state.write_failures_left = 0;
-        state.stats.crash_count += 1;
+        state.restart();
     }
 
     /// The process dies (SIGKILL) and the machine keeps running: the page cache survives, so
@@ -351,14 +357,7 @@ impl SimDisk {
             inode.durable = inode.volatile.clone();
         }
         state.durable_namespace = state.namespace.clone();
-        let referenced: BTreeSet<u64> = state.namespace.values().copied().collect();
-        state.inodes.retain(|id, _| referenced.contains(id));
-        state.epoch += 1;
-        state.power_cut = false;
-        state.ops_until_power_cut = None;
-        state.sync_data_failures_left = 0;
-        state.write_failures_left = 0;
-        state.stats.crash_count += 1;
+        state.restart();
     }
 
     /// The volatile contents of `path` (what a reader sees now), for tests.
