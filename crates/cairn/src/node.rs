@@ -74,6 +74,28 @@ pub enum GroupError {
     WriteUndone { dir: PathBuf, reason: String },
 }
 
+impl GroupError {
+    /// The same failure for another request of the same batch (the error is not `Clone`): an
+    /// undone write stays one (nothing was taken), a stop stays that stop, anything else
+    /// becomes a stop of the group in `dir` saying what happened.
+    pub fn like(&self, dir: &Path) -> GroupError {
+        match self {
+            GroupError::WriteUndone { dir, reason } => GroupError::WriteUndone {
+                dir: dir.clone(),
+                reason: reason.clone(),
+            },
+            GroupError::Stopped { dir, reason } => GroupError::Stopped {
+                dir: dir.clone(),
+                reason: reason.clone(),
+            },
+            other => GroupError::Stopped {
+                dir: dir.to_path_buf(),
+                reason: other.to_string(),
+            },
+        }
+    }
+}
+
 /// The shape of a group this shell runs: the metadata group's (the ring journal of whole
 /// prepares suits a log of small ops; a partition's journal is its segment log).
 pub const SHAPE: Shape = Shape::METADATA;
@@ -922,9 +944,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                         )
                     })
                     .collect();
-                let lanes_before = self.lanes[0].client;
-                let outcomes = self.call_lanes(calls);
-                let reopened = self.lanes[0].client != lanes_before;
+                let (outcomes, reopened) = self.call_round(calls);
                 for (lane, outcome) in unregistered.iter().zip(outcomes) {
                     match outcome {
                         // After a reopen the lanes are new: a session of the old group is
@@ -958,9 +978,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                     (lane, self.request_on(lane, *operation, Arc::clone(body)))
                 })
                 .collect();
-            let lanes_before = self.lanes[0].client;
-            let outcomes = self.call_lanes(calls);
-            let reopened = self.lanes[0].client != lanes_before;
+            let (outcomes, reopened) = self.call_round(calls);
             for (lane, outcome) in ready.iter().zip(outcomes) {
                 match outcome {
                     Ok(reply) if reply.header.operation == OPERATION_SESSION_EVICTED => {
@@ -1011,6 +1029,14 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 reason: "a write of the same batch failed and was undone, and the group reopened from its files before this request was taken".into(),
             }));
         }
+    }
+
+    /// [`LocalGroup::call_lanes`], and whether the group reopened from its files meanwhile
+    /// (its lanes are then new: no session of the old group is theirs).
+    fn call_round(&mut self, calls: Vec<(usize, Message)>) -> (Vec<Result<Message, GroupError>>, bool) {
+        let lanes_before = self.lanes[0].client;
+        let outcomes = self.call_lanes(calls);
+        (outcomes, self.lanes[0].client != lanes_before)
     }
 
     /// The next request of `lane` (a register restarts its request numbers).
@@ -1077,21 +1103,13 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             }
         };
         // The first lane without a reply gets the error itself, the others its like.
-        let (undone, reason) = (matches!(error, GroupError::WriteUndone { .. }), error.to_string());
-        let dir = self.files.dir.clone();
+        let like = error.like(&self.files.dir);
         let mut error = Some(error);
         replies
             .iter_mut()
             .map(|reply| match reply.take() {
                 Some(reply) => Ok(reply),
-                None => Err(error.take().unwrap_or_else(|| {
-                    let (dir, reason) = (dir.clone(), reason.clone());
-                    if undone {
-                        GroupError::WriteUndone { dir, reason }
-                    } else {
-                        GroupError::Stopped { dir, reason }
-                    }
-                })),
+                None => Err(error.take().unwrap_or_else(|| like.like(&self.files.dir))),
             })
             .collect()
     }

@@ -661,16 +661,7 @@ impl LocalGroup<PartitionMachine, LogJournal> {
         let like = |error: &PartitionError| match error {
             PartitionError::Status(status) => PartitionError::Status(*status),
             PartitionError::Faulted(fault) => PartitionError::Faulted(fault.clone()),
-            PartitionError::Group(GroupError::WriteUndone { dir, reason }) => {
-                PartitionError::Group(GroupError::WriteUndone {
-                    dir: dir.clone(),
-                    reason: reason.clone(),
-                })
-            }
-            PartitionError::Group(other) => PartitionError::Group(GroupError::Stopped {
-                dir: self.journal().dir.clone(),
-                reason: other.to_string(),
-            }),
+            PartitionError::Group(error) => PartitionError::Group(error.like(&self.journal().dir)),
         };
         let mut results: Vec<Result<Vec<u64>, PartitionError>> =
             (1..count).map(|_| Err(like(&error))).collect();
