@@ -107,6 +107,9 @@ impl Disk for FaultyDisk {
     fn sync_dir(&self, dir: &Path) -> Result<(), StorageError> {
         RealDisk.sync_dir(dir)
     }
+    fn remove_dir(&self, dir: &Path) -> Result<bool, StorageError> {
+        RealDisk.remove_dir(dir)
+    }
 }
 
 impl WriteFile for FaultyFile {

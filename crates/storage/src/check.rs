@@ -589,6 +589,10 @@ impl Disk for Overlay<'_> {
         Err(self.read_only())
     }
 
+    fn remove_dir(&self, _dir: &Path) -> Result<bool, StorageError> {
+        Err(self.read_only())
+    }
+
     fn list_dir(&self, dir: &Path) -> Result<Vec<String>, StorageError> {
         let mut names = self.disk.list_dir(dir)?;
         if dir == self.dir {

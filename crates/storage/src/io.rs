@@ -43,6 +43,9 @@ pub trait Disk: Send + Sync + fmt::Debug {
     fn remove_file(&self, path: &Path) -> Result<bool, StorageError>;
     /// Make the directory's entries (creations, renames, removals) stable.
     fn sync_dir(&self, dir: &Path) -> Result<(), StorageError>;
+    /// Remove an empty directory (its parent's `sync_dir` makes that stable). Returns whether
+    /// it existed; a directory that still holds entries is an error.
+    fn remove_dir(&self, dir: &Path) -> Result<bool, StorageError>;
 }
 
 /// A file open for positional reads.
@@ -127,6 +130,14 @@ fn io_error(path: &Path, source: std::io::Error) -> StorageError {
 }
 
 impl Disk for RealDisk {
+    fn remove_dir(&self, dir: &Path) -> Result<bool, StorageError> {
+        match fs::remove_dir(dir) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io_error(dir, e)),
+        }
+    }
+
     fn create_dir_all(&self, dir: &Path) -> Result<(), StorageError> {
         fs::create_dir_all(dir).map_err(|e| io_error(dir, e))
     }

@@ -114,6 +114,9 @@ pub const OFFSET_LEASE_MESSAGES: u64 = 65_536;
 /// Writeback pacing granularity of a `relaxed` journal (see `JournalLog::pace_writeback`).
 pub const WRITEBACK_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
 
+/// The most bytes one state-transfer chunk carries ([`JournalLog::read_segment_range`]).
+pub const TRANSFER_CHUNK_BYTES_MAX: u64 = 8 * 1024 * 1024;
+
 /// How far writeback of the active segment was started and waited for (pacing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Writeback {
@@ -199,6 +202,20 @@ pub struct JournalSegment {
     pub size_bytes: u64,
     /// The timestamp of its last message, if it holds one.
     pub newest_timestamp_us: Option<u64>,
+}
+
+/// A segment as a state transfer sends it: the chain its first record continues (its first
+/// op names it) and the bytes sent (up to the end of the transferred checkpoint's op).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransferSegment {
+    pub start: Chain,
+    pub len_bytes: u64,
+}
+
+impl TransferSegment {
+    pub fn first_op(&self) -> u64 {
+        self.start.next_op
+    }
 }
 
 /// A sealed segment as a scrub verifies it: its file, the chain its first record continues
@@ -1223,6 +1240,114 @@ impl JournalLog {
             }
         }
         Ok(last_op)
+    }
+
+    /// What a state transfer sends of this journal up to `through_op` (an op at or below the
+    /// durable frontier, or the op before the journal's first): every segment holding an op
+    /// up to it, oldest first, by its first op with its length up to the end of
+    /// `through_op`'s records, and the chain after `through_op`. When `through_op` precedes
+    /// every op, that is the first segment with no bytes. Each segment comes with the chain
+    /// its first record continues. The caller (the group's shell)
+    /// never cuts at or below `through_op` (a checkpoint's op: committed), so those bytes do
+    /// not change while their segment exists; retention may remove a segment meanwhile (a
+    /// read of it then fails and the transfer starts over).
+    pub fn transfer_extent(&self, through_op: u64) -> Result<(Vec<TransferSegment>, Chain), StorageError> {
+        if through_op + 1 < self.start.next_op || through_op > self.durable_op() {
+            return Err(StorageError::Invalid(format!(
+                "op {through_op} cannot be transferred: the journal holds {}..={} durably",
+                self.start.next_op,
+                self.durable_op()
+            )));
+        }
+        let Some(last) = self.ops.get(&through_op).copied() else {
+            let first = self.segments.first().expect("one segment");
+            return Ok((
+                vec![TransferSegment {
+                    start: first.start,
+                    len_bytes: 0,
+                }],
+                self.start,
+            ));
+        };
+        let end = self
+            .ops
+            .get(&(through_op + 1))
+            .map_or(self.chain, |next| next.chain_before);
+        let segments = self
+            .segments
+            .iter()
+            .take_while(|segment| segment.first_op() <= last.segment_first_op)
+            .map(|segment| {
+                let len = if segment.first_op() == last.segment_first_op {
+                    last.position_bytes + last.len_bytes
+                } else {
+                    segment.len_bytes
+                };
+                TransferSegment {
+                    start: segment.start,
+                    len_bytes: len,
+                }
+            })
+            .collect();
+        Ok((segments, end))
+    }
+
+    /// `len` bytes of the segment named `first_op` from `position_bytes`, as they are on disk
+    /// (a state transfer's chunk; the receiver verifies the whole log it rebuilt). Only bytes
+    /// the segment holds; `Invalid` for a segment no longer in the journal.
+    pub fn read_segment_range(
+        &self,
+        first_op: u64,
+        position_bytes: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, StorageError> {
+        let Some(segment) = self
+            .segments
+            .iter()
+            .find(|segment| segment.first_op() == first_op)
+        else {
+            return Err(StorageError::Invalid(format!(
+                "segment {first_op} is not in the journal (removed by retention?)"
+            )));
+        };
+        if len > TRANSFER_CHUNK_BYTES_MAX || position_bytes.saturating_add(len) > segment.len_bytes {
+            return Err(StorageError::Invalid(format!(
+                "{len} bytes at {position_bytes} of segment {first_op}: outside its {} bytes or over {TRANSFER_CHUNK_BYTES_MAX}",
+                segment.len_bytes
+            )));
+        }
+        let mut bytes = vec![0u8; len as usize];
+        self.disk
+            .open_read(&segment.path(&self.dir))?
+            .read_exact_at(position_bytes, &mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// Write the files that make `dir` (holding the segments a state transfer wrote, the
+    /// first beginning at `start`, the last being `last_segment`) a journal whose durable
+    /// frontier is `end`, the chain after its last op: `journal.start`, then the state file.
+    /// The caller synced the segments and syncs the directory, then verifies the whole with a
+    /// read-only open.
+    pub(crate) fn write_transferred_files(
+        disk: &dyn Disk,
+        dir: &Path,
+        start: Chain,
+        end: Chain,
+        last_segment: TransferSegment,
+    ) -> Result<(), StorageError> {
+        debug_assert_eq!(start.partition_id, end.partition_id);
+        atomic_file::write_on(disk, &dir.join(JOURNAL_START_FILE), &encode_start(&start))?;
+        let segment = Segment {
+            start: last_segment.start,
+            len_bytes: last_segment.len_bytes,
+        };
+        let frontier = frontier_at(&segment, end);
+        StateFile::create(
+            disk,
+            &dir.join(STATE_FILE_NAME),
+            journal_state(frontier, end.next_offset, false),
+        )?;
+        Ok(())
     }
 
     /// The sealed segments (every one but the active), oldest first, for a scrub.

@@ -48,6 +48,7 @@ pub mod read;
 pub mod record;
 pub mod sim_disk;
 pub mod state;
+pub mod transfer;
 
 /// Storage failures. IO errors carry the path they happened on.
 #[derive(Debug, thiserror::Error)]

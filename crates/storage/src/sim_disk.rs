@@ -586,6 +586,31 @@ impl Disk for SimDisk {
         SimState::cut_result(cut, path, existed)
     }
 
+    /// Durable at once, like a directory's creation; a directory that holds a file in either
+    /// namespace (volatile, or durable because its removal was not synced) is refused, so a
+    /// caller removes the files and syncs the directory first.
+    fn remove_dir(&self, dir: &Path) -> Result<bool, StorageError> {
+        let mut state = self.lock();
+        let cut = state.tick(dir)?;
+        if !state.dirs.contains(dir) {
+            return SimState::cut_result(cut, dir, false);
+        }
+        let holds = |path: &PathBuf| path.starts_with(dir) && path.as_path() != dir;
+        let occupied = state.namespace.keys().any(holds)
+            || state.durable_namespace.keys().any(holds)
+            || state.dirs.iter().any(holds);
+        if occupied {
+            return Err(sim_error(
+                dir,
+                ErrorKind::DirectoryNotEmpty,
+                "directory not empty",
+            ));
+        }
+        state.dirs.remove(dir);
+        state.journals.remove(dir);
+        SimState::cut_result(cut, dir, true)
+    }
+
     fn sync_dir(&self, dir: &Path) -> Result<(), StorageError> {
         let mut state = self.lock();
         let cut = state.tick(dir)?;

@@ -885,6 +885,9 @@ impl Disk for FlakyDisk {
     fn sync_dir(&self, dir: &Path) -> Result<(), StorageError> {
         RealDisk.sync_dir(dir)
     }
+    fn remove_dir(&self, dir: &Path) -> Result<bool, StorageError> {
+        RealDisk.remove_dir(dir)
+    }
 }
 
 #[test]
