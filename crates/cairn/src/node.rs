@@ -25,6 +25,7 @@
 //! one from its files, then ticks the replica until it has installed a view and applied every
 //! op its log holds.
 
+use cairn_storage::transfer::CheckpointId;
 use cairn_vsr::checkpoint::Checkpoint;
 use cairn_vsr::constants::{
     HEADER_SIZE, OPERATION_REGISTER, OPERATION_SESSION_EVICTED, SUPERBLOCK_COPIES, Shape,
@@ -238,14 +239,15 @@ pub trait GroupJournal: Sized {
     fn create(dir: &Path, params: &Self::Params) -> Result<Self, GroupError>;
     /// Open the journal in `dir` and say what it holds: one state per slot of the shape's
     /// ring (op `o` at slot `o % journal_slots`), and each damaged entry that may hold an
-    /// acknowledged prepare, described for an operator.
+    /// acknowledged prepare, described for an operator. `checkpoint` is the one the
+    /// superblock names (a journal a state transfer staged for it is made live first).
     #[allow(clippy::type_complexity)]
     fn open(
         dir: &Path,
         params: &Self::Params,
         read_only: bool,
-        cluster: u128,
-        group: u64,
+        ids: (u128, u64),
+        checkpoint: CheckpointId,
     ) -> Result<(Self, Vec<SlotState>, Vec<String>), GroupError>;
     /// Write `message`. It counts as written (the replica is told) only after the next
     /// [`GroupJournal::prepares_barrier`], which covers every prepare written since the last.
@@ -329,8 +331,8 @@ impl GroupJournal for RingJournal {
         dir: &Path,
         _params: &(),
         read_only: bool,
-        cluster: u128,
-        group: u64,
+        (cluster, group): (u128, u64),
+        _checkpoint: CheckpointId,
     ) -> Result<(RingJournal, Vec<SlotState>, Vec<String>), GroupError> {
         let journal = RingJournal {
             dir: dir.to_path_buf(),
@@ -707,7 +709,11 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             }
             found
         };
-        let (journal_store, journal, damaged) = J::open(dir, params, read_only, cluster, group)?;
+        let named = CheckpointId {
+            op: state.checkpoint_op,
+            checksum: state.checkpoint_checksum,
+        };
+        let (journal_store, journal, damaged) = J::open(dir, params, read_only, (cluster, group), named)?;
         let recovered = Recovered {
             durable: Some(state.clone()),
             checkpoint,

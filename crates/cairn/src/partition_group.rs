@@ -5,7 +5,13 @@
 //! ```text
 //! <group dir>/cluster, superblock, checkpoints   as for every group (`node`)
 //!            /log/                               the journal log (`cairn_storage::journal`)
+//!            /log.<g>/, journal.live             a journal a state transfer brought, and
+//!                                                which generation is live
+//!                                                (`cairn_storage::transfer`)
 //! ```
+//!
+//! The open makes live a staged journal whose marker names the checkpoint the superblock
+//! names (the install's commit point) and removes any other generation but the live one.
 //!
 //! How a prepare becomes records, and back:
 //! - an append whose batches the primary stamped to continue the log (the partition id, the
@@ -34,6 +40,7 @@ use cairn_storage::io::{Disk, RealDisk};
 use cairn_storage::journal::{JournalConfig, JournalInspection, JournalLog, JournalSegment};
 use cairn_storage::read::{ReadOutcome, ReadPart};
 use cairn_storage::record::Chain;
+use cairn_storage::transfer::{self, CheckpointId};
 use cairn_vsr::constants::{HEADER_SIZE, Shape};
 use cairn_vsr::header::{Command, Header, Message};
 use cairn_vsr::journal::{SlotState, read_back};
@@ -42,7 +49,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// The journal log's directory inside the group directory.
-const LOG_DIR: &str = "log";
+#[cfg(test)]
+const LOG_DIR: &str = cairn_storage::transfer::JOURNAL_DIR;
 
 /// How a partition's journal runs: the segment size is the topic's (or the server's), the
 /// durability mode the server's.
@@ -199,7 +207,7 @@ impl GroupJournal for LogJournal {
     type Params = LogParams;
 
     fn create(dir: &Path, params: &LogParams) -> Result<LogJournal, GroupError> {
-        let log_dir = dir.join(LOG_DIR);
+        let log_dir = transfer::journal_dir(dir, 0);
         // What an interrupted earlier format left here was never used (the superblock, written
         // last, is what makes a group formatted): start empty.
         match std::fs::remove_dir_all(&log_dir) {
@@ -238,13 +246,44 @@ impl GroupJournal for LogJournal {
         dir: &Path,
         params: &LogParams,
         read_only: bool,
-        cluster: u128,
-        group: u64,
+        (cluster, group): (u128, u64),
+        checkpoint: CheckpointId,
     ) -> Result<(LogJournal, Vec<SlotState>, Vec<String>), GroupError> {
-        let log_dir = dir.join(LOG_DIR);
         let config = JournalConfig {
             segment_size_bytes: params.segment_size_bytes,
             relaxed: params.relaxed,
+        };
+        let generations_refused = |error: cairn_storage::StorageError| GroupError::Refused {
+            dir: dir.to_path_buf(),
+            reason: format!(
+                "the partition's journal generations cannot be resolved, its files are left as they are: {error}"
+            ),
+        };
+        // Which journal generation is live, finishing a state transfer's install a crash
+        // interrupted (`cairn_storage::transfer`); the checker only reads what the open would do.
+        let disk = params.disk.as_ref();
+        let log_dir = if read_only {
+            let resolution = transfer::plan_resolution(disk, dir, params.partition_id, Some(checkpoint))
+                .map_err(generations_refused)?;
+            transfer::journal_dir(dir, resolution.journal_generation())
+        } else {
+            let (log_dir, resolution) = transfer::resolve(disk, dir, params.partition_id, Some(checkpoint))
+                .map_err(generations_refused)?;
+            if let Some(generation) = resolution.roll_forward {
+                tracing::info!(
+                    dir = %dir.display(),
+                    generation,
+                    checkpoint_op = checkpoint.op,
+                    "finished installing the journal a state transfer brought (the superblock already named its checkpoint); the old journal was removed"
+                );
+            } else if !resolution.removed.is_empty() {
+                tracing::info!(
+                    dir = %dir.display(),
+                    generations = ?resolution.removed,
+                    "removed journal generations that are not live: a state transfer's staging the superblock never committed, or the journal a committed one replaced"
+                );
+            }
+            log_dir
         };
         let refused = |error: cairn_storage::StorageError| GroupError::Refused {
             dir: log_dir.clone(),
@@ -448,8 +487,8 @@ pub fn check(dir: &Path, (stream_id, topic_id, partition_id): (u32, u32, u32)) -
         return None;
     }
     let mut report = PartitionReport::empty(dir, partition_id);
-    let log_dir = dir.join(LOG_DIR);
-    report.segment_files = segment_files(&log_dir).len();
+    let live = transfer::live_generation(&RealDisk, dir).unwrap_or(0);
+    report.segment_files = segment_files(&transfer::journal_dir(dir, live)).len();
     // The segment size matters to writes only; a read-only open writes nothing.
     let params = LogParams::new(
         partition_id,
@@ -466,6 +505,8 @@ pub fn check(dir: &Path, (stream_id, topic_id, partition_id): (u32, u32, u32)) -
     );
     match opened {
         Ok(Some(group)) => {
+            let log_dir = group.journal().dir.clone();
+            report.segment_files = segment_files(&log_dir).len();
             let log = group.log();
             report.log = Some(LogSummary {
                 segments_count: log.segments().len(),

@@ -20,7 +20,7 @@
 use crate::constants::{HEADER_SIZE, MESSAGE_SIZE_MAX};
 use crate::durable::DurableState;
 use crate::header::{Command, Header, Message};
-use crate::replica::{Destination, Output, Replica, StateMachine};
+use crate::replica::{Destination, Output, Replica, StateMachine, TransferredLog};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -128,11 +128,19 @@ impl<S: StateMachine> Node<S> {
         self.collect()
     }
 
-    pub fn on_state_transferred(&mut self, group: u64, bytes: &[u8], checksum: u128) -> NodeOutputs {
-        if let Some(replica) = self.groups.get_mut(&group) {
-            replica.on_state_transferred(bytes, checksum);
-        }
-        self.collect()
+    /// See [`Replica::on_state_transferred`]; also says whether the checkpoint was installed.
+    pub fn on_state_transferred(
+        &mut self,
+        group: u64,
+        bytes: &[u8],
+        checksum: u128,
+        log: TransferredLog,
+    ) -> (bool, NodeOutputs) {
+        let installed = self
+            .groups
+            .get_mut(&group)
+            .is_some_and(|replica| replica.on_state_transferred(bytes, checksum, log));
+        (installed, self.collect())
     }
 
     /// The shell wrote a batch of durable states (one sync per copy for all of them).

@@ -215,6 +215,23 @@ struct CheckpointCycle {
     slot: u8,
     /// The shell reported the checkpoint bytes synced; the durable state may name it.
     written: bool,
+    /// Log journal: the checkpoint came by state transfer with a log the shell staged in
+    /// place of its own ([`TransferredLog::Replaced`]). The staged log becomes the shell's
+    /// live one when the durable state names the checkpoint, so no prepare is written until
+    /// then: op `op + 1` would land in the log being replaced.
+    replaces_log: bool,
+}
+
+/// What the shell of a log journal (`Shape::log_journal`) did with its log for a checkpoint
+/// it got by state transfer (see [`Replica::on_state_transferred`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransferredLog {
+    /// Its log already holds the checkpoint's op, with the checksum of the checkpoint's
+    /// header, durably: the log stays, with whatever it holds above that op.
+    Kept,
+    /// It staged the peer's log, which ends exactly at the checkpoint's op; it replaces the
+    /// shell's own once the durable state names the checkpoint (the install's commit point).
+    Replaced,
 }
 
 /// Fixed identity of a replica.
@@ -1111,10 +1128,12 @@ impl<S: StateMachine> Replica<S> {
     }
 
     /// The shell fetched a peer's checkpoint (state transfer): `bytes` with the checksum the
-    /// peer's durable state names. It is installed only if it is above what this replica
-    /// applied; everything it replaces was committed, so nothing is lost. Bytes that do not
-    /// verify are ignored (the replica asks again later).
-    pub fn on_state_transferred(&mut self, bytes: &[u8], checksum: u128) {
+    /// peer's durable state names, and for a log journal what it did with its log (a ring
+    /// journal ignores `log`). It is installed only if it is above what this replica applied;
+    /// everything it replaces was committed, so nothing is lost. Bytes that do not verify
+    /// are ignored (the replica asks again later). Returns whether it was installed: if not,
+    /// the shell discards a log it staged for it, before it writes any durable state.
+    pub fn on_state_transferred(&mut self, bytes: &[u8], checksum: u128, log: TransferredLog) -> bool {
         let Ok(checkpoint) = Checkpoint::decode(
             bytes,
             self.config.shape.checkpoint_size_max(),
@@ -1122,28 +1141,35 @@ impl<S: StateMachine> Replica<S> {
             self.config.cluster,
             self.config.group,
         ) else {
-            return;
+            return false;
         };
         if checkpoint.op() <= self.commit_min || self.checkpoint_cycle.is_some() {
-            return;
+            return false;
         }
         if self.status == Status::Normal && self.is_primary() {
             // A primary in normal status applied everything it committed; it never needs this.
-            return;
+            return false;
         }
         let before = self.commit_min;
         if self.install_checkpoint_state(&checkpoint).is_err() {
-            return;
+            return false;
         }
         debug_assert!(self.commit_min > before);
-        if self.config.shape.log_journal {
+        let replaces_log = self.config.shape.log_journal && log == TransferredLog::Replaced;
+        if replaces_log {
             // The shell installs the transferred log, which ends exactly at the checkpoint (a
             // partition receives the segments), in place of its own: nothing it wrote before
-            // counts any more, and what lies above the checkpoint is written again in order.
+            // counts any more, and what lies above the checkpoint is written again in order,
+            // into the new log, once the durable state names the checkpoint.
             self.cut_log(self.commit_min + 1);
             for write in self.log_writes.iter_mut() {
                 write.2 = false;
             }
+        } else if self.config.shape.log_journal {
+            // The shell's log holds the checkpoint's op durably (perhaps among writes this
+            // replica already counted as cut: a cut reaches the shell with the next write),
+            // so it ends at or above it, and what it holds above is judged as always.
+            self.log_end = self.log_end.max(self.commit_min);
         }
         // Slots at or below the new checkpoint hold ops this replica never needs again.
         for slot in self.journal.iter_mut() {
@@ -1158,7 +1184,11 @@ impl<S: StateMachine> Replica<S> {
         let (bytes, checksum_written) = checkpoint.encode(self.config.shape.checkpoint_size_max());
         debug_assert_eq!(checksum_written, checksum);
         self.start_checkpoint_cycle(checkpoint.op(), checksum, Arc::from(bytes));
+        if let Some(cycle) = self.checkpoint_cycle.as_mut() {
+            cycle.replaces_log = replaces_log;
+        }
         self.progress();
+        true
     }
 
     // ----- checkpoints and state transfer -----
@@ -1245,6 +1275,7 @@ impl<S: StateMachine> Replica<S> {
             checksum,
             slot,
             written: false,
+            replaces_log: false,
         });
         self.checkpoint_unwritten = Some(bytes);
         self.write_checkpoint_when_ready();
@@ -1928,6 +1959,10 @@ impl<S: StateMachine> Replica<S> {
     /// body) until the hole is repaired.
     fn write_log(&mut self) {
         debug_assert!(self.config.shape.log_journal);
+        if self.checkpoint_cycle.is_some_and(|cycle| cycle.replaces_log) {
+            // The shell's live log is about to be replaced (see `CheckpointCycle`).
+            return;
+        }
         // Applied ops are never cut (asserted in `cut_log`).
         while let Some(entry) = self.log_written.first_entry()
             && *entry.key() <= self.commit_min

@@ -42,6 +42,7 @@ struct Flags {
 fn run<M: SimMachine>(from: u64, count: u64, flags: Flags) -> ExitCode {
     let (mut passed, mut failed) = (0u64, 0u64);
     let (mut committed, mut crashes, mut state_transfers, mut log_truncations) = (0u64, 0u64, 0u64, 0u64);
+    let mut transfers_keeping_log = 0u64;
     for seed in from..from.saturating_add(count) {
         let options = if flags.one_replica {
             SimOptions::one_replica(seed)
@@ -54,6 +55,7 @@ fn run<M: SimMachine>(from: u64, count: u64, flags: Flags) -> ExitCode {
                 committed += outcome.committed_ops;
                 crashes += outcome.crashes;
                 state_transfers += outcome.state_transfers;
+                transfers_keeping_log += outcome.state_transfers_keeping_log;
                 log_truncations += outcome.log_truncations;
                 if count == 1 {
                     println!("seed {seed}: ok, trace {:016x}", outcome.trace_hash);
@@ -69,7 +71,7 @@ fn run<M: SimMachine>(from: u64, count: u64, flags: Flags) -> ExitCode {
         }
     }
     println!(
-        "{passed} seeds passed, {failed} failed: {committed} ops committed, {crashes} crashes, {state_transfers} state transfers, {log_truncations} log cuts"
+        "{passed} seeds passed, {failed} failed: {committed} ops committed, {crashes} crashes, {state_transfers} state transfers ({transfers_keeping_log} keeping the log), {log_truncations} log cuts"
     );
     if failed == 0 {
         ExitCode::SUCCESS

@@ -45,7 +45,7 @@ use crate::constants::{OPERATION_REGISTER, SUPERBLOCK_COPIES, Shape};
 use crate::durable::{self, COPY_SIZE, Chosen, DurableState};
 use crate::header::{Command, Header, Message};
 use crate::journal::{SlotState, classify_slot, read_back, slot_of};
-use crate::replica::{Bugs, Config, Destination, Output, Recovered, Replica, StateMachine};
+use crate::replica::{Bugs, Config, Destination, Output, Recovered, Replica, StateMachine, TransferredLog};
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
@@ -250,6 +250,8 @@ pub struct Outcome {
     pub checkpoints: u64,
     /// Checkpoints installed from a peer.
     pub state_transfers: u64,
+    /// Of those, by a log journal that kept its own log (it held the checkpoint's op).
+    pub state_transfers_keeping_log: u64,
     /// Prepares read back from a journal (applied bodies leave memory; peers' repairs and
     /// retransmissions read them).
     pub prepare_reads: u64,
@@ -529,6 +531,8 @@ pub struct Sim<M: SimMachine> {
     flip_count: u64,
     checkpoint_count: u64,
     state_transfer_count: u64,
+    /// State transfers of a log journal that kept the replica's log (it held the op).
+    state_transfers_keeping_log: u64,
     /// Log journals cut by a write at or below their end.
     log_truncations: u64,
     prepare_reads: u64,
@@ -634,6 +638,7 @@ impl<M: SimMachine> Sim<M> {
             flip_count: 0,
             checkpoint_count: 0,
             state_transfer_count: 0,
+            state_transfers_keeping_log: 0,
             log_truncations: 0,
             prepare_reads: 0,
         }
@@ -715,6 +720,7 @@ impl<M: SimMachine> Sim<M> {
             bits_flipped: self.flip_count,
             checkpoints: self.checkpoint_count,
             state_transfers: self.state_transfer_count,
+            state_transfers_keeping_log: self.state_transfers_keeping_log,
             prepare_reads: self.prepare_reads,
             log_truncations: self.log_truncations,
             writes_lost: self
@@ -1380,16 +1386,23 @@ impl<M: SimMachine> Sim<M> {
             WriteKind::StateTransfer { above_op, commit_max } => {
                 if let Some((bytes, checksum)) = self.peer_checkpoint(replica, above_op, commit_max) {
                     self.trace.record_str("state transfer");
-                    let before = self.replicas[replica].commit_min();
-                    self.replicas[replica].on_state_transferred(&bytes, checksum);
-                    if self.replicas[replica].commit_min() > before {
+                    // A log journal keeps its log when it already holds the checkpoint's op
+                    // durably (its redundant header written after the prepare's sync);
+                    // otherwise the peer's log, ending exactly at the checkpoint, replaces it
+                    // (a partition receives the segments).
+                    let log = match self.log_holds_checkpoint_op(replica, &bytes, checksum) {
+                        true => TransferredLog::Kept,
+                        false => TransferredLog::Replaced,
+                    };
+                    if self.replicas[replica].on_state_transferred(&bytes, checksum, log) {
                         self.state_transfer_count += 1;
                         self.state_transfers_by[replica] += 1;
-                        // The transferred log replaces the replica's own and ends exactly at the
-                        // checkpoint (a partition receives the segments).
-                        if self.options.shape.log_journal {
+                        if self.options.shape.log_journal && log == TransferredLog::Replaced {
                             let checkpoint_op = self.replicas[replica].commit_min();
                             self.hosts[replica].cut_log(checkpoint_op + 1, self.options.shape.journal_slots);
+                        } else if self.options.shape.log_journal {
+                            self.state_transfers_keeping_log += 1;
+                            self.trace.record_str("log kept");
                         }
                     }
                 }
@@ -1411,6 +1424,33 @@ impl<M: SimMachine> Sim<M> {
         let span = 1 + self.crashes.exponential_ticks(self.options.crash_down_ticks_mean);
         self.crash(replica, span, true);
         false
+    }
+
+    /// Log journal: whether `replica`'s log holds the op of the checkpoint `bytes` durably,
+    /// with the checksum of the checkpoint's header (a shell decides so from its own log).
+    fn log_holds_checkpoint_op(&self, replica: usize, bytes: &[u8], checksum: u128) -> bool {
+        if !self.options.shape.log_journal {
+            return false;
+        }
+        let Ok(checkpoint) = Checkpoint::decode(
+            bytes,
+            self.options.shape.checkpoint_size_max(),
+            checksum,
+            SIM_CLUSTER,
+            SIM_GROUP,
+        ) else {
+            return false;
+        };
+        let op = checkpoint.op();
+        let host = &self.hosts[replica];
+        if op > host.log_end {
+            return false;
+        }
+        let slot = slot_of(op, self.options.shape.journal_slots) as u32;
+        [Zone::Prepares, Zone::Headers].into_iter().all(|zone| {
+            Header::decode(&host.storage.read(zone, slot))
+                .is_ok_and(|header| header.op == op && header.checksum == checkpoint.header.checksum)
+        })
     }
 
     /// The newest durable checkpoint above `above_op` among the peers `replica` can reach,
