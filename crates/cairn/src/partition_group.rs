@@ -97,6 +97,108 @@ pub struct LogJournal {
 }
 
 impl LogJournal {
+    /// [`GroupJournal::open`] with the ring the replica's shape has (`journal_slots`; the
+    /// simulator's shapes differ from the partition's).
+    #[allow(clippy::type_complexity)]
+    fn open_journal(
+        dir: &Path,
+        params: &LogParams,
+        read_only: bool,
+        ids: (u128, u64),
+        checkpoint: CheckpointId,
+        journal_slots: usize,
+    ) -> Result<(LogJournal, Vec<SlotState>, Vec<String>), GroupError> {
+        let config = JournalConfig {
+            segment_size_bytes: params.segment_size_bytes,
+            relaxed: params.relaxed,
+        };
+        let generations_refused = |error: cairn_storage::StorageError| GroupError::Refused {
+            dir: dir.to_path_buf(),
+            reason: format!(
+                "the partition's journal generations cannot be resolved, its files are left as they are: {error}"
+            ),
+        };
+        // Which journal generation is live, finishing a state transfer's install a crash
+        // interrupted (`cairn_storage::transfer`); the checker only reads what the open would do.
+        let disk = params.disk.as_ref();
+        let log_dir = if read_only {
+            let resolution = transfer::plan_resolution(disk, dir, params.partition_id, Some(checkpoint))
+                .map_err(generations_refused)?;
+            transfer::journal_dir(dir, resolution.journal_generation())
+        } else {
+            let (log_dir, resolution) = transfer::resolve(disk, dir, params.partition_id, Some(checkpoint))
+                .map_err(generations_refused)?;
+            if let Some(generation) = resolution.roll_forward {
+                tracing::info!(
+                    dir = %dir.display(),
+                    generation,
+                    checkpoint_op = checkpoint.op,
+                    "finished installing the journal a state transfer brought (the superblock already named its checkpoint); the old journal was removed"
+                );
+            } else if !resolution.removed.is_empty() {
+                tracing::info!(
+                    dir = %dir.display(),
+                    generations = ?resolution.removed,
+                    "removed journal generations that are not live: a state transfer's staging the superblock never committed, or the journal a committed one replaced"
+                );
+            }
+            log_dir
+        };
+        let refused = |error: cairn_storage::StorageError| GroupError::Refused {
+            dir: log_dir.clone(),
+            reason: format!(
+                "the partition's journal cannot be opened, its files are left as they are: {error}"
+            ),
+        };
+        if read_only {
+            // What the open would keep, read in place (the checker's view).
+            let (log, inspection) = JournalLog::open_read_only_on(
+                Arc::clone(&params.disk),
+                &log_dir,
+                params.partition_id,
+                config,
+            )
+            .map_err(refused)?;
+            return Self::recovered(
+                log_dir,
+                log,
+                Some(inspection),
+                params.partition_id,
+                ids,
+                journal_slots,
+            );
+        }
+        let (log, recovery) =
+            JournalLog::open_on(Arc::clone(&params.disk), &log_dir, params.partition_id, config)
+                .map_err(refused)?;
+        if recovery.unsynced_ops_kept > 0 {
+            tracing::info!(
+                dir = %log_dir.display(),
+                ops = recovery.unsynced_ops_kept,
+                bytes = recovery.unsynced_bytes_kept,
+                "kept the whole ops written above the journal's durable frontier (relaxed mode acknowledged them before a barrier) and made them durable"
+            );
+        }
+        if recovery.dropped_bytes > 0 {
+            if recovery.unsynced_may_be_acknowledged {
+                tracing::warn!(
+                    dir = %log_dir.display(),
+                    bytes = recovery.dropped_bytes,
+                    durable_op = recovery.durable_op,
+                    "dropped the journal's bytes above its durable frontier that were not whole ops: a torn tail; in relaxed mode it may have held acknowledged messages lost with unsynced data (a power loss), and their offsets are never handed out again"
+                );
+            } else {
+                tracing::warn!(
+                    dir = %log_dir.display(),
+                    bytes = recovery.dropped_bytes,
+                    durable_op = recovery.durable_op,
+                    "dropped the journal's bytes above its durable frontier: writes never reported durable (an unsynced or partly written op, or what a cut had removed)"
+                );
+            }
+        }
+        Self::recovered(log_dir, log, None, params.partition_id, ids, journal_slots)
+    }
+
     fn storage_error(&self, error: cairn_storage::StorageError) -> GroupError {
         GroupError::Refused {
             dir: self.dir.clone(),
@@ -156,8 +258,8 @@ impl LogJournal {
         log: JournalLog,
         inspection: Option<JournalInspection>,
         partition_id: u32,
-        cluster: u128,
-        group: u64,
+        (cluster, group): (u128, u64),
+        journal_slots: usize,
     ) -> Result<(LogJournal, Vec<SlotState>, Vec<String>), GroupError> {
         let journal = LogJournal {
             dir: log_dir,
@@ -165,7 +267,6 @@ impl LogJournal {
             partition_id,
             inspection,
         };
-        let journal_slots = <Self as GroupJournal>::SHAPE.journal_slots;
         let mut slots = vec![SlotState::Empty; journal_slots];
         let mut damaged = Vec::new();
         let last = journal.log.last_op();
@@ -210,13 +311,21 @@ impl GroupJournal for LogJournal {
         let log_dir = transfer::journal_dir(dir, 0);
         // What an interrupted earlier format left here was never used (the superblock, written
         // last, is what makes a group formatted): start empty.
-        match std::fs::remove_dir_all(&log_dir) {
+        let disk = params.disk.as_ref();
+        let emptied = disk.list_dir(&log_dir).and_then(|names| {
+            for name in names {
+                disk.remove_file(&log_dir.join(name))?;
+            }
+            disk.sync_dir(&log_dir)
+        });
+        match emptied {
             Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(GroupError::Io {
-                    path: log_dir,
-                    source,
+            Err(cairn_storage::StorageError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => {
+                return Err(GroupError::Refused {
+                    dir: log_dir,
+                    reason: format!("cannot empty what an interrupted format left: {error}"),
                 });
             }
         }
@@ -246,98 +355,17 @@ impl GroupJournal for LogJournal {
         dir: &Path,
         params: &LogParams,
         read_only: bool,
-        (cluster, group): (u128, u64),
+        ids: (u128, u64),
         checkpoint: CheckpointId,
     ) -> Result<(LogJournal, Vec<SlotState>, Vec<String>), GroupError> {
-        let config = JournalConfig {
-            segment_size_bytes: params.segment_size_bytes,
-            relaxed: params.relaxed,
-        };
-        let generations_refused = |error: cairn_storage::StorageError| GroupError::Refused {
-            dir: dir.to_path_buf(),
-            reason: format!(
-                "the partition's journal generations cannot be resolved, its files are left as they are: {error}"
-            ),
-        };
-        // Which journal generation is live, finishing a state transfer's install a crash
-        // interrupted (`cairn_storage::transfer`); the checker only reads what the open would do.
-        let disk = params.disk.as_ref();
-        let log_dir = if read_only {
-            let resolution = transfer::plan_resolution(disk, dir, params.partition_id, Some(checkpoint))
-                .map_err(generations_refused)?;
-            transfer::journal_dir(dir, resolution.journal_generation())
-        } else {
-            let (log_dir, resolution) = transfer::resolve(disk, dir, params.partition_id, Some(checkpoint))
-                .map_err(generations_refused)?;
-            if let Some(generation) = resolution.roll_forward {
-                tracing::info!(
-                    dir = %dir.display(),
-                    generation,
-                    checkpoint_op = checkpoint.op,
-                    "finished installing the journal a state transfer brought (the superblock already named its checkpoint); the old journal was removed"
-                );
-            } else if !resolution.removed.is_empty() {
-                tracing::info!(
-                    dir = %dir.display(),
-                    generations = ?resolution.removed,
-                    "removed journal generations that are not live: a state transfer's staging the superblock never committed, or the journal a committed one replaced"
-                );
-            }
-            log_dir
-        };
-        let refused = |error: cairn_storage::StorageError| GroupError::Refused {
-            dir: log_dir.clone(),
-            reason: format!(
-                "the partition's journal cannot be opened, its files are left as they are: {error}"
-            ),
-        };
-        if read_only {
-            // What the open would keep, read in place (the checker's view).
-            let (log, inspection) = JournalLog::open_read_only_on(
-                Arc::clone(&params.disk),
-                &log_dir,
-                params.partition_id,
-                config,
-            )
-            .map_err(refused)?;
-            return Self::recovered(
-                log_dir,
-                log,
-                Some(inspection),
-                params.partition_id,
-                cluster,
-                group,
-            );
-        }
-        let (log, recovery) =
-            JournalLog::open_on(Arc::clone(&params.disk), &log_dir, params.partition_id, config)
-                .map_err(refused)?;
-        if recovery.unsynced_ops_kept > 0 {
-            tracing::info!(
-                dir = %log_dir.display(),
-                ops = recovery.unsynced_ops_kept,
-                bytes = recovery.unsynced_bytes_kept,
-                "kept the whole ops written above the journal's durable frontier (relaxed mode acknowledged them before a barrier) and made them durable"
-            );
-        }
-        if recovery.dropped_bytes > 0 {
-            if recovery.unsynced_may_be_acknowledged {
-                tracing::warn!(
-                    dir = %log_dir.display(),
-                    bytes = recovery.dropped_bytes,
-                    durable_op = recovery.durable_op,
-                    "dropped the journal's bytes above its durable frontier that were not whole ops: a torn tail; in relaxed mode it may have held acknowledged messages lost with unsynced data (a power loss), and their offsets are never handed out again"
-                );
-            } else {
-                tracing::warn!(
-                    dir = %log_dir.display(),
-                    bytes = recovery.dropped_bytes,
-                    durable_op = recovery.durable_op,
-                    "dropped the journal's bytes above its durable frontier: writes never reported durable (an unsynced or partly written op, or what a cut had removed)"
-                );
-            }
-        }
-        Self::recovered(log_dir, log, None, params.partition_id, cluster, group)
+        LogJournal::open_journal(
+            dir,
+            params,
+            read_only,
+            ids,
+            checkpoint,
+            <Self as GroupJournal>::SHAPE.journal_slots,
+        )
     }
 
     fn write_prepare(&mut self, message: &Message) -> Result<(), GroupError> {
@@ -1455,3 +1483,6 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod sim;

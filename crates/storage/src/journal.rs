@@ -1582,32 +1582,52 @@ impl JournalLog {
     /// Write the summary of the active segment, which is being sealed (its bytes are
     /// durable). Best effort: without a summary an open reads the segment, as it always may.
     fn write_summary_of_active(&self) {
-        let active = *self.segments.last().expect("one segment");
+        let _ = self.write_summary(self.segments.len() - 1);
+    }
+
+    /// Write the summary of every sealed segment (a journal a state transfer brought, which
+    /// no rotation sealed here), so that opens take them from their summaries.
+    pub(crate) fn write_summaries_of_sealed(&self) -> Result<(), StorageError> {
+        for index in 0..self.segments.len() - 1 {
+            self.write_summary(index)?;
+        }
+        Ok(())
+    }
+
+    /// Write the summary of segment `index`: sealed, or the active one being sealed (its
+    /// bytes durable, its end the chain's).
+    fn write_summary(&self, index: usize) -> Result<(), StorageError> {
+        let segment = self.segments[index];
+        let next = self.segments.get(index + 1);
+        let end = next.map_or(self.chain, |next| next.start);
         let first_batch = self
             .batches
-            .partition_point(|entry| entry.base_offset < active.start.next_offset);
+            .partition_point(|entry| entry.base_offset < segment.start.next_offset);
+        let end_batch = self
+            .batches
+            .partition_point(|entry| entry.base_offset < end.next_offset);
         let summary = SegmentSummary {
-            start: active.start,
-            end: self.chain,
-            len_bytes: active.len_bytes,
+            start: segment.start,
+            end,
+            len_bytes: segment.len_bytes,
             ops: self
                 .ops
-                .range(active.first_op()..)
+                .range(segment.first_op()..end.next_op)
                 .map(|(_, extent)| *extent)
                 .collect(),
-            batches: self.batches[first_batch..].to_vec(),
+            batches: self.batches[first_batch..end_batch].to_vec(),
         };
         let encoded = summary.encode();
         debug_assert_eq!(
-            SegmentSummary::decode(&encoded, self.partition_id, active.first_op()).as_ref(),
+            SegmentSummary::decode(&encoded, self.partition_id, segment.first_op()).as_ref(),
             Some(&summary),
             "a summary decodes to what it was written from"
         );
-        let _ = atomic_file::write_on(
+        atomic_file::write_on(
             self.disk.as_ref(),
-            &self.dir.join(summary_name(active.first_op())),
+            &self.dir.join(summary_name(segment.first_op())),
             &encoded,
-        );
+        )
     }
 
     /// Remove the summaries of the segments from `first_op` on (they are about to change or

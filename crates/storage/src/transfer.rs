@@ -21,8 +21,9 @@
 //! 3. [`Staging::finish`] writes `journal.start` and the state file (the frontier at the end
 //!    of the checkpoint's op), then opens the whole read-only, verifying every record and
 //!    the chain from the start: nothing the peer said is trusted. The journal must end
-//!    exactly at the manifest's checkpoint op with the manifest's chain. Only then is the
-//!    marker `transfer` written, naming the checkpoint.
+//!    exactly at the manifest's checkpoint op with the manifest's chain. The sealed
+//!    segments' summaries are written from that verified index (so opens do not read them
+//!    all). Only then is the marker `transfer` written, naming the checkpoint.
 //! 4. The caller makes the checkpoint durable and writes the superblock naming it. **That
 //!    write is the commit point.**
 //! 5. [`commit`] writes `journal.live` naming the new generation, then removes every other.
@@ -550,7 +551,18 @@ impl Staging {
     /// Make the staged generation a journal, verify it whole and mark it (step 3 of the
     /// module doc). `Err` if it does not verify or is not what the manifest promised: the
     /// caller abandons it ([`abandon`]).
-    pub fn finish(mut self, config: JournalConfig) -> Result<StagedJournal, StorageError> {
+    pub fn finish(self, config: JournalConfig) -> Result<StagedJournal, StorageError> {
+        self.finish_checked(config, &|_| Ok(()))
+    }
+
+    /// [`Staging::finish`], with the caller's own check of the verified journal before it is
+    /// marked (the partition shell: op C's prepare header is the checkpoint's, the offsets are
+    /// the snapshot's). `Err` from it refuses the staging as not the manifest's.
+    pub fn finish_checked(
+        mut self,
+        config: JournalConfig,
+        check: &dyn Fn(&JournalLog) -> Result<(), String>,
+    ) -> Result<StagedJournal, StorageError> {
         if let Some(request) = self.next_request() {
             return Err(StorageError::Invalid(format!(
                 "the transfer is incomplete: segment {} needs bytes from {}",
@@ -574,6 +586,17 @@ impl Staging {
             && journal.chain() == manifest.end
             && inspection.bytes_above_frontier == 0
             && inspection.segments_below_start == 0;
+        if ends_at_checkpoint && let Err(reason) = check(&journal) {
+            return Err(damaged(
+                dir,
+                format!("the transferred journal is not the checkpoint's: {reason}"),
+            ));
+        }
+        if ends_at_checkpoint {
+            // No rotation sealed these segments here: summarise them now, so that an open
+            // does not read them all (the summaries come from what was just verified).
+            journal.write_summaries_of_sealed()?;
+        }
         drop(journal);
         if !ends_at_checkpoint {
             return Err(damaged(

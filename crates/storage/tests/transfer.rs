@@ -401,3 +401,32 @@ fn a_damaged_marker_or_live_file_is_refused_and_nothing_is_removed() {
         Err(StorageError::Damaged { .. })
     ));
 }
+
+/// A transferred journal's sealed segments come with summaries written from the verified
+/// staging, so its opens take them from the summaries instead of reading them whole: a
+/// flipped bit in a sealed segment then passes the open (the scrub and polls find it), where
+/// a journal without summaries would be refused at once.
+#[test]
+fn a_transferred_journal_opens_from_the_summaries_of_its_sealed_segments() {
+    let (_source_disk, source) = source(40);
+    let (disk, group, _) = target(6);
+    install(&source, &disk, &group, checkpoint_at(35), 4_096).expect("install");
+    let dir = transfer::journal_dir(&group, 1);
+    let names = disk.list_dir(&dir).expect("list");
+    let segments: Vec<&String> = names.iter().filter(|name| name.ends_with(".log")).collect();
+    let summaries = names.iter().filter(|name| name.ends_with(".summary")).count();
+    assert!(segments.len() >= 3, "{names:?}");
+    assert_eq!(summaries, segments.len() - 1, "{names:?}");
+    let sealed = dir.join(segments[0]);
+    let mut bytes = disk.read_volatile(&sealed).expect("a sealed segment");
+    bytes[40] ^= 0x08;
+    assert!(disk.overwrite_durable(&sealed, bytes));
+    disk.crash(3);
+    let (journal, _) = open_live(&disk, &group);
+    assert_eq!(journal.last_op(), 35);
+    // The read-only open (the checker's) trusts no summary, and refuses it.
+    assert!(matches!(
+        JournalLog::open_read_only_on(Arc::new(disk.clone()), &dir, PARTITION, config()),
+        Err(StorageError::Damaged { .. })
+    ));
+}

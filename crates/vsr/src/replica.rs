@@ -798,6 +798,33 @@ impl<S: StateMachine> Replica<S> {
         self.commit_min
     }
 
+    /// The op of the checkpoint being written, or else of the durable one: right after
+    /// [`Replica::on_state_transferred`] installed one, the transferred checkpoint's op.
+    pub fn durable_checkpoint_target(&self) -> u64 {
+        self.checkpoint_cycle
+            .map_or(self.durable.checkpoint_op, |cycle| cycle.op)
+    }
+
+    /// Log journal: the last op up to which the shell's log holds this replica's log as it
+    /// stands, durably (every write up to it asked since the last cut, and completed). A
+    /// backup catching up applies ops before its own writes of them complete, and its log
+    /// may still hold a stale op there until they do: what it serves from its log must stay
+    /// at or below this as well as its commit point. 0 while a log a state transfer brought
+    /// waits to replace the shell's (`CheckpointCycle::replaces_log`): the live log is then
+    /// the one being replaced.
+    pub fn log_written_end(&self) -> u64 {
+        if self.checkpoint_cycle.is_some_and(|cycle| cycle.replaces_log) {
+            return 0;
+        }
+        let in_flight = self
+            .log_writes
+            .iter()
+            .filter(|&&(_, _, live)| live)
+            .map(|&(op, _, _)| op)
+            .min();
+        in_flight.map_or(self.log_end, |op| self.log_end.min(op - 1))
+    }
+
     pub fn commit_max(&self) -> u64 {
         self.commit_max
     }

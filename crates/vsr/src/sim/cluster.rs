@@ -36,6 +36,7 @@
 //!   [`SimOptions::liveness_ticks_max`];
 //! - a run in which nothing committed fails: an empty comparison is not a pass.
 
+use super::log_store::SimLog;
 use super::network::{Endpoint, Network, NetworkOptions};
 use super::prng::{PPM, Prng, Streams, stream_names};
 use super::storage::{Storage, StorageLayout, StorageOptions, Zone};
@@ -52,7 +53,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 /// The cluster id of simulated runs.
 pub const SIM_CLUSTER: u128 = 0x5EED_C1A5_7E70;
-const SIM_GROUP: u64 = 1;
+pub const SIM_GROUP: u64 = 1;
 /// Client ids are `CLIENT_ID_BASE + index + k * CLIENT_ID_STRIDE` (k: times evicted).
 const CLIENT_ID_BASE: u128 = 1_000;
 const CLIENT_ID_STRIDE: u128 = 1_000;
@@ -113,6 +114,13 @@ pub struct SimOptions {
     /// holds committed ops the others lack (seed 29 737 with 2 399 ppm stalls its view change
     /// that way; see `docs/replication.md`, "Where it stands").
     pub forced_checkpoint_ppm: u32,
+    /// Mutation test of the poll checker (a caller's log only): a replica serves polls from
+    /// its log up to its head, not only up to its commit point.
+    pub poll_above_commit_point: bool,
+    /// A caller's log: per state transfer, chance that the offer is stale or forked (the
+    /// segments up to an older op, or from another replica's log), which the receiver must
+    /// refuse by checking the offer against the checkpoint it installs.
+    pub stale_offer_ppm: u32,
 }
 
 impl SimOptions {
@@ -158,6 +166,8 @@ impl SimOptions {
             // With peers, checkpoints off the interval are not used yet (see
             // `forced_checkpoint_ppm`).
             forced_checkpoint_ppm: 0,
+            poll_above_commit_point: false,
+            stale_offer_ppm: 0,
         }
     }
 }
@@ -255,6 +265,11 @@ pub struct Outcome {
     /// Prepares read back from a journal (applied bodies leave memory; peers' repairs and
     /// retransmissions read them).
     pub prepare_reads: u64,
+    /// Each replica's commit point at the end of the run (a caller's checkers compare what
+    /// its logs hold up to them).
+    pub commit_points: Vec<u64>,
+    /// Log journal: each replica's `Replica::log_written_end` at the end of the run.
+    pub log_written_ends: Vec<u64>,
     /// Log journals cut by a write at or below their end (`Shape::log_journal`).
     pub log_truncations: u64,
     /// Unsynced writes a crash lost, summed over replicas.
@@ -425,12 +440,23 @@ struct Host {
     /// Log journal: when its last prepare write is due. Later ones are due no earlier, so
     /// completions come in the order asked, as a log's writer reports them.
     log_write_due: u64,
+    /// Log journal kept by the caller's [`SimLog`] (a partition's segment log) instead of
+    /// the disk's log zone.
+    log: Option<Box<dyn SimLog>>,
+    /// A state transfer's staged log waiting for the superblock naming its checkpoint (op,
+    /// checkpoint checksum); the write that names it makes the staged log live.
+    install_pending: Option<(u64, u128)>,
 }
 
 impl Host {
     /// Log journal: cut the prepares log so it ends at `from_op - 1` (truncate, synced, and
     /// the cut slots zeroed: `Storage::truncate_log`).
     fn cut_log(&mut self, from_op: u64, journal_slots: usize) {
+        if self.log.is_some() {
+            // The caller's log cuts itself when the next op is written at or below its end.
+            self.log_end = from_op - 1;
+            return;
+        }
         let cut: Vec<u32> = (from_op..=self.log_end.min(from_op + journal_slots as u64 - 1))
             .map(|op| slot_of(op, journal_slots) as u32)
             .collect();
@@ -512,6 +538,10 @@ pub struct Sim<M: SimMachine> {
     canonical_state: BTreeMap<u64, u64>,
     /// Per replica: how far its committed prefix was checked, and its last view.
     checked_commit: Vec<u64>,
+    /// A caller's log: per replica, the last op whose polls were checked, and what a poll
+    /// served of each op first (every later serve of the op, on any replica, must match).
+    served_through: Vec<u64>,
+    canonical_served: BTreeMap<u64, u64>,
     last_view: Vec<u32>,
     replies: u64,
     /// Replies whose op was not yet in the canonical log when they arrived.
@@ -540,6 +570,17 @@ pub struct Sim<M: SimMachine> {
 
 impl<M: SimMachine> Sim<M> {
     pub fn new(seed: u64, options: SimOptions) -> Sim<M> {
+        Sim::build(seed, options, None)
+    }
+
+    /// A cluster whose replicas keep their log journal in the logs `make_log` gives (one per
+    /// replica, by index), in place of the disk's log zone (`Shape::log_journal` only).
+    pub fn with_logs(seed: u64, options: SimOptions, make_log: &dyn Fn(u8) -> Box<dyn SimLog>) -> Sim<M> {
+        assert!(options.shape.log_journal, "a caller's log serves a log journal");
+        Sim::build(seed, options, Some(make_log))
+    }
+
+    fn build(seed: u64, options: SimOptions, make_log: Option<&dyn Fn(u8) -> Box<dyn SimLog>>) -> Sim<M> {
         let streams = Streams::new(seed);
         let replica_count = options.replica_count;
         assert!(options.network.endpoint_count >= u16::from(replica_count) + options.client_count);
@@ -599,6 +640,8 @@ impl<M: SimMachine> Sim<M> {
                     durable_view_max: 0,
                     log_end: 0,
                     log_write_due: 0,
+                    log: make_log.map(|make_log| make_log(replica)),
+                    install_pending: None,
                 }
             })
             .collect();
@@ -623,6 +666,8 @@ impl<M: SimMachine> Sim<M> {
             trace: TraceHash::new(),
             canonical: BTreeMap::new(),
             checked_commit: vec![0; n],
+            served_through: vec![0; n],
+            canonical_served: BTreeMap::new(),
             last_view: vec![0; n],
             replies: 0,
             unconfirmed_replies: Vec::new(),
@@ -722,6 +767,8 @@ impl<M: SimMachine> Sim<M> {
             state_transfers: self.state_transfer_count,
             state_transfers_keeping_log: self.state_transfers_keeping_log,
             prepare_reads: self.prepare_reads,
+            commit_points: self.replicas.iter().map(Replica::commit_min).collect(),
+            log_written_ends: self.replicas.iter().map(Replica::log_written_end).collect(),
             log_truncations: self.log_truncations,
             writes_lost: self
                 .hosts
@@ -852,6 +899,10 @@ impl<M: SimMachine> Sim<M> {
     fn crash(&mut self, replica: usize, span: u64, disk_faults: bool) {
         let host = &mut self.hosts[replica];
         host.storage.crash(&mut self.crashes);
+        host.install_pending = None;
+        if let Some(log) = host.log.as_mut() {
+            log.crash(self.crashes.next_u64());
+        }
         // Faults a crashed replica's disk may take while it is down. They count against the
         // budget like the crash itself: the replica is faulty until it recovers, and it
         // recovers only once it has installed a view and repaired its log.
@@ -859,13 +910,18 @@ impl<M: SimMachine> Sim<M> {
             // Only the crash itself: unsynced writes lost, durable or torn.
         } else if self.crashes.chance_ppm(self.options.wipe_ppm) {
             host.storage.wipe();
+            if let Some(log) = host.log.as_mut() {
+                log.wipe();
+            }
             host.log_end = 0;
             host.superblock = None;
             host.durable_view_max = 0;
             self.wipe_count += 1;
             self.trace.record_str("wipe");
         } else {
-            for _ in 0..3 {
+            // A caller's log takes no flips here: damage to a partition's segments is refused
+            // at its open, and repairing a refused partition from a peer is not built yet.
+            for _ in 0..if host.log.is_some() { 0 } else { 3 } {
                 if self.crashes.chance_ppm(self.options.journal_flip_ppm) {
                     let zone = if self.crashes.chance_ppm(PPM / 2) {
                         Zone::Prepares
@@ -920,6 +976,9 @@ impl<M: SimMachine> Sim<M> {
                             // The boot fails; the replica stays down and boots again later.
                             host.sync_failure_armed = false;
                             host.storage.crash(&mut self.crashes);
+                            if let Some(log) = host.log.as_mut() {
+                                log.crash(self.crashes.next_u64());
+                            }
                             host.down_until = Some(self.now + 1 + self.options.crash_down_ticks_mean);
                             self.sync_failure_count += 1;
                             self.trace.record_str("boot sync failed");
@@ -943,8 +1002,23 @@ impl<M: SimMachine> Sim<M> {
             .filter(|state| state.checkpoint_op > 0)
             .and_then(|state| named_checkpoint(&host.storage, state))
             .map(|(checkpoint, slot, _)| (checkpoint, slot));
-        let journal: Vec<SlotState> = if durable_state.is_some() {
-            let journal_slots = self.options.shape.journal_slots;
+        let journal_slots = self.options.shape.journal_slots;
+        let named = durable_state
+            .as_ref()
+            .map(|state| (state.checkpoint_op, state.checkpoint_checksum));
+        let opened = host.log.as_mut().map(|log| log.recover(named, journal_slots));
+        let journal: Vec<SlotState> = if let Some(opened) = opened {
+            match opened {
+                // A wiped replica's log starts empty, as its journal does.
+                Ok(_) if durable_state.is_none() => Vec::new(),
+                Ok(slots) => slots,
+                Err(reason) => {
+                    return Err(
+                        self.violation(format!("replica {replica} refused to open its log: {reason}"))
+                    );
+                }
+            }
+        } else if durable_state.is_some() {
             (0..journal_slots)
                 .map(|slot| {
                     let prepare = host.storage.read(Zone::Prepares, slot as u32);
@@ -1196,9 +1270,25 @@ impl<M: SimMachine> Sim<M> {
                         }
                         self.hosts[replica].log_end = op;
                     }
-                    self.hosts[replica]
-                        .storage
-                        .write(Zone::Prepares, slot, &message.encode());
+                    if let Some(log) = self.hosts[replica].log.as_mut() {
+                        // Into the caller's log (a rewrite cuts it there first); the barrier
+                        // comes with the completion.
+                        // The caller's log takes no injected write faults: a refused write is
+                        // the shell's or the core's bug (a gap, a write into a log being
+                        // replaced).
+                        if let Err(reason) = log.write(&message) {
+                            if self.found.is_none() {
+                                self.found = Some(self.violation(format!(
+                                    "replica {replica} could not write op {op} to its log: {reason}"
+                                )));
+                            }
+                            return;
+                        }
+                    } else {
+                        self.hosts[replica]
+                            .storage
+                            .write(Zone::Prepares, slot, &message.encode());
+                    }
                     let kind = WriteKind::Prepare {
                         op: message.header.op,
                         checksum: message.header.checksum,
@@ -1310,6 +1400,23 @@ impl<M: SimMachine> Sim<M> {
                 if !self.sync_or_crash(replica) {
                     return true;
                 }
+                if let Some(log) = self.hosts[replica].log.as_mut() {
+                    // One barrier over the log; a log's writer reports every write it was
+                    // asked for, in order (the replica knows which a cut made dead).
+                    // Failed barriers are injected through the disk's sync above; the log's own
+                    // never fails unless the shell broke it.
+                    if let Err(reason) = log.sync() {
+                        if self.found.is_none() {
+                            self.found = Some(
+                                self.violation(format!("replica {replica}'s log barrier failed: {reason}")),
+                            );
+                        }
+                        return true;
+                    }
+                    self.replicas[replica].on_prepare_written(op, checksum);
+                    self.collect(replica);
+                    return true;
+                }
                 let slot = slot_of(op, self.options.shape.journal_slots) as u32;
                 let prepare = self.hosts[replica].storage.read(Zone::Prepares, slot);
                 // Still this prepare? A later one may have replaced it in the slot since, and
@@ -1359,6 +1466,21 @@ impl<M: SimMachine> Sim<M> {
                     host.superblock = Some((state.clone(), sequence));
                     host.durable_view_max = host.durable_view_max.max(state.view);
                     self.trace.record_u64(u64::from(state.view));
+                    if host.install_pending == Some((state.checkpoint_op, state.checkpoint_checksum)) {
+                        // The commit point of a state transfer's install: its log goes live
+                        // before the replica writes anything after the checkpoint.
+                        host.install_pending = None;
+                        let installed = host.log.as_mut().map_or(Ok(()), |log| log.commit_staged());
+                        if let Err(reason) = installed {
+                            if self.found.is_none() {
+                                self.found = Some(self.violation(format!(
+                                    "replica {replica} could not make its transferred log live: {reason}"
+                                )));
+                            }
+                            return true;
+                        }
+                        self.trace.record_str("install committed");
+                    }
                     self.replicas[replica].on_durable_written(state);
                 }
             }
@@ -1377,14 +1499,20 @@ impl<M: SimMachine> Sim<M> {
                 self.trace.record_u64(op);
                 self.prepare_reads += 1;
                 let slot = slot_of(op, self.options.shape.journal_slots) as u32;
-                let bytes = self.hosts[replica].storage.read(Zone::Prepares, slot);
                 // What is there when the read completes: a slot reused since (a later lap, a
                 // view change) answers `None`.
-                let prepare = read_back(&bytes, op, checksum);
+                let prepare = match self.hosts[replica].log.as_mut() {
+                    Some(log) => log.read(op, checksum),
+                    None => read_back(
+                        &self.hosts[replica].storage.read(Zone::Prepares, slot),
+                        op,
+                        checksum,
+                    ),
+                };
                 self.replicas[replica].on_prepare_read(op, checksum, prepare, for_replica);
             }
             WriteKind::StateTransfer { above_op, commit_max } => {
-                if let Some((bytes, checksum)) = self.peer_checkpoint(replica, above_op, commit_max) {
+                if let Some((peer, bytes, checksum)) = self.peer_checkpoint(replica, above_op, commit_max) {
                     self.trace.record_str("state transfer");
                     // A log journal keeps its log when it already holds the checkpoint's op
                     // durably (its redundant header written after the prepare's sync);
@@ -1394,16 +1522,34 @@ impl<M: SimMachine> Sim<M> {
                         true => TransferredLog::Kept,
                         false => TransferredLog::Replaced,
                     };
-                    if self.replicas[replica].on_state_transferred(&bytes, checksum, log) {
+                    let staged = log == TransferredLog::Replaced && self.hosts[replica].log.is_some();
+                    if staged && !self.stage_peer_log(replica, peer, &bytes, checksum) {
+                        // Nothing staged (the peer could not offer it, or the staging was
+                        // refused): the replica asks again later.
+                        self.collect(replica);
+                        return true;
+                    }
+                    let installed = self.replicas[replica].on_state_transferred(&bytes, checksum, log);
+                    if installed {
                         self.state_transfer_count += 1;
                         self.state_transfers_by[replica] += 1;
+                        // The checkpoint's op (the replica may have applied ops above it
+                        // from memory since).
+                        let checkpoint_op = self.replicas[replica].durable_checkpoint_target();
                         if self.options.shape.log_journal && log == TransferredLog::Replaced {
-                            let checkpoint_op = self.replicas[replica].commit_min();
                             self.hosts[replica].cut_log(checkpoint_op + 1, self.options.shape.journal_slots);
+                            if staged {
+                                self.hosts[replica].install_pending = Some((checkpoint_op, checksum));
+                            }
                         } else if self.options.shape.log_journal {
+                            // The log holds the checkpoint's op: it ends at or above it.
+                            let host = &mut self.hosts[replica];
+                            host.log_end = host.log_end.max(checkpoint_op);
                             self.state_transfers_keeping_log += 1;
                             self.trace.record_str("log kept");
                         }
+                    } else if staged && let Some(log) = self.hosts[replica].log.as_mut() {
+                        log.abandon_staged();
                     }
                 }
             }
@@ -1428,6 +1574,65 @@ impl<M: SimMachine> Sim<M> {
 
     /// Log journal: whether `replica`'s log holds the op of the checkpoint `bytes` durably,
     /// with the checksum of the checkpoint's header (a shell decides so from its own log).
+    /// Stage `peer`'s log up to the checkpoint `bytes` in `replica`'s caller-supplied log,
+    /// chunk by chunk from the peer's. Whether a log was staged.
+    fn stage_peer_log(&mut self, replica: usize, peer: usize, bytes: &[u8], checksum: u128) -> bool {
+        let Some((checkpoint_op, _)) = self.hosts[peer]
+            .superblock
+            .as_ref()
+            .map(|(state, _)| (state.checkpoint_op, state.checkpoint_checksum))
+        else {
+            return false;
+        };
+        // A stale or forked offer (the fault): the segments come from any replica's log, up
+        // to an op below the checkpoint's (a replayed offer of an older state) or up to its
+        // op (another replica's log may hold another prepare there). The receiver's check of
+        // the offer against the checkpoint refuses what is not the checkpoint's.
+        let mut source_of_offer = peer;
+        let mut offered_op = checkpoint_op;
+        if self.crashes.chance_ppm(self.options.stale_offer_ppm) {
+            let other = self.crashes.below(self.replicas.len() as u64) as usize;
+            if other != replica && self.hosts[other].down_until.is_none() {
+                source_of_offer = other;
+            }
+            let commit_min = self.replicas[replica].commit_min();
+            if checkpoint_op > commit_min + 1 && self.crashes.chance_ppm(PPM / 2) {
+                offered_op = self.crashes.range_inclusive(commit_min + 1, checkpoint_op - 1);
+            }
+            self.trace.record_str("stale offer");
+        }
+        let Some(offer) = self.hosts[source_of_offer]
+            .log
+            .as_ref()
+            .and_then(|log| log.offer(offered_op, checksum, bytes))
+        else {
+            self.trace.record_str("no offer");
+            return false;
+        };
+        let Some(mut target) = self.hosts[replica].log.take() else {
+            return false;
+        };
+        let own_state = self.replicas[replica].state_machine().snapshot();
+        let source = self.hosts[source_of_offer].log.as_ref();
+        let staged = target.stage(
+            &offer,
+            (bytes, checksum),
+            &own_state,
+            &mut |segment, position, len| source.and_then(|source| source.chunk(segment, position, len)),
+        );
+        self.hosts[replica].log = Some(target);
+        match staged {
+            Ok(()) => {
+                self.trace.record_str("log staged");
+                true
+            }
+            Err(_) => {
+                self.trace.record_str("staging refused");
+                false
+            }
+        }
+    }
+
     fn log_holds_checkpoint_op(&self, replica: usize, bytes: &[u8], checksum: u128) -> bool {
         if !self.options.shape.log_journal {
             return false;
@@ -1443,6 +1648,9 @@ impl<M: SimMachine> Sim<M> {
         };
         let op = checkpoint.op();
         let host = &self.hosts[replica];
+        if let Some(log) = host.log.as_ref() {
+            return log.holds_durably(op, checkpoint.header.checksum);
+        }
         if op > host.log_end {
             return false;
         }
@@ -1457,7 +1665,12 @@ impl<M: SimMachine> Sim<M> {
     /// from a peer whose `commit_max` is at least `commit_max` (Iggy trap 9). A real peer
     /// would say its commit point in its answer, so this asks the running replica, not its
     /// superblock (which records `commit_max` only as a lower bound).
-    fn peer_checkpoint(&self, replica: usize, above_op: u64, commit_max: u64) -> Option<(Vec<u8>, u128)> {
+    fn peer_checkpoint(
+        &self,
+        replica: usize,
+        above_op: u64,
+        commit_max: u64,
+    ) -> Option<(usize, Vec<u8>, u128)> {
         let me = Endpoint(replica as u16);
         (0..self.replicas.len())
             .filter(|&peer| peer != replica && self.hosts[peer].down_until.is_none())
@@ -1470,7 +1683,7 @@ impl<M: SimMachine> Sim<M> {
             .max_by_key(|(peer, state)| (state.checkpoint_op, std::cmp::Reverse(*peer)))
             .and_then(|(peer, state)| {
                 named_checkpoint(&self.hosts[peer].storage, &state)
-                    .map(|(_, _, bytes)| (bytes, state.checkpoint_checksum))
+                    .map(|(_, _, bytes)| (peer, bytes, state.checkpoint_checksum))
             })
     }
 
@@ -1537,7 +1750,51 @@ impl<M: SimMachine> Sim<M> {
 
     /// The checkers for one replica, run after every input it takes: a slot it applied can be
     /// reused by a later op in the next input, so commits are checked before that can happen.
+    /// Polls (a caller's log): what `replica` serves of each op up to its commit point (and
+    /// its log's written end) must be what every replica serves of it. A poll above the
+    /// commit point (the mutation) serves an op a view change may still replace.
+    fn check_polls(&mut self, replica: usize) -> Result<(), Violation> {
+        if self.hosts[replica].log.is_none() || self.hosts[replica].down_until.is_some() {
+            return Ok(());
+        }
+        let core = &self.replicas[replica];
+        let bound = if self.options.poll_above_commit_point {
+            core.op()
+        } else {
+            core.commit_min().min(core.log_written_end())
+        };
+        let log = self.hosts[replica].log.as_mut().expect("checked");
+        let mut mismatch = None;
+        while self.served_through[replica] < bound {
+            let op = self.served_through[replica] + 1;
+            let Some(served) = log.served(op) else {
+                break;
+            };
+            match self.canonical_served.get(&op) {
+                Some(&canonical) if canonical != served => {
+                    mismatch = Some(op);
+                    break;
+                }
+                Some(_) => {}
+                None => {
+                    self.canonical_served.insert(op, served);
+                }
+            }
+            self.served_through[replica] = op;
+        }
+        match mismatch {
+            Some(op) => Err(self.violation(format!(
+                "replica {replica} served op {op}'s messages differently from what was served of it before (commit point {}, log written to {}): {}",
+                self.replicas[replica].commit_min(),
+                self.replicas[replica].log_written_end(),
+                self.replicas[replica].describe()
+            ))),
+            None => Ok(()),
+        }
+    }
+
     fn check_replica(&mut self, replica: usize) -> Result<(), Violation> {
+        self.check_polls(replica)?;
         let view = self.replicas[replica].view();
         if view < self.last_view[replica] {
             return Err(self.violation(format!(

@@ -30,6 +30,7 @@ pub fn seed_range(args: &[String]) -> Option<(u64, u64)> {
 }
 
 pub mod cluster;
+pub mod log_store;
 pub mod network;
 pub mod prng;
 pub mod storage;
