@@ -62,17 +62,6 @@ enum Command {
         /// The data directory (the server must not be running on it).
         data_dir: PathBuf,
     },
-    /// Operator action for a refused partition: cut it at its damage (the cut bytes and later
-    /// segments are moved to a quarantine folder inside the partition directory, nothing is
-    /// deleted) so it serves again. Offsets are never handed out twice: minting resumes above
-    /// every offset that existed. Refuses partitions that are not damaged.
-    Repair {
-        /// Confirms that the messages from the damage onwards are given up.
-        #[arg(long = "accept-loss", required = true, value_name = "STREAM/TOPIC/PARTITION")]
-        target: String,
-        /// The data directory (the server must be stopped; its lock is checked).
-        data_dir: PathBuf,
-    },
     /// Load generator: drives an Iggy 0.11 server over TCP with the published SDK and reports
     /// wall-clock throughput, latency percentiles over all samples and server CPU per GB.
     Bench(Box<bench::BenchArgs>),
@@ -120,7 +109,6 @@ fn main() -> ExitCode {
         Some(Command::Serve(args)) => args,
         None => ServeArgs::default(),
         Some(Command::Check { data_dir }) => return tools::run_check(&data_dir),
-        Some(Command::Repair { target, data_dir }) => return tools::run_repair(&target, &data_dir),
         Some(Command::Bench(args)) => return bench::run(*args),
     };
     tracing_subscriber::fmt()
@@ -205,8 +193,8 @@ async fn serve(config: config::Config) -> Result<(), String> {
     let data_dir = config.data_dir.clone();
     std::fs::create_dir_all(&data_dir)
         .map_err(|e| format!("cannot create the data directory {}: {e}", data_dir.display()))?;
-    // Held until the server has closed every partition: a second server, or `cairn repair`,
-    // on the same directory is refused instead of corrupting it.
+    // Held until the server has closed every partition: a second server on the same directory
+    // is refused instead of corrupting it (and `cairn check` says the directory is in use).
     let _data_dir_lock = cairn_storage::lock::DataDirLock::acquire(&data_dir).map_err(|e| e.to_string())?;
     let (mut catalog, first_start) = catalog::Catalog::load(
         &data_dir,

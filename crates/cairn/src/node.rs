@@ -227,6 +227,15 @@ fn write_file_synced(file: &File, name: &str, offset: u64, bytes: &[u8]) -> std:
     file.sync_data()
 }
 
+/// The checkpoint the superblock names, as a journal's open needs it (a partition's resolves
+/// a state transfer's install with it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NamedCheckpoint {
+    pub id: CheckpointId,
+    /// The checksum of the prepare at its op (the checkpoint's header); 0 without one.
+    pub prepare_checksum: u128,
+}
+
 /// Where a group keeps its prepares: the ring files of the metadata group ([`RingJournal`]),
 /// or a partition's segment log (`crate::partition_group::LogJournal`). The shell around it
 /// (superblock, checkpoints, the replica's loop) is the same.
@@ -247,7 +256,7 @@ pub trait GroupJournal: Sized {
         params: &Self::Params,
         read_only: bool,
         ids: (u128, u64),
-        checkpoint: CheckpointId,
+        checkpoint: NamedCheckpoint,
     ) -> Result<(Self, Vec<SlotState>, Vec<String>), GroupError>;
     /// Write `message`. It counts as written (the replica is told) only after the next
     /// [`GroupJournal::prepares_barrier`], which covers every prepare written since the last.
@@ -332,7 +341,7 @@ impl GroupJournal for RingJournal {
         _params: &(),
         read_only: bool,
         (cluster, group): (u128, u64),
-        _checkpoint: CheckpointId,
+        _checkpoint: NamedCheckpoint,
     ) -> Result<(RingJournal, Vec<SlotState>, Vec<String>), GroupError> {
         let journal = RingJournal {
             dir: dir.to_path_buf(),
@@ -709,9 +718,14 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             }
             found
         };
-        let named = CheckpointId {
-            op: state.checkpoint_op,
-            checksum: state.checkpoint_checksum,
+        let named = NamedCheckpoint {
+            id: CheckpointId {
+                op: state.checkpoint_op,
+                checksum: state.checkpoint_checksum,
+            },
+            prepare_checksum: checkpoint
+                .as_ref()
+                .map_or(0, |(checkpoint, _)| checkpoint.header.checksum),
         };
         let (journal_store, journal, damaged) = J::open(dir, params, read_only, (cluster, group), named)?;
         let recovered = Recovered {

@@ -497,7 +497,7 @@ impl PartitionData {
 /// The offline checker's verdict on the partition directory `dir` of `(stream, topic,
 /// partition)`: what boot would make of it, writing nothing. A directory boot refuses before
 /// it reads a group (the earlier record-log layout, or no group at all) is damage.
-pub fn check(dir: &Path, ids @ (_, _, partition_id): (u32, u32, u32)) -> Option<PartitionReport> {
+pub fn check(dir: &Path, ids @ (_, _, partition_id): (u32, u32, u32)) -> PartitionReport {
     let refusal = if holds_record_log(dir) {
         OpenError::EarlierLayout {
             dir: dir.to_path_buf(),
@@ -515,7 +515,7 @@ pub fn check(dir: &Path, ids @ (_, _, partition_id): (u32, u32, u32)) -> Option<
         position: 0,
         reason: format!("boot refuses it: {refusal}"),
     });
-    Some(report)
+    report
 }
 
 /// Refuse the partition whose state is `state` for `damage` found in its files by `finder`

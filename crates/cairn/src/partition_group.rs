@@ -32,7 +32,7 @@
 //!
 //! The server runs every partition as such a group (`crate::partition::PartitionData`).
 
-use crate::node::{GroupError, GroupJournal, LocalGroup};
+use crate::node::{GroupError, GroupJournal, LocalGroup, NamedCheckpoint};
 use cairn_machine::partition::{self, OPERATION_APPEND, Owner, PartitionMachine};
 use cairn_storage::StorageError;
 use cairn_storage::check::{BootAction, Damage, LogSummary, PartitionReport};
@@ -40,7 +40,7 @@ use cairn_storage::io::{Disk, RealDisk};
 use cairn_storage::journal::{JournalConfig, JournalInspection, JournalLog, JournalSegment};
 use cairn_storage::read::{ReadOutcome, ReadPart};
 use cairn_storage::record::Chain;
-use cairn_storage::transfer::{self, CheckpointId};
+use cairn_storage::transfer;
 use cairn_vsr::constants::{HEADER_SIZE, Shape};
 use cairn_vsr::header::{Command, Header, Message};
 use cairn_vsr::journal::{SlotState, read_back};
@@ -105,7 +105,7 @@ impl LogJournal {
         params: &LogParams,
         read_only: bool,
         ids: (u128, u64),
-        checkpoint: CheckpointId,
+        checkpoint: NamedCheckpoint,
         journal_slots: usize,
     ) -> Result<(LogJournal, Vec<SlotState>, Vec<String>), GroupError> {
         let config = JournalConfig {
@@ -121,18 +121,39 @@ impl LogJournal {
         // Which journal generation is live, finishing a state transfer's install a crash
         // interrupted (`cairn_storage::transfer`); the checker only reads what the open would do.
         let disk = params.disk.as_ref();
+        let named = Some(checkpoint.id);
+        // Asked only when a staging's marker names the superblock's checkpoint: whether the live
+        // journal holds the checkpoint's prepare itself (then it stays live).
+        let live_serves_named = |live_dir: &Path| {
+            JournalLog::open_read_only_on(Arc::clone(&params.disk), live_dir, params.partition_id, config)
+                .is_ok_and(|(log, _)| {
+                    let op = checkpoint.id.op;
+                    op <= log.durable_op()
+                        && log.extent(op).is_some()
+                        && log.read_op_record(op).is_ok_and(|payload| {
+                            payload
+                                .get(..HEADER_SIZE)
+                                .and_then(|bytes| Header::decode(bytes).ok())
+                                .is_some_and(|header| {
+                                    header.op == op && header.checksum == checkpoint.prepare_checksum
+                                })
+                        })
+                })
+        };
         let log_dir = if read_only {
-            let resolution = transfer::plan_resolution(disk, dir, params.partition_id, Some(checkpoint))
-                .map_err(generations_refused)?;
+            let resolution =
+                transfer::plan_resolution(disk, dir, params.partition_id, named, &live_serves_named)
+                    .map_err(generations_refused)?;
             transfer::journal_dir(dir, resolution.journal_generation())
         } else {
-            let (log_dir, resolution) = transfer::resolve(disk, dir, params.partition_id, Some(checkpoint))
-                .map_err(generations_refused)?;
+            let (log_dir, resolution) =
+                transfer::resolve(disk, dir, params.partition_id, named, &live_serves_named)
+                    .map_err(generations_refused)?;
             if let Some(generation) = resolution.roll_forward {
                 tracing::info!(
                     dir = %dir.display(),
                     generation,
-                    checkpoint_op = checkpoint.op,
+                    checkpoint_op = checkpoint.id.op,
                     "finished installing the journal a state transfer brought (the superblock already named its checkpoint); the old journal was removed"
                 );
             } else if !resolution.removed.is_empty() {
@@ -356,7 +377,7 @@ impl GroupJournal for LogJournal {
         params: &LogParams,
         read_only: bool,
         ids: (u128, u64),
-        checkpoint: CheckpointId,
+        checkpoint: NamedCheckpoint,
     ) -> Result<(LogJournal, Vec<SlotState>, Vec<String>), GroupError> {
         LogJournal::open_journal(
             dir,
@@ -508,12 +529,9 @@ pub fn group_id(stream_id: u32, topic_id: u32, partition_id: u32) -> u64 {
 }
 
 /// The offline checker's verdict on the partition directory `dir` of `(stream, topic,
-/// partition)` when it holds a partition group (`None` when it holds a record log): the
-/// group recovered read-only, as boot would recover it, writing nothing.
-pub fn check(dir: &Path, (stream_id, topic_id, partition_id): (u32, u32, u32)) -> Option<PartitionReport> {
-    if !crate::node::is_formatted(dir) {
-        return None;
-    }
+/// partition)`, which holds a formatted partition group (`crate::partition::check` reports
+/// anything else): the group recovered read-only, as boot would recover it, writing nothing.
+pub fn check(dir: &Path, (stream_id, topic_id, partition_id): (u32, u32, u32)) -> PartitionReport {
     let mut report = PartitionReport::empty(dir, partition_id);
     let live = transfer::live_generation(&RealDisk, dir).unwrap_or(0);
     report.segment_files = segment_files(&transfer::journal_dir(dir, live)).len();
@@ -539,7 +557,6 @@ pub fn check(dir: &Path, (stream_id, topic_id, partition_id): (u32, u32, u32)) -
             report.log = Some(LogSummary {
                 segments_count: log.segments().len(),
                 batch_records: log.batch_count() as u64,
-                gap_records: 0,
                 messages: group.next_offset() - group.start_offset(),
                 verified_bytes: log.size_bytes(),
                 start_offset: group.start_offset(),
@@ -566,14 +583,18 @@ pub fn check(dir: &Path, (stream_id, topic_id, partition_id): (u32, u32, u32)) -
                 group.commit_op()
             ));
         }
-        Ok(None) => return None,
+        Ok(None) => report.damage.push(Damage {
+            path: dir.to_path_buf(),
+            position: 0,
+            reason: "boot refuses it: the group's superblock vanished while it was checked".into(),
+        }),
         Err(error) => report.damage.push(Damage {
             path: dir.to_path_buf(),
             position: 0,
             reason: format!("the partition group cannot be recovered: {error}"),
         }),
     }
-    Some(report)
+    report
 }
 
 /// The journal's segment files in `log_dir`, in name order (by first op); none if it cannot
@@ -1343,7 +1364,7 @@ mod tests {
         group.store_offset(&Owner::Consumer(1), 7).expect("store");
         drop(group);
 
-        let report = check(&dir, ids).expect("a partition group");
+        let report = check(&dir, ids);
         assert_eq!(report.verdict(), Verdict::Healthy, "{report}");
         let log = report.log.expect("a log summary");
         assert_eq!((log.start_offset, log.end_offset, log.messages), (0, 120, 120));
@@ -1356,24 +1377,25 @@ mod tests {
         let synced_len = bytes.len();
         bytes.extend_from_slice(&[0x5A; 100]);
         std::fs::write(&segment, &bytes).expect("tear");
-        let report = check(&dir, ids).expect("a partition group");
+        let report = check(&dir, ids);
         assert_eq!(report.verdict(), Verdict::Recoverable, "{report}");
         assert!(report.to_string().contains("drop 100 bytes"), "{report}");
         assert_eq!(std::fs::read(&segment).expect("segment"), bytes);
 
         // Under another partition's name: its prepares name another group.
-        let report = check(&dir, (9, 2, PARTITION_ID)).expect("a partition group");
+        let report = check(&dir, (9, 2, PARTITION_ID));
         assert_eq!(report.verdict(), Verdict::Damaged, "{report}");
 
         // A flipped byte below the frontier.
         bytes[synced_len / 2] ^= 0x01;
         std::fs::write(&segment, &bytes).expect("flip");
-        let report = check(&dir, ids).expect("a partition group");
+        let report = check(&dir, ids);
         assert_eq!(report.verdict(), Verdict::Damaged, "{report}");
         assert_eq!(std::fs::read(&segment).expect("segment"), bytes);
 
-        // No superblock: a record log, which the storage checker reads.
-        assert!(check(&temp.path().join("elsewhere"), ids).is_none());
+        // No superblock: `partition::check` reports it as refused (no group at all).
+        let report = crate::partition::check(&temp.path().join("elsewhere"), ids);
+        assert_eq!(report.verdict(), Verdict::Damaged, "{report}");
     }
 
     /// An append prepare of op `op`, its batches stamped from `next_offset` as the primary's

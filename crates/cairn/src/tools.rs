@@ -2,21 +2,17 @@
 //!
 //! - `cairn check <data-dir>`: verify the metadata and every partition without changing a byte;
 //!   print a verdict per partition (healthy / recoverable / damaged) and a summary line.
-//! - `cairn repair --accept-loss <stream>/<topic>/<partition> <data-dir>`: make a refused
-//!   partition of the earlier record-log layout serve again by cutting it at its first damage;
-//!   the cut data is moved (never deleted) into `quarantine-<n>/` inside the partition
-//!   directory. A partition that is a replicated log is refused: a peer repairs it (state
-//!   transfer), which a single node does not have.
 //!
-//! Thin front-ends over `cairn_storage::check` (where the logic and its tests live): argument
-//! parsing, printing and exit codes.
+//! There is no offline repair: a damaged partition group is refused with its bytes kept, and
+//! a peer replica repairs it by state transfer (a three-node cluster; a single node has no
+//! peer).
 //!
-//! Exit codes: 0 = healthy / repaired; 1 = something recoverable or damaged (check), or the
-//! repair was refused (partition not damaged, damage not cut automatically, data directory in
-//! use); 2 = usage or IO error.
+//! A thin front-end over `cairn_storage::check` (the data directory walk) and the server's
+//! read-only recovery of each group: printing and exit codes.
+//!
+//! Exit codes: 0 = healthy; 1 = something recoverable or damaged; 2 = usage or IO error.
 
-use cairn_storage::check::{self, RepairError, Verdict};
-use cairn_storage::lock::{DataDirLock, LockError};
+use cairn_storage::check::{self, Verdict};
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -92,100 +88,4 @@ fn metadata_report(data_dir: &Path) -> Option<check::MetadataReport> {
         named: Some(named),
         purge_targets,
     })
-}
-
-/// `cairn repair --accept-loss <stream>/<topic>/<partition> <data-dir>`.
-pub fn run_repair(target: &str, data_dir: &Path) -> ExitCode {
-    let (stream_id, topic_id, partition_id) = match parse_target(target) {
-        Ok(ids) => ids,
-        Err(reason) => {
-            eprintln!("cairn repair: {reason}");
-            return ExitCode::from(EXIT_USAGE_OR_IO);
-        }
-    };
-    if !data_dir.is_dir() {
-        eprintln!(
-            "cairn repair: data directory {} does not exist",
-            data_dir.display()
-        );
-        return ExitCode::from(EXIT_USAGE_OR_IO);
-    }
-    // Held until the end of this function: a server cannot start while files move, and the
-    // repair never runs against a live server.
-    let _lock = match DataDirLock::acquire(data_dir) {
-        Ok(lock) => lock,
-        Err(LockError::InUse { .. }) => {
-            eprintln!(
-                "cairn repair: refused: {} is in use by another process; stop the server first (nothing was changed)",
-                data_dir.display()
-            );
-            return ExitCode::from(EXIT_FINDINGS);
-        }
-        Err(LockError::Storage(error)) => {
-            eprintln!("cairn repair: {error}");
-            return ExitCode::from(EXIT_USAGE_OR_IO);
-        }
-    };
-    let dir = crate::catalog::partition_dir(data_dir, stream_id, topic_id, partition_id);
-    if crate::node::is_formatted(&dir) || !crate::partition::holds_record_log(&dir) {
-        eprintln!(
-            "cairn repair: refused for {target} ({}): the partition is not of the earlier record-log layout: a \
-             replicated log (or a directory holding neither) is repaired by \
-             state transfer from a peer replica, not by cutting it; a single node has no peer, so there is no \
-             offline repair for it yet. Nothing was changed; keep its files (the damage `cairn check` names is \
-             left as it is)",
-            dir.display()
-        );
-        return ExitCode::from(EXIT_FINDINGS);
-    }
-    match check::repair_accept_loss(&dir, partition_id) {
-        Ok(report) => {
-            print!("{report}");
-            ExitCode::SUCCESS
-        }
-        Err(error @ (RepairError::NotDamaged(_) | RepairError::Unsupported(_))) => {
-            eprintln!("cairn repair: refused for {target} ({}): {error}", dir.display());
-            ExitCode::from(EXIT_FINDINGS)
-        }
-        Err(RepairError::Storage(error)) => {
-            eprintln!("cairn repair: {target} ({}): {error}", dir.display());
-            ExitCode::from(EXIT_USAGE_OR_IO)
-        }
-    }
-}
-
-/// `<stream>/<topic>/<partition>` numeric ids.
-fn parse_target(target: &str) -> Result<(u32, u32, u32), String> {
-    let parts: Vec<&str> = target.split('/').collect();
-    let [stream, topic, partition] = parts.as_slice() else {
-        return Err(format!(
-            "expected <stream id>/<topic id>/<partition id> (e.g. 1/1/0), got {target:?}"
-        ));
-    };
-    let id = |what: &str, text: &str| {
-        text.parse::<u32>().map_err(|_| {
-            format!(
-                "{what} id {text:?} in {target:?} is not a number (names are not accepted; use numeric ids)"
-            )
-        })
-    };
-    Ok((
-        id("stream", stream)?,
-        id("topic", topic)?,
-        id("partition", partition)?,
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn targets() {
-        assert_eq!(parse_target("1/2/0"), Ok((1, 2, 0)));
-        assert!(parse_target("1/2").is_err());
-        assert!(parse_target("1/2/0/4").is_err());
-        assert!(parse_target("orders/2/0").unwrap_err().contains("stream id"));
-        assert!(parse_target("1/2/-1").unwrap_err().contains("partition id"));
-    }
 }

@@ -1145,14 +1145,14 @@ async fn scenario_15_disk_full_rejects_then_recovers() {
 // Layout: a partition written before partitions were replicated logs
 // ------------------------------------------------------------------------------------------
 
-/// A partition directory in the record-log layout of the earlier Cairn (segment files,
-/// `state` and `offsets/` in the partition directory, no replicated log), written here by the
-/// storage crate's record log as the earlier server did: boot refuses it with an error that
-/// says what it is and what to do, never reads it as an empty partition, and leaves its files
-/// untouched; `cairn check` reports it; the other partitions serve.
+/// A partition directory in the record-log layout of the earlier Cairn (segment and index
+/// files, the two-slot `state` file and `offsets/` in the partition directory, no replicated
+/// log), laid out here as the earlier server left a new partition: boot refuses it with an
+/// error that says what it is and what to do, never reads it as an empty partition, and
+/// leaves its files untouched; `cairn check` reports it; the other partitions serve.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_of_the_earlier_record_log_layout_is_refused_with_what_to_do() {
-    use cairn_storage::log::{LogConfig, PartitionLog, SyncMode};
+    use cairn_storage::state::{PartitionState, STATE_FILE_NAME, StateFile};
     let dir = temp_dir();
     let (server, client) = boot(dir.path(), &[]).await;
     let [l0, mut l1] = two_partitions(&client, "layout", 3).await;
@@ -1161,9 +1161,15 @@ async fn a_partition_of_the_earlier_record_log_layout_is_refused_with_what_to_do
 
     let p0 = partition_dir(dir.path(), l0.stream, l0.topic, 0);
     std::fs::remove_dir_all(&p0).unwrap();
-    let log = PartitionLog::create(&p0, 0, LogConfig::new(1 << 20, SyncMode::GroupCommit)).unwrap();
-    log.close().unwrap();
     std::fs::create_dir_all(p0.join("offsets")).unwrap();
+    std::fs::write(p0.join("00000000000000000000.log"), b"").unwrap();
+    std::fs::write(p0.join("00000000000000000000.index"), b"").unwrap();
+    StateFile::create(
+        &cairn_storage::io::RealDisk,
+        &p0.join(STATE_FILE_NAME),
+        PartitionState::initial(0),
+    )
+    .unwrap();
     let written = hash_tree(&p0);
 
     let (server, client) = boot(dir.path(), &[]).await;

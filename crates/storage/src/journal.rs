@@ -4,7 +4,7 @@
 //!
 //! # What it is
 //!
-//! The same record-framed segment files as [`crate::log`], read as a *journal log*
+//! Record-framed segment files ([`crate::record`]), read as a *journal log*
 //! ([`OpRule::PerPrepare`]): every record carries the VSR op of its prepare and that
 //! prepare's view. An op is one op record, whose payload its writer defines (the partition
 //! shell: the prepare's VSR header, and the body of an op that is not an append), then, for
@@ -90,7 +90,6 @@
 use crate::StorageError;
 use crate::atomic_file;
 use crate::io::{Disk, ReadFile, WriteFile};
-use crate::log::{EntryName, decode_start, encode_start, parse_entry_name, segment_log_name};
 use crate::read::{self, CachedReader, PollRead, ReadOutcome, ReadPart};
 use crate::record::{
     self, BATCH_BYTES_MAX, Chain, OpRule, RECORD_HEADER_SIZE, RecordHeader, RecordKind, ScanResult, Tail,
@@ -127,6 +126,46 @@ struct Writeback {
 
 /// Name of the file that marks a journal log and says where it begins.
 pub const JOURNAL_START_FILE: &str = "journal.start";
+
+/// Bytes of `journal.start`'s contents: next_offset, parent_checksum, next_op.
+const START_CONTENTS_SIZE: usize = 24;
+
+/// A segment's file name: `<first op, 20 digits>.log`.
+pub fn segment_log_name(first_op: u64) -> String {
+    format!("{first_op:020}.log")
+}
+
+/// The first op a segment file name says (`None` for any other name).
+fn segment_first_op(name: &str) -> Option<u64> {
+    let stem = name.strip_suffix(".log")?;
+    (stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| stem.parse().ok())
+        .flatten()
+}
+
+fn encode_start(start: &Chain) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(START_CONTENTS_SIZE);
+    bytes.extend_from_slice(&start.next_offset.to_le_bytes());
+    bytes.extend_from_slice(&start.parent_checksum.to_le_bytes());
+    bytes.extend_from_slice(&start.next_op.to_le_bytes());
+    debug_assert_eq!(bytes.len(), START_CONTENTS_SIZE);
+    bytes
+}
+
+fn decode_start(bytes: &[u8], partition_id: u32) -> Option<Chain> {
+    if bytes.len() != START_CONTENTS_SIZE {
+        return None;
+    }
+    let field =
+        |at: usize| -> Option<u64> { Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?)) };
+    let chain = Chain {
+        partition_id,
+        next_offset: field(0)?,
+        parent_checksum: field(8)?,
+        next_op: field(16)?,
+    };
+    (chain.next_op >= 1).then_some(chain)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JournalConfig {
@@ -237,7 +276,7 @@ pub fn forget_summary(disk: &dyn Disk, segment_path: &Path) -> Result<(), Storag
         .file_name()
         .and_then(|name| name.to_str())
         .unwrap_or_default();
-    let (EntryName::Log(first_op), Some(dir)) = (parse_entry_name(name), segment_path.parent()) else {
+    let (Some(first_op), Some(dir)) = (segment_first_op(name), segment_path.parent()) else {
         return Ok(());
     };
     if disk.remove_file(&dir.join(summary_name(first_op)))? {
@@ -684,7 +723,12 @@ impl JournalLog {
     /// caller's visibility ends (the group's commit point); a batch reaching past it is not
     /// served, nor is anything after it. Each record read is verified again; a mismatch is
     /// `Damaged`. On `Err`, `out` holds its original bytes and possibly some of the batches.
-    /// See [`crate::log::PartitionLog::read_into`] for how `out`'s prefix avoids a copy.
+    ///
+    /// Records are read straight into `out` with no copy: a record's 64-byte header lands on
+    /// the last 64 bytes already in `out` (saved and put back after verification), so the
+    /// batch behind it ends up in place. Give `out` at least `RECORD_HEADER_SIZE` bytes of
+    /// prefix (a reply's headers) to get that; with less, the first record goes through a
+    /// scratch buffer.
     pub fn read_into(
         &self,
         from_offset: u64,
@@ -695,8 +739,13 @@ impl JournalLog {
         self.read_impl(from_offset, max_messages, end_offset, out, None)
     }
 
-    /// [`JournalLog::read_into`] for a sender that can send file bytes directly (see
-    /// [`crate::log::PartitionLog::read_parts`]).
+    /// [`JournalLog::read_into`] for a sender that can send file bytes directly: the batches
+    /// are described by `parts`, in order. Each record is still read and verified (into a
+    /// reused per-thread buffer); a whole batch is then given as a [`ReadPart::File`] range
+    /// instead of being copied, so the reply's bytes go from the page cache to the socket
+    /// (`sendfile`). Cut batches, and everything from files that are not OS files, are
+    /// appended to `out` and given as [`ReadPart::Buffer`]. On `Err`, `parts` may hold some of
+    /// the batches.
     pub fn read_parts(
         &self,
         from_offset: u64,
@@ -1872,7 +1921,7 @@ fn plan_open(
     let mut summaries: BTreeSet<u64> = BTreeSet::new();
     let mut summary_staging: Vec<String> = Vec::new();
     for name in disk.list_dir(dir)? {
-        if let EntryName::Log(first_op) = parse_entry_name(&name) {
+        if let Some(first_op) = segment_first_op(&name) {
             names.push(first_op);
         } else if let Some(first_op) = summary_first_op(&name) {
             summaries.insert(first_op);

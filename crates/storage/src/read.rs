@@ -1,12 +1,10 @@
-//! Reading stored batches back for a poll: the part shared by the record log
-//! ([`crate::log::PartitionLog`]) and the journal log ([`crate::journal::JournalLog`]).
+//! Reading stored batches back for a poll ([`crate::journal::JournalLog`]).
 //!
-//! Each log walks its own segments and index and hands every batch record the poll reaches
-//! to [`PollRead::take_record`]: the record is read, verified again (checksum, kind, size,
-//! offset, partition; a mismatch is `Damaged`), and either given whole as a file range (the
-//! `sendfile` path) or cut to the messages the poll takes (`cairn_wire::batch::plan_take`)
-//! into the caller's buffer. The logs differ only in where their records lie: a record log
-//! holds batches back to back, a journal log has op records between them.
+//! The journal walks its segments and in-memory index and hands every batch record the poll
+//! reaches to [`PollRead::take_record`]: the record is read, verified again (checksum, kind,
+//! size, offset, partition; a mismatch is `Damaged`), and either given whole as a file range
+//! (the `sendfile` path) or cut to the messages the poll takes
+//! (`cairn_wire::batch::plan_take`) into the caller's buffer.
 
 use crate::StorageError;
 use crate::io::{Disk, ReadFile};
@@ -15,7 +13,7 @@ use cairn_wire::batch::{self, BATCH_HEADER_SIZE};
 use std::path::Path;
 use std::sync::Arc;
 
-/// One piece of a poll's batches, in order (see [`crate::log::PartitionLog::read_parts`]).
+/// One piece of a poll's batches, in order (see [`crate::journal::JournalLog::read_parts`]).
 #[derive(Debug, Clone)]
 pub enum ReadPart {
     /// Bytes of the caller's buffer (a batch cut to the messages taken, or batches read

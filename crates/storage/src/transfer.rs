@@ -29,9 +29,10 @@
 //! 5. [`commit`] writes `journal.live` naming the new generation, then removes every other.
 //!
 //! At open, [`resolve`] finishes what a crash interrupted, from the checkpoint the superblock
-//! names: a staged generation whose marker names that checkpoint is rolled forward (step 5);
-//! any other generation but the live one is removed (a staging never committed, or the old
-//! journal of a committed install). So a crash at any point leaves the old journal or the new
+//! names: a staged generation whose marker names that checkpoint is rolled forward (step 5),
+//! unless the live journal itself holds that checkpoint's op (the caller says so: the replica
+//! reached the op on its own); any other generation but the live one is removed (a staging
+//! never committed, or the old journal of a committed install). So a crash at any point leaves the old journal or the new
 //! one, never a mix. A marker or `journal.live` that fails verification is damage: refused,
 //! nothing removed.
 //!
@@ -47,9 +48,8 @@ use crate::StorageError;
 use crate::atomic_file;
 use crate::io::{Disk, WriteFile};
 use crate::journal::{
-    JournalConfig, JournalLog, SEGMENT_BYTES_MAX, TRANSFER_CHUNK_BYTES_MAX, TransferSegment,
+    JournalConfig, JournalLog, SEGMENT_BYTES_MAX, TRANSFER_CHUNK_BYTES_MAX, TransferSegment, segment_log_name,
 };
-use crate::log::segment_log_name;
 use crate::record::Chain;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -171,7 +171,10 @@ impl TransferManifest {
         {
             return Err(format!("a segment over {SEGMENT_BYTES_MAX} bytes"));
         }
-        if last.first_op() > self.end.next_op || last.start.next_offset > self.end.next_offset {
+        if last.start.next_offset > self.end.next_offset
+            || (last.len_bytes > 0 && last.first_op() >= self.end.next_op)
+            || last.first_op() > self.end.next_op
+        {
             return Err("the last segment begins after the journal's end".into());
         }
         if (last.len_bytes == 0) != (first.start == self.end)
@@ -429,6 +432,9 @@ pub struct Staging {
     segment_index: usize,
     written_bytes: u64,
     file: Option<Box<dyn WriteFile>>,
+    /// A write, barrier or file creation failed: what the staging holds is unknown (a failed
+    /// barrier may have lost what it covered), so it is only ever abandoned.
+    failed: bool,
 }
 
 impl std::fmt::Debug for Staging {
@@ -468,6 +474,7 @@ impl Staging {
             segment_index: 0,
             written_bytes: 0,
             file: None,
+            failed: false,
         };
         staging.open_segment()?;
         Ok(staging)
@@ -508,6 +515,11 @@ impl Staging {
     /// Write `chunk`, which must be (a prefix of) what [`Staging::next_request`] asks for and
     /// verify against its checksum.
     pub fn write_chunk(&mut self, chunk: &TransferChunk) -> Result<(), StorageError> {
+        if self.failed {
+            return Err(StorageError::Invalid(
+                "the staging failed before: abandon it".into(),
+            ));
+        }
         let Some(request) = self.next_request() else {
             return Err(StorageError::Invalid(
                 "a chunk after the transfer was complete".into(),
@@ -534,9 +546,15 @@ impl Staging {
                 chunk.position_bytes, chunk.segment_first_op
             )));
         }
+        let written = self.write_checked(chunk);
+        self.failed |= written.is_err();
+        written
+    }
+
+    fn write_checked(&mut self, chunk: &TransferChunk) -> Result<(), StorageError> {
         let file = self.file.as_mut().expect("the segment being written is open");
         file.write_all_at(chunk.position_bytes, &chunk.bytes)?;
-        self.written_bytes += len;
+        self.written_bytes += chunk.bytes.len() as u64;
         if self.written_bytes == self.manifest.segments[self.segment_index].len_bytes {
             file.sync_data()?;
             self.file = None;
@@ -563,6 +581,11 @@ impl Staging {
         config: JournalConfig,
         check: &dyn Fn(&JournalLog) -> Result<(), String>,
     ) -> Result<StagedJournal, StorageError> {
+        if self.failed {
+            return Err(StorageError::Invalid(
+                "the staging failed before: abandon it".into(),
+            ));
+        }
         if let Some(request) = self.next_request() {
             return Err(StorageError::Invalid(format!(
                 "the transfer is incomplete: segment {} needs bytes from {}",
@@ -659,8 +682,24 @@ pub fn abandon(disk: &dyn Disk, group_dir: &Path, generation: u64) -> Result<(),
 }
 
 /// Make staged generation `generation` the live journal and remove every other (step 5 of the
-/// module doc). Only after the superblock naming its checkpoint is durable.
-pub fn commit(disk: &dyn Disk, group_dir: &Path, generation: u64) -> Result<(), StorageError> {
+/// module doc). Only after the superblock naming its checkpoint, `checkpoint`, is durable; the
+/// generation's marker must name it (else `Invalid`, and nothing changes).
+pub fn commit(
+    disk: &dyn Disk,
+    group_dir: &Path,
+    generation: u64,
+    checkpoint: CheckpointId,
+) -> Result<(), StorageError> {
+    let marker_path = journal_dir(group_dir, generation).join(TRANSFER_MARKER_FILE);
+    let marker = atomic_file::read_verified_on(disk, &marker_path)?
+        .map(|bytes| Marker::decode(&bytes).map_err(|reason| damaged(marker_path.clone(), reason)))
+        .transpose()?;
+    if marker.is_none_or(|marker| marker.checkpoint != checkpoint || marker.generation != generation) {
+        return Err(StorageError::Invalid(format!(
+            "generation {generation} is not a staging of checkpoint op {}: nothing was changed",
+            checkpoint.op
+        )));
+    }
     atomic_file::write_on(
         disk,
         &group_dir.join(JOURNAL_LIVE_FILE),
@@ -694,11 +733,18 @@ impl Resolution {
 
 /// Decide, reading only, which journal generation of `group_dir` is live given the checkpoint
 /// the superblock names (see the module doc).
+///
+/// `live_serves_named` says, given the live journal's directory, whether that journal holds
+/// the named checkpoint's op (its prepare) durably; it is asked only when a staging's marker
+/// names the checkpoint. If it does, the staging is not what the superblock committed (the
+/// replica checkpointed at that op itself, or its log came to hold the op before a crash)
+/// and is removed: rolling it forward would drop the live journal's ops above the op.
 pub fn plan_resolution(
     disk: &dyn Disk,
     group_dir: &Path,
     partition_id: u32,
     named: Option<CheckpointId>,
+    live_serves_named: &dyn Fn(&Path) -> bool,
 ) -> Result<Resolution, StorageError> {
     let live = live_generation(disk, group_dir)?;
     let present = generations(disk, group_dir)?;
@@ -739,6 +785,13 @@ pub fn plan_resolution(
             removed.push(generation);
         }
     }
+    if let Some(forward) = roll_forward
+        && live_serves_named(&journal_dir(group_dir, live))
+    {
+        roll_forward = None;
+        removed.push(forward);
+        removed.sort_unstable();
+    }
     if let Some(forward) = roll_forward {
         removed.push(live);
         removed.retain(|&generation| generation != forward);
@@ -758,13 +811,14 @@ pub fn resolve(
     group_dir: &Path,
     partition_id: u32,
     named: Option<CheckpointId>,
+    live_serves_named: &dyn Fn(&Path) -> bool,
 ) -> Result<(PathBuf, Resolution), StorageError> {
     // A `journal.live` write a crash cut before its rename leaves a staging file.
     disk.remove_file(&atomic_file::tmp_path(&group_dir.join(JOURNAL_LIVE_FILE)))?;
-    let resolution = plan_resolution(disk, group_dir, partition_id, named)?;
-    match resolution.roll_forward {
-        Some(generation) => commit(disk, group_dir, generation)?,
-        None => {
+    let resolution = plan_resolution(disk, group_dir, partition_id, named, live_serves_named)?;
+    match (resolution.roll_forward, named) {
+        (Some(generation), Some(named)) => commit(disk, group_dir, generation, named)?,
+        _ => {
             for &generation in &resolution.removed {
                 remove_generation(disk, group_dir, generation)?;
             }

@@ -830,7 +830,7 @@ fn a_flip_below_the_frontier_is_refused() {
     journal.sync().expect("sync");
     let extent = *journal.extent(5).expect("op 5");
     drop(journal);
-    let path = dir.join(cairn_storage::log::segment_log_name(1));
+    let path = dir.join(cairn_storage::journal::segment_log_name(1));
     let mut bytes = disk.read_volatile(&path).expect("segment");
     bytes[(extent.position_bytes + extent.len_bytes - 1) as usize] ^= 1;
     assert!(disk.overwrite_durable(&path, bytes.clone()));
@@ -1072,7 +1072,7 @@ fn a_sealed_segment_is_taken_from_its_summary_and_verified_when_read() {
     assert_eq!(segment_files.len(), segments.len());
 
     // A flip inside the sealed segment's first op.
-    let path = dir.join(cairn_storage::log::segment_log_name(sealed.first_op));
+    let path = dir.join(cairn_storage::journal::segment_log_name(sealed.first_op));
     let mut bytes = disk.read_volatile(&path).expect("segment");
     bytes[(victim.position_bytes + victim.len_bytes - 1) as usize] ^= 1;
     assert!(disk.overwrite_durable(&path, bytes));

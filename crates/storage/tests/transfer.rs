@@ -118,14 +118,14 @@ fn install(
     }
     let staged = staging.finish(config())?;
     write_superblock(disk, group, checkpoint)?;
-    transfer::commit(disk, group, staged.generation)?;
+    transfer::commit(disk, group, staged.generation, checkpoint)?;
     Ok(staged.generation)
 }
 
 /// Resolve the group directory as an open does and open the live journal.
 fn open_live(disk: &SimDisk, group: &Path) -> (JournalLog, transfer::Resolution) {
     let named = read_superblock(disk, group);
-    let (dir, resolution) = transfer::resolve(disk, group, PARTITION, named).expect("resolve");
+    let (dir, resolution) = transfer::resolve(disk, group, PARTITION, named, &|_| false).expect("resolve");
     let (journal, _) = JournalLog::open_on(Arc::new(disk.clone()), &dir, PARTITION, config()).expect("open");
     (journal, resolution)
 }
@@ -207,6 +207,30 @@ fn a_transferred_journal_is_the_source_up_to_the_checkpoint_and_goes_on_from_it(
 
 #[test]
 fn a_crash_at_any_step_of_an_install_leaves_the_old_journal_or_the_new_one() {
+    crash_at_every_step_of_an_install(&|seed| target(seed), checkpoint_at(5));
+}
+
+/// The same over a target whose live journal already came by a transfer (generation 1, with
+/// `journal.live`), so the install is generation 1 → 2.
+#[test]
+fn a_crash_at_any_step_of_a_second_install_leaves_the_old_journal_or_the_new_one() {
+    let (_first_disk, first_source) = source(15);
+    crash_at_every_step_of_an_install(
+        &|seed| {
+            let (disk, group, _) = target(seed);
+            install(&first_source, &disk, &group, checkpoint_at(9), 4_096).expect("the first install");
+            let (journal, _) = open_live(&disk, &group);
+            let ops = ops_of(&journal);
+            (disk, group, ops)
+        },
+        checkpoint_at(9),
+    );
+}
+
+fn crash_at_every_step_of_an_install(
+    prepared_target: &dyn Fn(u64) -> (SimDisk, PathBuf, Vec<StoredOp>),
+    old_checkpoint: CheckpointId,
+) {
     let (_source_disk, source) = source(25);
     let checkpoint = checkpoint_at(20);
     let transferred: Vec<StoredOp> = ops_of(&source).into_iter().take(20).collect();
@@ -215,7 +239,7 @@ fn a_crash_at_any_step_of_an_install_leaves_the_old_journal_or_the_new_one() {
     loop {
         let mut completed = false;
         for seed in 0..3 {
-            let (disk, group, old) = target(step);
+            let (disk, group, old) = prepared_target(step);
             disk.cut_power_after(step);
             let installed = install(&source, &disk, &group, checkpoint, 150);
             completed = installed.is_ok() && !disk.power_is_cut();
@@ -228,7 +252,7 @@ fn a_crash_at_any_step_of_an_install_leaves_the_old_journal_or_the_new_one() {
                 new_kept += 1;
                 rolled_forward += u32::from(resolution.roll_forward.is_some());
             } else {
-                assert_eq!(named, Some(checkpoint_at(5)), "step {step}");
+                assert_eq!(named, Some(old_checkpoint), "step {step}");
                 assert_eq!(found, old, "step {step} seed {seed}: {resolution:?}");
                 old_kept += 1;
             }
@@ -246,7 +270,7 @@ fn a_crash_at_any_step_of_an_install_leaves_the_old_journal_or_the_new_one() {
                 entries(&disk, &group)
             );
             // Resolving again changes nothing.
-            let again = transfer::plan_resolution(&disk, &group, PARTITION, named).expect("plan");
+            let again = transfer::plan_resolution(&disk, &group, PARTITION, named, &|_| false).expect("plan");
             assert_eq!((again.journal_generation(), again.removed.len()), (generation, 0));
             if completed {
                 break;
@@ -386,7 +410,7 @@ fn a_damaged_marker_or_live_file_is_refused_and_nothing_is_removed() {
     disk.crash(1);
     let named = read_superblock(&disk, &group);
     assert!(matches!(
-        transfer::resolve(&disk, &group, PARTITION, named),
+        transfer::resolve(&disk, &group, PARTITION, named, &|_| false),
         Err(StorageError::Damaged { .. })
     ));
     assert_eq!(
@@ -397,7 +421,7 @@ fn a_damaged_marker_or_live_file_is_refused_and_nothing_is_removed() {
     // `journal.live` naming a generation that is not there is damage too.
     atomic_file::write_on(&disk, &group.join(JOURNAL_LIVE_FILE), &7u64.to_le_bytes()).expect("live");
     assert!(matches!(
-        transfer::plan_resolution(&disk, &group, PARTITION, named),
+        transfer::plan_resolution(&disk, &group, PARTITION, named, &|_| false),
         Err(StorageError::Damaged { .. })
     ));
 }
@@ -428,5 +452,54 @@ fn a_transferred_journal_opens_from_the_summaries_of_its_sealed_segments() {
     assert!(matches!(
         JournalLog::open_read_only_on(Arc::new(disk.clone()), &dir, PARTITION, config()),
         Err(StorageError::Damaged { .. })
+    ));
+}
+
+/// A marked staging whose checkpoint the superblock names, while the live journal holds that
+/// checkpoint's op itself (the replica checkpointed there on its own before a crash left the
+/// staging behind): the live journal stays, with its ops above the checkpoint, and the
+/// staging goes. Rolled forward, it would drop those ops.
+#[test]
+fn a_staging_is_not_rolled_forward_over_a_live_journal_that_holds_the_checkpoint() {
+    let (_source_disk, source) = source(30);
+    let disk = SimDisk::new();
+    let group = PathBuf::from("/target/group");
+    disk.create_dir_all(&group).expect("group dir");
+    // The target's own journal is the same log, further along (ops 1..=30).
+    let own = journal_with(&disk, &transfer::journal_dir(&group, 0), 30, 99);
+    let own_ops = ops_of(&own);
+    drop(own);
+    let checkpoint = checkpoint_at(20);
+    let mut staging = Staging::begin(
+        Arc::new(disk.clone()),
+        &group,
+        TransferManifest::of(&source, checkpoint, 1).expect("manifest"),
+    )
+    .expect("begin");
+    while let Some(request) = staging.next_request() {
+        staging
+            .write_chunk(&TransferChunk::read(&source, request).expect("read"))
+            .expect("write");
+    }
+    staging.finish(config()).expect("finish");
+    // Its own checkpoint at op 20 happens to be named like the staging's.
+    write_superblock(&disk, &group, checkpoint).expect("superblock");
+    disk.crash(5);
+    let live_holds = |dir: &Path| {
+        JournalLog::open_read_only_on(Arc::new(disk.clone()), dir, PARTITION, config())
+            .is_ok_and(|(log, _)| log.last_op() >= checkpoint.op && log.first_op() <= checkpoint.op)
+    };
+    let (dir, resolution) =
+        transfer::resolve(&disk, &group, PARTITION, Some(checkpoint), &live_holds).expect("resolve");
+    assert_eq!(
+        (resolution.live, resolution.roll_forward, resolution.removed),
+        (0, None, vec![1])
+    );
+    let (journal, _) = JournalLog::open_on(Arc::new(disk.clone()), &dir, PARTITION, config()).expect("open");
+    assert_eq!(ops_of(&journal), own_ops);
+    // A commit of a generation whose marker names another checkpoint is refused.
+    assert!(matches!(
+        transfer::commit(&disk, &group, 0, checkpoint),
+        Err(StorageError::Invalid(_))
     ));
 }

@@ -2,7 +2,6 @@
 
 #![allow(dead_code)]
 
-use cairn_storage::log::{LogConfig, SyncMode};
 use cairn_wire::batch::{self, BATCH_HEADER_SIZE, FRAME_HEADER_SIZE};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -101,10 +100,6 @@ pub fn decode_batches(mut bytes: &[u8]) -> Vec<Message> {
         bytes = rest;
     }
     messages
-}
-
-pub fn config(segment_size_bytes: u64) -> LogConfig {
-    LogConfig::new(segment_size_bytes, SyncMode::Os)
 }
 
 /// Every file of `dir` with its bytes (to prove a refused open changed nothing).

@@ -913,6 +913,7 @@ impl<M: SimMachine> Sim<M> {
             if let Some(log) = host.log.as_mut() {
                 log.wipe();
             }
+            self.served_through[replica] = 0;
             host.log_end = 0;
             host.superblock = None;
             host.durable_view_max = 0;
@@ -1003,9 +1004,12 @@ impl<M: SimMachine> Sim<M> {
             .and_then(|state| named_checkpoint(&host.storage, state))
             .map(|(checkpoint, slot, _)| (checkpoint, slot));
         let journal_slots = self.options.shape.journal_slots;
+        let prepare_checksum = checkpoint
+            .as_ref()
+            .map_or(0, |(checkpoint, _)| checkpoint.header.checksum);
         let named = durable_state
             .as_ref()
-            .map(|state| (state.checkpoint_op, state.checkpoint_checksum));
+            .map(|state| (state.checkpoint_op, state.checkpoint_checksum, prepare_checksum));
         let opened = host.log.as_mut().map(|log| log.recover(named, journal_slots));
         let journal: Vec<SlotState> = if let Some(opened) = opened {
             match opened {
@@ -1480,6 +1484,8 @@ impl<M: SimMachine> Sim<M> {
                             return true;
                         }
                         self.trace.record_str("install committed");
+                        // Its log is another now: every op it serves is checked again.
+                        self.served_through[replica] = 0;
                     }
                     self.replicas[replica].on_durable_written(state);
                 }
@@ -1523,7 +1529,18 @@ impl<M: SimMachine> Sim<M> {
                         false => TransferredLog::Replaced,
                     };
                     let staged = log == TransferredLog::Replaced && self.hosts[replica].log.is_some();
-                    if staged && !self.stage_peer_log(replica, peer, &bytes, checksum) {
+                    // A shell stages only what the core can take: a checkpoint above what it
+                    // applied (a marked staging whose checkpoint the replica reaches on its
+                    // own must never be mistaken for one its superblock committed).
+                    let takes = Checkpoint::decode(
+                        &bytes,
+                        self.options.shape.checkpoint_size_max(),
+                        checksum,
+                        SIM_CLUSTER,
+                        SIM_GROUP,
+                    )
+                    .is_ok_and(|checkpoint| checkpoint.op() > self.replicas[replica].commit_min());
+                    if staged && !(takes && self.stage_peer_log(replica, peer, &bytes, checksum)) {
                         // Nothing staged (the peer could not offer it, or the staging was
                         // refused): the replica asks again later.
                         self.collect(replica);
@@ -1768,6 +1785,8 @@ impl<M: SimMachine> Sim<M> {
         while self.served_through[replica] < bound {
             let op = self.served_through[replica] + 1;
             let Some(served) = log.served(op) else {
+                // Committed and in its log as it stands, yet not there to serve.
+                mismatch = Some(op);
                 break;
             };
             match self.canonical_served.get(&op) {
@@ -1784,7 +1803,7 @@ impl<M: SimMachine> Sim<M> {
         }
         match mismatch {
             Some(op) => Err(self.violation(format!(
-                "replica {replica} served op {op}'s messages differently from what was served of it before (commit point {}, log written to {}): {}",
+                "replica {replica} served op {op}'s messages differently from what was served of it before, or could not serve it (commit point {}, log written to {}): {}",
                 self.replicas[replica].commit_min(),
                 self.replicas[replica].log_written_end(),
                 self.replicas[replica].describe()

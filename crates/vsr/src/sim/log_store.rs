@@ -33,17 +33,20 @@ pub trait SimLog {
     /// The disk replaced by a blank one.
     fn wipe(&mut self);
 
-    /// Open the log after a restart, given the checkpoint the superblock names (`None` for a
-    /// wiped replica, whose log starts empty): one state per slot of a ring of
-    /// `journal_slots` (op `o` at slot `o % journal_slots`). `Err`: the log refuses to open.
+    /// Open the log after a restart, given the checkpoint the superblock names as (op,
+    /// checkpoint checksum, checksum of the prepare at the op), `None` for a wiped replica,
+    /// whose log starts empty: one state per slot of a ring of `journal_slots` (op `o` at slot
+    /// `o % journal_slots`). `Err`: the log refuses to open.
     fn recover(
         &mut self,
-        checkpoint: Option<(u64, u128)>,
+        checkpoint: Option<(u64, u128, u128)>,
         journal_slots: usize,
     ) -> Result<Vec<SlotState>, String>;
 
     /// Whether the log holds op `op` with prepare checksum `checksum` durably: a state
-    /// transfer then keeps the log (`TransferredLog::Kept`).
+    /// transfer then keeps the log (`TransferredLog::Kept`). A shell that queues writes
+    /// judges this after every write asked before it (a queued rewrite at or below `op`
+    /// would cut it).
     fn holds_durably(&self, op: u64, checksum: u128) -> bool;
 
     /// What a peer is offered to transfer this log up to the durable checkpoint the
