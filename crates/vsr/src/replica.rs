@@ -2186,6 +2186,15 @@ impl<S: StateMachine> Replica<S> {
             self.request_state_transfer();
             return;
         }
+        if head < self.commit_min {
+            // This replica's commit point moved past the canonical log of this view's
+            // DoViewChange quorum while it waited (a state transfer brought commits made in a
+            // later view, which the other replicas moved on to): this view change is stale.
+            // A log below what it applied is never installed; the view change moves on at its
+            // timeout, or a StartView of the later view reaches it. (Real-journal simulator,
+            // seed 47 950.)
+            return;
+        }
         self.install_log(head, &entries);
         // The journal now holds the merged log, so from here on this replica's log is this
         // view's: a later DoViewChange reads its suffix from the journal and must say so. Were
