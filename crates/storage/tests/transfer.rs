@@ -122,6 +122,23 @@ fn install(
     Ok(staged.generation)
 }
 
+/// Stage `source` up to `checkpoint` in `group` whole, marked, not committed.
+fn staged_whole(
+    source: &JournalLog,
+    disk: &SimDisk,
+    group: &Path,
+    checkpoint: CheckpointId,
+) -> transfer::StagedJournal {
+    let manifest = TransferManifest::of(source, checkpoint, 1).expect("manifest");
+    let mut staging = Staging::begin(Arc::new(disk.clone()), group, manifest).expect("begin");
+    while let Some(request) = staging.next_request() {
+        staging
+            .write_chunk(&TransferChunk::read(source, request).expect("read"))
+            .expect("write");
+    }
+    staging.finish(config()).expect("finish")
+}
+
 /// Resolve the group directory as an open does and open the live journal.
 fn open_live(disk: &SimDisk, group: &Path) -> (JournalLog, transfer::Resolution) {
     let named = read_superblock(disk, group);
@@ -390,18 +407,7 @@ fn a_damaged_marker_or_live_file_is_refused_and_nothing_is_removed() {
     let (_source_disk, source) = source(10);
     let (disk, group, _) = target(5);
     let checkpoint = checkpoint_at(10);
-    let mut staging = Staging::begin(
-        Arc::new(disk.clone()),
-        &group,
-        TransferManifest::of(&source, checkpoint, 1).expect("manifest"),
-    )
-    .expect("begin");
-    while let Some(request) = staging.next_request() {
-        staging
-            .write_chunk(&TransferChunk::read(&source, request).expect("read"))
-            .expect("write");
-    }
-    let staged = staging.finish(config()).expect("finish");
+    let staged = staged_whole(&source, &disk, &group, checkpoint);
     let marker = staged.dir.join(transfer::TRANSFER_MARKER_FILE);
     let mut bytes = disk.read_volatile(&marker).expect("marker");
     let last = bytes.len() - 1;
@@ -470,18 +476,7 @@ fn a_staging_is_not_rolled_forward_over_a_live_journal_that_holds_the_checkpoint
     let own_ops = ops_of(&own);
     drop(own);
     let checkpoint = checkpoint_at(20);
-    let mut staging = Staging::begin(
-        Arc::new(disk.clone()),
-        &group,
-        TransferManifest::of(&source, checkpoint, 1).expect("manifest"),
-    )
-    .expect("begin");
-    while let Some(request) = staging.next_request() {
-        staging
-            .write_chunk(&TransferChunk::read(&source, request).expect("read"))
-            .expect("write");
-    }
-    staging.finish(config()).expect("finish");
+    staged_whole(&source, &disk, &group, checkpoint);
     // Its own checkpoint at op 20 happens to be named like the staging's.
     write_superblock(&disk, &group, checkpoint).expect("superblock");
     disk.crash(5);
