@@ -1254,18 +1254,16 @@ async fn damage_in_a_sealed_segment_is_refused_by_the_scrub_and_when_read() {
 
     // The scrub refuses the partition, and removes the summary.
     let (server, client) = boot(dir.path(), &scrub).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !server
-        .logs()
-        .contains("the scrub found damage in a sealed segment")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the scrub found nothing within 30 s:\n{}",
-            server.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        server
+            .wait_for_log(
+                "the scrub found damage in a sealed segment",
+                Duration::from_secs(30)
+            )
+            .await,
+        "the scrub found nothing within 30 s:\n{}",
+        server.logs()
+    );
     assert_refused(&client, &l0).await;
     assert!(serves(&client, &l1).await, "the other partition was refused");
     l1.send_acked(&client, 1).await;
@@ -1310,7 +1308,9 @@ async fn damage_in_a_sealed_segment_is_refused_by_the_scrub_and_when_read() {
         REFUSED,
     );
     assert!(
-        server.logs().contains("a poll found damage in a sealed segment"),
+        server
+            .wait_for_log("a poll found damage in a sealed segment", Duration::from_secs(10))
+            .await,
         "{}",
         server.logs()
     );

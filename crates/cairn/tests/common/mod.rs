@@ -204,6 +204,20 @@ impl TestServer {
         tail_string(&self.stderr_tail)
     }
 
+    /// Wait until a log line holding `needle` has been read from the server's stderr (another
+    /// thread reads it, so a line the server wrote before answering a request may arrive
+    /// after the answer), at most `within`. Whether it came.
+    pub async fn wait_for_log(&self, needle: &str, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while !self.logs().contains(needle) {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+
     /// True if the process has not exited.
     pub fn is_running(&mut self) -> bool {
         match self.child.as_mut() {
