@@ -126,19 +126,7 @@ impl LogJournal {
         // journal holds the checkpoint's prepare itself (then it stays live).
         let live_serves_named = |live_dir: &Path| {
             JournalLog::open_read_only_on(Arc::clone(&params.disk), live_dir, params.partition_id, config)
-                .is_ok_and(|(log, _)| {
-                    let op = checkpoint.id.op;
-                    op <= log.durable_op()
-                        && log.extent(op).is_some()
-                        && log.read_op_record(op).is_ok_and(|payload| {
-                            payload
-                                .get(..HEADER_SIZE)
-                                .and_then(|bytes| Header::decode(bytes).ok())
-                                .is_some_and(|header| {
-                                    header.op == op && header.checksum == checkpoint.prepare_checksum
-                                })
-                        })
-                })
+                .is_ok_and(|(log, _)| holds_prepare(&log, checkpoint.id.op, checkpoint.prepare_checksum))
         };
         let log_dir = if read_only {
             let resolution =
@@ -505,6 +493,20 @@ impl GroupJournal for LogJournal {
     fn location(&self) -> PathBuf {
         self.dir.clone()
     }
+}
+
+/// Whether `log` holds op `op` durably as the prepare whose checksum is `prepare_checksum`
+/// (its op record begins with that prepare's header): what a state transfer asks of a
+/// checkpoint's op.
+pub(crate) fn holds_prepare(log: &JournalLog, op: u64, prepare_checksum: u128) -> bool {
+    op <= log.durable_op()
+        && log.extent(op).is_some()
+        && log.read_op_record(op).is_ok_and(|payload| {
+            payload
+                .get(..HEADER_SIZE)
+                .and_then(|bytes| Header::decode(bytes).ok())
+                .is_some_and(|header| header.op == op && header.checksum == prepare_checksum)
+        })
 }
 
 /// A partition group of one replica over the files of `dir`.

@@ -137,7 +137,12 @@ pub fn segment_log_name(first_op: u64) -> String {
 
 /// The first op a segment file name says (`None` for any other name).
 fn segment_first_op(name: &str) -> Option<u64> {
-    let stem = name.strip_suffix(".log")?;
+    op_named(name, ".log")
+}
+
+/// The op a file name `<20 digits><suffix>` says (`None` for any other name).
+fn op_named(name: &str, suffix: &str) -> Option<u64> {
+    let stem = name.strip_suffix(suffix)?;
     (stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()))
         .then(|| stem.parse().ok())
         .flatten()
@@ -2422,10 +2427,7 @@ fn summary_name(first_op: u64) -> String {
 
 /// The first op a summary file (or its staging file) is named for.
 fn summary_first_op(name: &str) -> Option<u64> {
-    let stem = name.strip_suffix(SUMMARY_SUFFIX)?;
-    (stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| stem.parse().ok())
-        .flatten()
+    op_named(name, SUMMARY_SUFFIX)
 }
 
 impl SegmentSummary {

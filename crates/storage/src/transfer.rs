@@ -457,11 +457,7 @@ impl Staging {
     ) -> Result<Staging, StorageError> {
         manifest.check().map_err(StorageError::Invalid)?;
         let live = live_generation(disk.as_ref(), group_dir)?;
-        for generation in generations(disk.as_ref(), group_dir)? {
-            if generation != live {
-                remove_generation(disk.as_ref(), group_dir, generation)?;
-            }
-        }
+        remove_generations_but(disk.as_ref(), group_dir, live)?;
         let generation = live + 1;
         let dir = journal_dir(group_dir, generation);
         disk.create_dir_all(&dir)?;
@@ -668,6 +664,16 @@ fn remove_generation(disk: &dyn Disk, group_dir: &Path, generation: u64) -> Resu
     disk.sync_dir(group_dir)
 }
 
+/// Remove every generation but `kept`.
+fn remove_generations_but(disk: &dyn Disk, group_dir: &Path, kept: u64) -> Result<(), StorageError> {
+    for generation in generations(disk, group_dir)? {
+        if generation != kept {
+            remove_generation(disk, group_dir, generation)?;
+        }
+    }
+    Ok(())
+}
+
 /// Remove a staging the core did not take (or that failed verification).
 pub fn abandon(disk: &dyn Disk, group_dir: &Path, generation: u64) -> Result<(), StorageError> {
     assert_ne!(
@@ -705,12 +711,7 @@ pub fn commit(
         &group_dir.join(JOURNAL_LIVE_FILE),
         &generation.to_le_bytes(),
     )?;
-    for other in generations(disk, group_dir)? {
-        if other != generation {
-            remove_generation(disk, group_dir, other)?;
-        }
-    }
-    Ok(())
+    remove_generations_but(disk, group_dir, generation)
 }
 
 /// What [`resolve`] does at open, decided reading only.

@@ -1210,10 +1210,7 @@ impl<S: StateMachine> Replica<S> {
         // Persist it like a checkpoint of its own: the slot first, then the durable state.
         let (bytes, checksum_written) = checkpoint.encode(self.config.shape.checkpoint_size_max());
         debug_assert_eq!(checksum_written, checksum);
-        self.start_checkpoint_cycle(checkpoint.op(), checksum, Arc::from(bytes));
-        if let Some(cycle) = self.checkpoint_cycle.as_mut() {
-            cycle.replaces_log = replaces_log;
-        }
+        self.start_checkpoint_cycle(checkpoint.op(), checksum, Arc::from(bytes), replaces_log);
         self.progress();
         true
     }
@@ -1290,10 +1287,11 @@ impl<S: StateMachine> Replica<S> {
         };
         assert!(checkpoint.state_machine.len() <= STATE_MACHINE_SNAPSHOT_MAX);
         let (bytes, checksum) = checkpoint.encode(self.config.shape.checkpoint_size_max());
-        self.start_checkpoint_cycle(header.op, checksum, Arc::from(bytes));
+        self.start_checkpoint_cycle(header.op, checksum, Arc::from(bytes), false);
     }
 
-    fn start_checkpoint_cycle(&mut self, op: u64, checksum: u128, bytes: Arc<[u8]>) {
+    /// `replaces_log`: see [`CheckpointCycle::replaces_log`].
+    fn start_checkpoint_cycle(&mut self, op: u64, checksum: u128, bytes: Arc<[u8]>, replaces_log: bool) {
         assert!(self.checkpoint_cycle.is_none(), "one checkpoint write at a time");
         assert!(op > self.durable.checkpoint_op);
         let slot = 1 - self.checkpoint_slot;
@@ -1302,7 +1300,7 @@ impl<S: StateMachine> Replica<S> {
             checksum,
             slot,
             written: false,
-            replaces_log: false,
+            replaces_log,
         });
         self.checkpoint_unwritten = Some(bytes);
         self.write_checkpoint_when_ready();

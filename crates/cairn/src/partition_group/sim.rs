@@ -12,7 +12,7 @@
 //!
 //! `CAIRN_SIM_SEEDS=<n>` runs seeds `0..n` (default 2 000); `CAIRN_SIM_SEED=<s>` replays one.
 
-use super::{LogJournal, LogParams};
+use super::{LogJournal, LogParams, holds_prepare};
 use crate::node::{GroupJournal, NamedCheckpoint};
 use cairn_machine::partition::{PartitionMachine, PartitionState};
 use cairn_storage::io::Disk;
@@ -22,8 +22,7 @@ use cairn_storage::transfer::{
     self, CheckpointId, ChunkRequest, StagedJournal, Staging, TransferChunk, TransferManifest,
 };
 use cairn_vsr::checkpoint::Checkpoint;
-use cairn_vsr::constants::HEADER_SIZE;
-use cairn_vsr::header::{Header, Message};
+use cairn_vsr::header::Message;
 use cairn_vsr::journal::SlotState;
 use cairn_vsr::replica::StateMachine;
 use cairn_vsr::sim::cluster::{SIM_CLUSTER, SIM_GROUP, Sim, SimOptions};
@@ -113,13 +112,7 @@ fn check_staged(
     offered: &PartitionState,
 ) -> Result<(), String> {
     let op = checkpoint.header.op;
-    let holds_header = op < journal.first_op()
-        || journal.read_op_record(op).is_ok_and(|payload| {
-            payload
-                .get(..HEADER_SIZE)
-                .and_then(|bytes| Header::decode(bytes).ok())
-                .is_some_and(|header| header.op == op && header.checksum == checkpoint.header.checksum)
-        });
+    let holds_header = op < journal.first_op() || holds_prepare(journal, op, checkpoint.header.checksum);
     if !holds_header {
         return Err(format!("op {op} is not the checkpoint's prepare"));
     }
@@ -247,17 +240,9 @@ impl SimLog for JournalSimLog {
     }
 
     fn holds_durably(&self, op: u64, checksum: u128) -> bool {
-        let Some(journal) = self.journal.as_ref() else {
-            return false;
-        };
-        op <= journal.log.durable_op()
-            && journal.log.extent(op).is_some()
-            && journal.log.read_op_record(op).is_ok_and(|payload| {
-                payload
-                    .get(..HEADER_SIZE)
-                    .and_then(|bytes| Header::decode(bytes).ok())
-                    .is_some_and(|header| header.op == op && header.checksum == checksum)
-            })
+        self.journal
+            .as_ref()
+            .is_some_and(|journal| holds_prepare(&journal.log, op, checksum))
     }
 
     fn offer(&self, checkpoint_op: u64, checkpoint_checksum: u128, checkpoint: &[u8]) -> Option<Vec<u8>> {

@@ -1281,11 +1281,9 @@ impl<M: SimMachine> Sim<M> {
                         // the shell's or the core's bug (a gap, a write into a log being
                         // replaced).
                         if let Err(reason) = log.write(&message) {
-                            if self.found.is_none() {
-                                self.found = Some(self.violation(format!(
-                                    "replica {replica} could not write op {op} to its log: {reason}"
-                                )));
-                            }
+                            self.found_between_ticks(format!(
+                                "replica {replica} could not write op {op} to its log: {reason}"
+                            ));
                             return;
                         }
                     } else {
@@ -1410,11 +1408,7 @@ impl<M: SimMachine> Sim<M> {
                     // Failed barriers are injected through the disk's sync above; the log's own
                     // never fails unless the shell broke it.
                     if let Err(reason) = log.sync() {
-                        if self.found.is_none() {
-                            self.found = Some(
-                                self.violation(format!("replica {replica}'s log barrier failed: {reason}")),
-                            );
-                        }
+                        self.found_between_ticks(format!("replica {replica}'s log barrier failed: {reason}"));
                         return true;
                     }
                     self.replicas[replica].on_prepare_written(op, checksum);
@@ -1476,11 +1470,9 @@ impl<M: SimMachine> Sim<M> {
                         host.install_pending = None;
                         let installed = host.log.as_mut().map_or(Ok(()), |log| log.commit_staged());
                         if let Err(reason) = installed {
-                            if self.found.is_none() {
-                                self.found = Some(self.violation(format!(
-                                    "replica {replica} could not make its transferred log live: {reason}"
-                                )));
-                            }
+                            self.found_between_ticks(format!(
+                                "replica {replica} could not make its transferred log live: {reason}"
+                            ));
                             return true;
                         }
                         self.trace.record_str("install committed");
@@ -1518,29 +1510,27 @@ impl<M: SimMachine> Sim<M> {
                 self.replicas[replica].on_prepare_read(op, checksum, prepare, for_replica);
             }
             WriteKind::StateTransfer { above_op, commit_max } => {
-                if let Some((peer, bytes, checksum)) = self.peer_checkpoint(replica, above_op, commit_max) {
+                if let Some((peer, checkpoint, bytes, checksum)) =
+                    self.peer_checkpoint(replica, above_op, commit_max)
+                {
                     self.trace.record_str("state transfer");
                     // A log journal keeps its log when it already holds the checkpoint's op
                     // durably (its redundant header written after the prepare's sync);
                     // otherwise the peer's log, ending exactly at the checkpoint, replaces it
                     // (a partition receives the segments).
-                    let log = match self.log_holds_checkpoint_op(replica, &bytes, checksum) {
-                        true => TransferredLog::Kept,
-                        false => TransferredLog::Replaced,
-                    };
+                    let log =
+                        match self.log_holds_prepare(replica, checkpoint.op(), checkpoint.header.checksum) {
+                            true => TransferredLog::Kept,
+                            false => TransferredLog::Replaced,
+                        };
                     let staged = log == TransferredLog::Replaced && self.hosts[replica].log.is_some();
                     // A shell stages only what the core can take: a checkpoint above what it
                     // applied (a marked staging whose checkpoint the replica reaches on its
                     // own must never be mistaken for one its superblock committed).
-                    let takes = Checkpoint::decode(
-                        &bytes,
-                        self.options.shape.checkpoint_size_max(),
-                        checksum,
-                        SIM_CLUSTER,
-                        SIM_GROUP,
-                    )
-                    .is_ok_and(|checkpoint| checkpoint.op() > self.replicas[replica].commit_min());
-                    if staged && !(takes && self.stage_peer_log(replica, peer, &bytes, checksum)) {
+                    let takes = checkpoint.op() > self.replicas[replica].commit_min();
+                    if staged
+                        && !(takes && self.stage_peer_log(replica, peer, checkpoint.op(), &bytes, checksum))
+                    {
                         // Nothing staged (the peer could not offer it, or the staging was
                         // refused): the replica asks again later.
                         self.collect(replica);
@@ -1589,18 +1579,17 @@ impl<M: SimMachine> Sim<M> {
         false
     }
 
-    /// Log journal: whether `replica`'s log holds the op of the checkpoint `bytes` durably,
-    /// with the checksum of the checkpoint's header (a shell decides so from its own log).
-    /// Stage `peer`'s log up to the checkpoint `bytes` in `replica`'s caller-supplied log,
-    /// chunk by chunk from the peer's. Whether a log was staged.
-    fn stage_peer_log(&mut self, replica: usize, peer: usize, bytes: &[u8], checksum: u128) -> bool {
-        let Some((checkpoint_op, _)) = self.hosts[peer]
-            .superblock
-            .as_ref()
-            .map(|(state, _)| (state.checkpoint_op, state.checkpoint_checksum))
-        else {
-            return false;
-        };
+    /// Stage `peer`'s log up to its checkpoint at `checkpoint_op` (`bytes`, `checksum`) in
+    /// `replica`'s caller-supplied log, chunk by chunk from the peer's. Whether a log was
+    /// staged.
+    fn stage_peer_log(
+        &mut self,
+        replica: usize,
+        peer: usize,
+        checkpoint_op: u64,
+        bytes: &[u8],
+        checksum: u128,
+    ) -> bool {
         // A stale or forked offer (the fault): the segments come from any replica's log, up
         // to an op below the checkpoint's (a replayed offer of an older state) or up to its
         // op (another replica's log may hold another prepare there). The receiver's check of
@@ -1650,23 +1639,15 @@ impl<M: SimMachine> Sim<M> {
         }
     }
 
-    fn log_holds_checkpoint_op(&self, replica: usize, bytes: &[u8], checksum: u128) -> bool {
+    /// Log journal: whether `replica`'s log holds op `op` durably with prepare checksum
+    /// `prepare_checksum` (a shell decides so from its own log).
+    fn log_holds_prepare(&self, replica: usize, op: u64, prepare_checksum: u128) -> bool {
         if !self.options.shape.log_journal {
             return false;
         }
-        let Ok(checkpoint) = Checkpoint::decode(
-            bytes,
-            self.options.shape.checkpoint_size_max(),
-            checksum,
-            SIM_CLUSTER,
-            SIM_GROUP,
-        ) else {
-            return false;
-        };
-        let op = checkpoint.op();
         let host = &self.hosts[replica];
         if let Some(log) = host.log.as_ref() {
-            return log.holds_durably(op, checkpoint.header.checksum);
+            return log.holds_durably(op, prepare_checksum);
         }
         if op > host.log_end {
             return false;
@@ -1674,7 +1655,7 @@ impl<M: SimMachine> Sim<M> {
         let slot = slot_of(op, self.options.shape.journal_slots) as u32;
         [Zone::Prepares, Zone::Headers].into_iter().all(|zone| {
             Header::decode(&host.storage.read(zone, slot))
-                .is_ok_and(|header| header.op == op && header.checksum == checkpoint.header.checksum)
+                .is_ok_and(|header| header.op == op && header.checksum == prepare_checksum)
         })
     }
 
@@ -1687,7 +1668,7 @@ impl<M: SimMachine> Sim<M> {
         replica: usize,
         above_op: u64,
         commit_max: u64,
-    ) -> Option<(usize, Vec<u8>, u128)> {
+    ) -> Option<(usize, Checkpoint, Vec<u8>, u128)> {
         let me = Endpoint(replica as u16);
         (0..self.replicas.len())
             .filter(|&peer| peer != replica && self.hosts[peer].down_until.is_none())
@@ -1700,7 +1681,7 @@ impl<M: SimMachine> Sim<M> {
             .max_by_key(|(peer, state)| (state.checkpoint_op, std::cmp::Reverse(*peer)))
             .and_then(|(peer, state)| {
                 named_checkpoint(&self.hosts[peer].storage, &state)
-                    .map(|(_, _, bytes)| (peer, bytes, state.checkpoint_checksum))
+                    .map(|(checkpoint, _, bytes)| (peer, checkpoint, bytes, state.checkpoint_checksum))
             })
     }
 
@@ -1861,6 +1842,13 @@ impl<M: SimMachine> Sim<M> {
             self.check_state(replica)?;
         }
         Ok(())
+    }
+
+    /// Record `what` as the violation of this tick, unless one was found already.
+    fn found_between_ticks(&mut self, what: String) {
+        if self.found.is_none() {
+            self.found = Some(self.violation(what));
+        }
     }
 
     fn violation(&self, what: String) -> Violation {
