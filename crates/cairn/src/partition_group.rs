@@ -180,12 +180,19 @@ impl LogJournal {
         let (log, recovery) =
             JournalLog::open_on(Arc::clone(&params.disk), &log_dir, params.partition_id, config)
                 .map_err(refused)?;
+        if recovery.state_slot_damaged {
+            tracing::warn!(
+                dir = %log_dir.display(),
+                durable_op = recovery.durable_op,
+                "one slot of the journal's state file failed verification (a publish torn by a crash, or a flipped bit): the other slot's frontier was used, and the whole ops written above it were kept"
+            );
+        }
         if recovery.unsynced_ops_kept > 0 {
             tracing::info!(
                 dir = %log_dir.display(),
                 ops = recovery.unsynced_ops_kept,
                 bytes = recovery.unsynced_bytes_kept,
-                "kept the whole ops written above the journal's durable frontier (relaxed mode acknowledged them before a barrier) and made them durable"
+                "kept the whole ops written above the journal's durable frontier (relaxed mode acknowledged them before a barrier, or the state file's newest frontier was damaged) and made them durable"
             );
         }
         if recovery.dropped_bytes > 0 {

@@ -460,6 +460,10 @@ pub struct JournalRecovery {
     /// (`relaxed` mode): then dropped bytes may have held acknowledged messages (lost with
     /// unsynced data), whose offsets [`JournalLog::resume_offset`] keeps from being minted.
     pub unsynced_may_be_acknowledged: bool,
+    /// One slot of the state file failed verification: a publish torn by a crash, or a bit
+    /// flip. The other slot's frontier was used, and the whole ops above it kept (after a flip
+    /// of the newest slot they were reported durable).
+    pub state_slot_damaged: bool,
 }
 
 impl JournalLog {
@@ -562,6 +566,7 @@ impl JournalLog {
         let state = StateFile::open(disk.as_ref(), &dir.join(STATE_FILE_NAME), plan.loaded)?;
         let (unsynced_ops_kept, unsynced_bytes_kept) = (plan.unsynced_ops_kept, plan.unsynced_bytes_kept);
         let unsynced_may_be_acknowledged = plan.loaded.unsynced_acknowledged;
+        let state_slot_damaged = plan.state_slot_damaged;
         let mut journal = JournalLog::from_plan(disk, dir, partition_id, config, plan, Some((active, state)));
         if unsynced_ops_kept > 0 {
             // What was kept is made durable and put below the frontier at once: from here on
@@ -577,6 +582,7 @@ impl JournalLog {
                 unsynced_ops_kept,
                 unsynced_bytes_kept,
                 unsynced_may_be_acknowledged,
+                state_slot_damaged,
             },
         ))
     }
@@ -1867,6 +1873,8 @@ impl JournalLog {
 struct OpenPlan {
     start: Chain,
     loaded: PartitionState,
+    /// One slot of the state file failed verification (see `state::load_noting_damage`).
+    state_slot_damaged: bool,
     /// The segments kept, each cut at the frontier if it holds it.
     segments: Vec<Segment>,
     ops: BTreeMap<u64, OpExtent>,
@@ -1917,7 +1925,7 @@ fn plan_open(
     let state_bytes = disk
         .read_all(&state_path, STATE_FILE_SIZE_BYTES)?
         .ok_or_else(|| damaged(state_path.clone(), 0, "the state file is missing".into()))?;
-    let loaded = state::load(&state_bytes, partition_id)
+    let (loaded, state_slot_damaged) = state::load_noting_damage(&state_bytes, partition_id)
         .map_err(|(position, reason)| damaged(state_path.clone(), position, reason))?;
     let frontier = loaded.frontier;
 
@@ -2131,13 +2139,15 @@ fn plan_open(
         ));
     }
     // Above the frontier: the whole ops are kept when they may have been acknowledged
-    // (`relaxed` mode), first in the frontier's segment, then, if that one ends with a whole
-    // op, in the segment after it (sealing a segment publishes the frontier at its end, so
-    // nothing further can hold an acknowledged op).
+    // (`relaxed` mode; or one state slot failed verification, and it may have been the
+    // newest, a publish reported durable then hit by a bit flip), first in the frontier's
+    // segment, then, if that one ends with a whole op, in the segment after it (sealing a
+    // segment publishes the frontier at its end, so nothing further can hold an
+    // acknowledged op).
     let mut above = above;
     let mut unsynced_ops_kept = 0u64;
     let mut unsynced_bytes_kept = 0u64;
-    if loaded.unsynced_acknowledged {
+    if loaded.unsynced_acknowledged || state_slot_damaged {
         let mut segment = *segments.last().expect("the frontier's segment");
         let mut len = disk.file_len(&segment.path(dir))?.unwrap_or(0);
         loop {
@@ -2207,6 +2217,7 @@ fn plan_open(
     Ok(OpenPlan {
         start,
         loaded,
+        state_slot_damaged,
         segments,
         ops,
         batches,

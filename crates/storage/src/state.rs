@@ -314,6 +314,17 @@ pub fn decode_slot(bytes: &[u8], slot_index: u64, partition_id: u32) -> Result<P
 /// Pick the state of a whole state file (pure): the valid slot with the highest sequence.
 /// `Err((position_bytes, reason))` if the file has the wrong size or neither slot is valid.
 pub fn load(file_bytes: &[u8], partition_id: u32) -> Result<PartitionState, (u64, String)> {
+    load_noting_damage(file_bytes, partition_id).map(|(state, _)| state)
+}
+
+/// [`load`], and whether one slot failed verification. A torn publish and a bit flip in the
+/// newest slot look alike: either way the other slot is in charge, but after a flip the
+/// publish it lost was reported durable, so the data above the frontier it names may have
+/// been acknowledged (a journal's open then keeps the whole ops there).
+pub fn load_noting_damage(
+    file_bytes: &[u8],
+    partition_id: u32,
+) -> Result<(PartitionState, bool), (u64, String)> {
     if file_bytes.len() as u64 != STATE_FILE_SIZE_BYTES {
         return Err((
             0,
@@ -328,12 +339,15 @@ pub fn load(file_bytes: &[u8], partition_id: u32) -> Result<PartitionState, (u64
         decode_slot(&file_bytes[position..], slot_index, partition_id)
     };
     match (slot(0), slot(1)) {
-        (Ok(first), Ok(second)) => Ok(if first.sequence > second.sequence {
-            first
-        } else {
-            second
-        }),
-        (Ok(only), Err(_)) | (Err(_), Ok(only)) => Ok(only),
+        (Ok(first), Ok(second)) => Ok((
+            if first.sequence > second.sequence {
+                first
+            } else {
+                second
+            },
+            false,
+        )),
+        (Ok(only), Err(_)) | (Err(_), Ok(only)) => Ok((only, true)),
         (Err(first), Err(second)) => Err((
             0,
             format!("no valid state slot (slot 0: {first}; slot 1: {second})"),
@@ -528,11 +542,13 @@ mod tests {
             };
             assert_eq!(load(&bytes, 9), Ok(expected), "torn at {torn_len}");
         }
-        // Every single bit flip in one slot leaves the other one in charge.
+        // Every single bit flip in one slot leaves the other one in charge, and says so.
+        assert_eq!(load_noting_damage(&good, 9), Ok((newer, false)));
         for byte in 0..STATE_SLOT_SIZE {
             let mut bytes = good.clone();
             bytes[newer_position + byte] ^= 0x40;
             assert_eq!(load(&bytes, 9), Ok(older), "flip at {byte}");
+            assert_eq!(load_noting_damage(&bytes, 9), Ok((older, true)), "flip at {byte}");
         }
     }
 
