@@ -242,6 +242,50 @@ impl SimState {
             .push(op);
     }
 
+    /// A directory renamed with everything in it: the rename itself durable at once, like a
+    /// directory's creation; operations inside it that were not synced stay unsynced, under
+    /// the new name. Refused when `to` exists.
+    fn rename_dir(state: &mut SimState, cut: bool, from: &Path, to: &Path) -> Result<(), StorageError> {
+        if state.dirs.contains(to) || state.namespace.contains_key(to) {
+            return Err(sim_error(to, ErrorKind::AlreadyExists, "the new name exists"));
+        }
+        let moved = |path: &Path| match path.strip_prefix(from) {
+            Ok(rest) if rest.as_os_str().is_empty() => to.to_path_buf(),
+            Ok(rest) => to.join(rest),
+            Err(_) => path.to_path_buf(),
+        };
+        let rekey = |map: &BTreeMap<PathBuf, u64>| -> BTreeMap<PathBuf, u64> {
+            map.iter().map(|(path, &inode)| (moved(path), inode)).collect()
+        };
+        state.namespace = rekey(&state.namespace);
+        state.durable_namespace = rekey(&state.durable_namespace);
+        state.dirs = state.dirs.iter().map(|dir| moved(dir)).collect();
+        let journals = std::mem::take(&mut state.journals);
+        state.journals = journals
+            .into_iter()
+            .map(|(dir, ops)| {
+                let ops = ops
+                    .into_iter()
+                    .map(|op| match op {
+                        DirOp::Link { path, inode } => DirOp::Link {
+                            path: moved(&path),
+                            inode,
+                        },
+                        DirOp::Rename { from, to, inode } => DirOp::Rename {
+                            from: moved(&from),
+                            to: moved(&to),
+                            inode,
+                        },
+                        DirOp::Unlink { path } => DirOp::Unlink { path: moved(&path) },
+                    })
+                    .collect();
+                (moved(&dir), ops)
+            })
+            .collect();
+        state.stats.rename_count += 1;
+        SimState::cut_result(cut, from, ())
+    }
+
     fn new_inode(&mut self, contents: Vec<u8>) -> u64 {
         self.next_inode += 1;
         self.inodes.insert(
@@ -365,6 +409,18 @@ impl SimDisk {
         let state = self.lock();
         let inode = state.namespace.get(path)?;
         Some(state.inodes.get(inode)?.volatile.clone())
+    }
+
+    /// Every file whose path lies under `dir` (at any depth), in path order (for tests that
+    /// pick a file to damage).
+    pub fn files_under(&self, dir: &Path) -> Vec<PathBuf> {
+        let state = self.lock();
+        state
+            .namespace
+            .keys()
+            .filter(|path| path.starts_with(dir))
+            .cloned()
+            .collect()
     }
 
     /// Replace the contents of `path` durably (for tests that inject damage: bit flips).
@@ -555,6 +611,9 @@ impl Disk for SimDisk {
             parent_dir(to),
             "the engine renames within one directory"
         );
+        if state.dirs.contains(from) {
+            return SimState::rename_dir(&mut state, cut, from, to);
+        }
         let inode = state.inode_of(from)?;
         state.namespace.remove(from);
         state.namespace.insert(to.to_path_buf(), inode);
@@ -754,6 +813,36 @@ mod tests {
         assert!(after.starts_with(b"hello"));
         assert!(b"hello world".starts_with(&after), "{after:?}");
         assert!(file.write_all_at(0, b"x").is_err(), "handles die with the power");
+    }
+
+    #[test]
+    fn a_directory_renames_with_everything_in_it_and_unsynced_entries_stay_unsynced() {
+        let disk = SimDisk::new();
+        let group = Path::new("/p/group");
+        disk.create_dir_all(&group.join("log")).unwrap();
+        let synced = group.join("log/a");
+        disk.write_synced(&synced, b"kept").unwrap();
+        disk.sync_dir(&group.join("log")).unwrap();
+        let unsynced = group.join("log/b");
+        disk.create_new(&unsynced).unwrap().write_all_at(0, b"b").unwrap();
+        let aside = Path::new("/p/group.quarantine.0");
+        disk.rename(group, aside).unwrap();
+        assert!(disk.list_dir(group).is_err(), "the old name is gone");
+        assert_eq!(disk.list_dir(&aside.join("log")).unwrap(), vec!["a", "b"]);
+        disk.crash(0);
+        assert!(disk.list_dir(group).is_err(), "the rename is durable");
+        assert_eq!(
+            disk.read_all(&aside.join("log/a"), 100).unwrap().unwrap(),
+            b"kept"
+        );
+        let names = disk.list_dir(&aside.join("log")).unwrap();
+        assert!(names == ["a"] || names == ["a", "b"], "{names:?}");
+        assert!(disk.rename(aside, Path::new("/p/x")).is_ok());
+        disk.create_dir_all(Path::new("/p/y")).unwrap();
+        assert!(
+            disk.rename(Path::new("/p/x"), Path::new("/p/y")).is_err(),
+            "the new name exists"
+        );
     }
 
     #[test]

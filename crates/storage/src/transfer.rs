@@ -831,6 +831,51 @@ pub fn resolve(
     ))
 }
 
+/// How many quarantined copies of one group directory may pile up beside it before a
+/// quarantine is refused (each holds a whole damaged group: an operator clears them).
+pub const QUARANTINES_MAX: u32 = 1_000;
+
+/// The name a group directory named `name` gets in quarantine number `number`.
+pub fn quarantine_name(name: &str, number: u32) -> String {
+    format!("{name}.quarantine.{number}")
+}
+
+/// Set a damaged group directory aside, every byte kept: `group_dir` is renamed to
+/// `<name>.quarantine.<n>` beside it (`n` the lowest number not in use), and the parent
+/// directory is synced. Afterwards no group directory exists under the old name: the group
+/// starts again as a replica with a blank disk and is rebuilt from its peers (state
+/// transfer). Only a group with peers may do this; a group of one replica refuses instead,
+/// keeping the files where they are. Returns the quarantine's path.
+///
+/// One rename, so a crash leaves the whole group where it was or the whole group set aside.
+pub fn quarantine(disk: &dyn Disk, group_dir: &Path) -> Result<PathBuf, StorageError> {
+    let invalid = |reason: String| StorageError::Invalid(reason);
+    let (Some(parent), Some(name)) = (
+        group_dir.parent(),
+        group_dir.file_name().and_then(|name| name.to_str()),
+    ) else {
+        return Err(invalid(format!(
+            "{} names no directory that can be set aside",
+            group_dir.display()
+        )));
+    };
+    // The group's own directory operations first: the rename moves what is durable.
+    disk.sync_dir(group_dir)?;
+    let taken = disk.list_dir(parent)?;
+    let number = (0..QUARANTINES_MAX)
+        .find(|&number| !taken.contains(&quarantine_name(name, number)))
+        .ok_or_else(|| {
+            invalid(format!(
+                "{QUARANTINES_MAX} quarantined copies of {} already exist beside it; remove those an operator has examined",
+                group_dir.display()
+            ))
+        })?;
+    let quarantined = parent.join(quarantine_name(name, number));
+    disk.rename(group_dir, &quarantined)?;
+    disk.sync_dir(parent)?;
+    Ok(quarantined)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

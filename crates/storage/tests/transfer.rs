@@ -498,3 +498,39 @@ fn a_staging_is_not_rolled_forward_over_a_live_journal_that_holds_the_checkpoint
         Err(StorageError::Invalid(_))
     ));
 }
+
+/// A damaged group is set aside whole (superblock and every journal file, byte for byte),
+/// durably, under the lowest free quarantine number; the group's name is free for a blank
+/// start.
+#[test]
+fn a_quarantine_sets_the_whole_group_aside_and_keeps_every_byte() {
+    let (disk, group, _) = target(21);
+    let files = disk.files_under(&group);
+    let contents: Vec<Vec<u8>> = files
+        .iter()
+        .map(|path| disk.read_volatile(path).expect("a file"))
+        .collect();
+    assert!(files.len() > 3, "{files:?}");
+    let aside = transfer::quarantine(&disk, &group).expect("quarantine");
+    assert_eq!(aside, PathBuf::from("/target/group.quarantine.0"));
+    disk.crash(5);
+    assert!(disk.list_dir(&group).is_err(), "the group's name is free");
+    for (path, bytes) in files.iter().zip(&contents) {
+        let moved = aside.join(path.strip_prefix(&group).expect("under the group"));
+        assert_eq!(
+            disk.read_volatile(&moved).as_ref(),
+            Some(bytes),
+            "{}",
+            moved.display()
+        );
+    }
+    // The group starts again blank; a second quarantine takes the next number.
+    disk.create_dir_all(&group).expect("a blank group");
+    journal_with(&disk, &transfer::journal_dir(&group, 0), 3, 22);
+    let again = transfer::quarantine(&disk, &group).expect("a second quarantine");
+    assert_eq!(again, PathBuf::from("/target/group.quarantine.1"));
+    assert!(
+        transfer::quarantine(&disk, &group).is_err(),
+        "nothing left to set aside"
+    );
+}

@@ -4,6 +4,10 @@
 //! loss: unsynced writes lost or torn), wiped and reopened exactly as the server's shell
 //! does, and state transfer moves segments (`cairn_storage::transfer`: an offer, checksummed
 //! chunks, a staged journal made live by the superblock write naming its checkpoint).
+//! While a replica is down a bit may flip in any of its journal files; an open (and the
+//! scrub's pass over the sealed segments, run with it) that refuses the damage sets the whole
+//! group aside (`transfer::quarantine`) and the replica rejoins as a wiped one. Each durable
+//! checkpoint lets the shell release its oldest segments, as the server's retention does.
 //!
 //! The checkers are the simulator's (one committed log, identical machine state after every
 //! op on every replica, no offset minted twice, replies that match the committed log), plus
@@ -16,8 +20,9 @@ use super::{LogJournal, LogParams, holds_prepare};
 use crate::node::{GroupJournal, NamedCheckpoint};
 use cairn_machine::partition::{PartitionMachine, PartitionState};
 use cairn_storage::io::Disk;
+use cairn_storage::journal;
 use cairn_storage::journal::{JournalConfig, JournalLog};
-use cairn_storage::sim_disk::SimDisk;
+use cairn_storage::sim_disk::{SimDisk, SimRng};
 use cairn_storage::transfer::{
     self, CheckpointId, ChunkRequest, StagedJournal, Staging, TransferChunk, TransferManifest,
 };
@@ -26,7 +31,7 @@ use cairn_vsr::header::Message;
 use cairn_vsr::journal::SlotState;
 use cairn_vsr::replica::StateMachine;
 use cairn_vsr::sim::cluster::{SIM_CLUSTER, SIM_GROUP, Sim, SimOptions};
-use cairn_vsr::sim::log_store::{Chunk, SimLog};
+use cairn_vsr::sim::log_store::{Chunk, Opened, SimLog};
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -52,6 +57,16 @@ struct JournalSimLog {
     abandoned_count: u64,
     /// Offers refused (not the checkpoint's, stale, or not verifying).
     refused_count: u64,
+    /// A bit flipped in the log's files since it last opened: only that may make an open
+    /// refuse (anything else refusing is a violation).
+    flipped: bool,
+    /// Opens refused for damage, the group set aside; of those, the ones on the current disk
+    /// (a wipe takes the others).
+    quarantined_count: u64,
+    quarantined_on_disk: u64,
+    /// Segments released by retention (the durable checkpoint past them, their messages
+    /// purged or trimmed).
+    released_count: u64,
     /// The mutation: install an offer without checking it against the checkpoint being
     /// installed and the replica's own state.
     skip_offer_checks: bool,
@@ -142,6 +157,10 @@ impl JournalSimLog {
             committed_count: 0,
             abandoned_count: 0,
             refused_count: 0,
+            flipped: false,
+            quarantined_count: 0,
+            quarantined_on_disk: 0,
+            released_count: 0,
             skip_offer_checks,
         };
         log.format();
@@ -207,20 +226,23 @@ impl SimLog for JournalSimLog {
         self.journal = None;
         self.staged = None;
         self.disk = SimDisk::new();
+        self.flipped = false;
+        self.quarantined_on_disk = 0;
     }
 
     fn recover(
         &mut self,
         checkpoint: Option<(u64, u128, u128)>,
         journal_slots: usize,
-    ) -> Result<Vec<SlotState>, String> {
+    ) -> Result<Opened, String> {
         self.journal = None;
         self.staged = None;
         let Some((op, checksum, prepare_checksum)) = checkpoint else {
             self.format();
-            return Ok(vec![SlotState::Empty; journal_slots]);
+            self.flipped = false;
+            return Ok(Opened::Log(vec![SlotState::Empty; journal_slots]));
         };
-        let (journal, slots, damaged) = LogJournal::open_journal(
+        let opened = LogJournal::open_journal(
             &self.group_dir,
             &self.params(),
             false,
@@ -231,12 +253,97 @@ impl SimLog for JournalSimLog {
             },
             journal_slots,
         )
-        .map_err(|error| error.to_string())?;
-        if !damaged.is_empty() {
-            return Err(format!("damaged ops at open: {damaged:?}"));
+        .map_err(|error| error.to_string())
+        .and_then(|(journal, slots, damaged)| {
+            if !damaged.is_empty() {
+                return Err(format!("damaged ops at open: {damaged:?}"));
+            }
+            // The scrub's pass, run at once: every sealed segment the open took from its
+            // summary is read and verified in full.
+            for segment in journal.log.sealed_segments() {
+                journal::verify_sealed(&self.disk, &segment).map_err(|error| error.to_string())?;
+            }
+            Ok((journal, slots))
+        });
+        match opened {
+            Ok((journal, slots)) => {
+                self.journal = Some(journal);
+                self.flipped = false;
+                Ok(Opened::Log(slots))
+            }
+            // Damage: the node sets the whole group aside and rebuilds it from its peers.
+            Err(reason) if self.flipped => {
+                transfer::quarantine(&self.disk, &self.group_dir)
+                    .map_err(|error| format!("{reason}; and the quarantine failed: {error}"))?;
+                self.flipped = false;
+                self.quarantined_count += 1;
+                self.quarantined_on_disk += 1;
+                Ok(Opened::Quarantined(reason))
+            }
+            Err(reason) => Err(reason),
         }
-        self.journal = Some(journal);
-        Ok(slots)
+    }
+
+    fn release(
+        &mut self,
+        checkpoint_op: u64,
+        checkpoint_checksum: u128,
+        checkpoint: &[u8],
+    ) -> Result<(), String> {
+        let Some(journal) = self.journal.as_mut() else {
+            return Ok(());
+        };
+        let decoded = Checkpoint::decode(
+            checkpoint,
+            self.checkpoint_size_max,
+            checkpoint_checksum,
+            SIM_CLUSTER,
+            SIM_GROUP,
+        )
+        .map_err(|fault| format!("the durable checkpoint does not verify: {fault:?}"))?;
+        let mut machine = PartitionMachine::new(PARTITION);
+        machine.restore(&decoded.state_machine)?;
+        let start_offset = machine.state().start_offset;
+        // As the server's retention does (`PartitionGroup::remove_released_segments`), from
+        // the durable checkpoint.
+        let removed = journal
+            .log
+            .remove_oldest_segments(checkpoint_op + 1, start_offset)
+            .map_err(|error| error.to_string())?;
+        if journal.log.first_offset() > start_offset || journal.log.first_op() > checkpoint_op + 1 {
+            return Err(format!(
+                "released up to op {} and offset {}, past the checkpoint's op {checkpoint_op} or start offset {start_offset}",
+                journal.log.first_op(),
+                journal.log.first_offset()
+            ));
+        }
+        self.released_count += removed.len() as u64;
+        Ok(())
+    }
+
+    fn first_op(&self) -> u64 {
+        self.journal.as_ref().map_or(1, |journal| journal.log.first_op())
+    }
+
+    fn flip(&mut self, seed: u64) -> bool {
+        let mut rng = SimRng::new(seed);
+        let files: Vec<(PathBuf, Vec<u8>)> = self
+            .disk
+            .files_under(&self.group_dir)
+            .into_iter()
+            .filter_map(|path| {
+                let bytes = self.disk.read_volatile(&path)?;
+                (!bytes.is_empty()).then_some((path, bytes))
+            })
+            .collect();
+        if files.is_empty() {
+            return false;
+        }
+        let (path, mut bytes) = files[rng.below(files.len() as u64) as usize].clone();
+        let bit = rng.below(bytes.len() as u64 * 8);
+        bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
+        self.flipped = self.disk.overwrite_durable(&path, bytes);
+        self.flipped
     }
 
     fn holds_durably(&self, op: u64, checksum: u128) -> bool {
@@ -430,8 +537,24 @@ impl SimLog for Shared {
         &mut self,
         checkpoint: Option<(u64, u128, u128)>,
         journal_slots: usize,
-    ) -> Result<Vec<SlotState>, String> {
+    ) -> Result<Opened, String> {
         self.0.borrow_mut().recover(checkpoint, journal_slots)
+    }
+    fn flip(&mut self, seed: u64) -> bool {
+        self.0.borrow_mut().flip(seed)
+    }
+    fn release(
+        &mut self,
+        checkpoint_op: u64,
+        checkpoint_checksum: u128,
+        checkpoint: &[u8],
+    ) -> Result<(), String> {
+        self.0
+            .borrow_mut()
+            .release(checkpoint_op, checkpoint_checksum, checkpoint)
+    }
+    fn first_op(&self) -> u64 {
+        self.0.borrow().first_op()
     }
     fn holds_durably(&self, op: u64, checksum: u128) -> bool {
         self.0.borrow().holds_durably(op, checksum)
@@ -487,6 +610,10 @@ struct Totals {
     abandoned: u64,
     /// Offers refused (forked ones among them).
     refused: u64,
+    /// Groups set aside for damage found at their open.
+    quarantined: u64,
+    /// Segments released by retention.
+    released: u64,
     /// Ops compared across replicas' journals after the run.
     ops_compared: u64,
 }
@@ -524,6 +651,24 @@ fn run_with(
         totals.committed += log.committed_count;
         totals.abandoned += log.abandoned_count;
         totals.refused += log.refused_count;
+        totals.quarantined += log.quarantined_count;
+        totals.released += log.released_count;
+        // Every group set aside is still there, whole, beside the live one.
+        let parent = log.group_dir.parent().expect("the group's parent");
+        let set_aside = log
+            .disk
+            .list_dir(parent)
+            // A wiped disk not yet formatted (its replica down at the end) has no directory.
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|name| name.starts_with("group.quarantine."))
+            .count() as u64;
+        if set_aside != log.quarantined_on_disk {
+            return Err(format!(
+                "{} quarantines on this disk, {set_aside} quarantined groups on it",
+                log.quarantined_on_disk
+            ));
+        }
     }
     for (a, b) in (0..logs.len()).flat_map(|a| (a + 1..logs.len()).map(move |b| (a, b))) {
         let (log_a, log_b) = (logs[a].borrow(), logs[b].borrow());
@@ -612,7 +757,7 @@ fn seeds() -> std::ops::Range<u64> {
 
 #[test]
 fn partition_groups_over_real_journals_survive_the_fault_set() {
-    let (mut transfers, mut kept, mut crashes, mut committed, mut wipes) = (0, 0, 0, 0, 0);
+    let (mut transfers, mut kept, mut crashes, mut committed, mut wipes, mut flips) = (0, 0, 0, 0, 0, 0);
     let mut all = Totals::default();
     for seed in seeds() {
         // A panic in the core (an assertion) is a violation of this seed too.
@@ -623,16 +768,25 @@ fn partition_groups_over_real_journals_survive_the_fault_set() {
         all.committed += totals.committed;
         all.abandoned += totals.abandoned;
         all.refused += totals.refused;
+        all.quarantined += totals.quarantined;
+        all.released += totals.released;
         all.ops_compared += totals.ops_compared;
         transfers += outcome.state_transfers;
         kept += outcome.state_transfers_keeping_log;
         crashes += outcome.crashes;
         committed += outcome.committed_ops;
         wipes += outcome.wipes;
+        flips += outcome.bits_flipped;
+        assert_eq!(
+            outcome.quarantines, totals.quarantined,
+            "seed {seed}: every quarantine the cluster saw is one the journals made"
+        );
     }
     println!(
-        "{} seeds: {committed} ops committed, {crashes} crashes, {wipes} wipes, {transfers} state transfers ({kept} keeping the log); journals: {} staged, {} installed, {} abandoned, {} offers refused; {} committed ops compared across replicas",
+        "{} seeds: {committed} ops committed, {crashes} crashes, {wipes} wipes, {flips} bits flipped in journal files, {} journals set aside for damage, {} segments released by retention, {transfers} state transfers ({kept} keeping the log); journals: {} staged, {} installed, {} abandoned, {} offers refused; {} committed ops compared across replicas",
         seeds().count(),
+        all.quarantined,
+        all.released,
         all.staged,
         all.committed,
         all.abandoned,
@@ -641,7 +795,14 @@ fn partition_groups_over_real_journals_survive_the_fault_set() {
     );
     if seeds().count() >= 100 {
         assert!(
-            transfers > 0 && crashes > 0 && wipes > 0 && all.committed > 0 && all.ops_compared > 0,
+            transfers > 0
+                && crashes > 0
+                && wipes > 0
+                && flips > 0
+                && all.quarantined > 0
+                && all.released > 0
+                && all.committed > 0
+                && all.ops_compared > 0,
             "the faults reached nothing"
         );
     }

@@ -36,7 +36,7 @@
 //!   [`SimOptions::liveness_ticks_max`];
 //! - a run in which nothing committed fails: an empty comparison is not a pass.
 
-use super::log_store::SimLog;
+use super::log_store::{Opened, SimLog};
 use super::network::{Endpoint, Network, NetworkOptions};
 use super::prng::{PPM, Prng, Streams, stream_names};
 use super::storage::{Storage, StorageLayout, StorageOptions, Zone};
@@ -254,8 +254,12 @@ pub struct Outcome {
     pub syncs_failed: u64,
     /// Crashes after which the replica restarted on a blank disk.
     pub wipes: u64,
-    /// Bits flipped in journal slots and superblock copies of crashed replicas.
+    /// Bits flipped in journal slots and superblock copies of crashed replicas (or in a
+    /// caller's log files).
     pub bits_flipped: u64,
+    /// Caller's logs refused for damage at a restart and set aside whole: the replica was
+    /// rebuilt from its peers.
+    pub quarantines: u64,
     /// Checkpoints made durable, summed over replicas (state transfers included).
     pub checkpoints: u64,
     /// Checkpoints installed from a peer.
@@ -559,6 +563,7 @@ pub struct Sim<M: SimMachine> {
     state_transfers_by: Vec<u64>,
     wipe_count: u64,
     flip_count: u64,
+    quarantine_count: u64,
     checkpoint_count: u64,
     state_transfer_count: u64,
     /// State transfers of a log journal that kept the replica's log (it held the op).
@@ -681,6 +686,7 @@ impl<M: SimMachine> Sim<M> {
             state_transfers_by: vec![0; n],
             wipe_count: 0,
             flip_count: 0,
+            quarantine_count: 0,
             checkpoint_count: 0,
             state_transfer_count: 0,
             state_transfers_keeping_log: 0,
@@ -763,6 +769,7 @@ impl<M: SimMachine> Sim<M> {
             syncs_failed: self.sync_failure_count,
             wipes: self.wipe_count,
             bits_flipped: self.flip_count,
+            quarantines: self.quarantine_count,
             checkpoints: self.checkpoint_count,
             state_transfers: self.state_transfer_count,
             state_transfers_keeping_log: self.state_transfers_keeping_log,
@@ -919,10 +926,16 @@ impl<M: SimMachine> Sim<M> {
             host.durable_view_max = 0;
             self.wipe_count += 1;
             self.trace.record_str("wipe");
+        } else if let Some(log) = host.log.as_mut() {
+            // A caller's log: a bit flips in its files. Damage its open (or the scrub's pass
+            // at the open) refuses sets the group aside, and the replica is rebuilt from its
+            // peers (see `restart`).
+            if self.crashes.chance_ppm(self.options.journal_flip_ppm) && log.flip(self.crashes.next_u64()) {
+                self.flip_count += 1;
+                self.trace.record_str("log flip");
+            }
         } else {
-            // A caller's log takes no flips here: damage to a partition's segments is refused
-            // at its open, and repairing a refused partition from a peer is not built yet.
-            for _ in 0..if host.log.is_some() { 0 } else { 3 } {
+            for _ in 0..3 {
                 if self.crashes.chance_ppm(self.options.journal_flip_ppm) {
                     let zone = if self.crashes.chance_ppm(PPM / 2) {
                         Zone::Prepares
@@ -1010,12 +1023,36 @@ impl<M: SimMachine> Sim<M> {
         let named = durable_state
             .as_ref()
             .map(|state| (state.checkpoint_op, state.checkpoint_checksum, prepare_checksum));
+        let mut durable_state = durable_state;
+        let mut checkpoint = checkpoint;
         let opened = host.log.as_mut().map(|log| log.recover(named, journal_slots));
         let journal: Vec<SlotState> = if let Some(opened) = opened {
             match opened {
                 // A wiped replica's log starts empty, as its journal does.
-                Ok(_) if durable_state.is_none() => Vec::new(),
-                Ok(slots) => slots,
+                Ok(Opened::Log(_)) if durable_state.is_none() => Vec::new(),
+                Ok(Opened::Log(slots)) => slots,
+                Ok(Opened::Quarantined(reason)) => {
+                    // The group was set aside whole, superblock included: from here the replica
+                    // is a wiped one, and the checkers take it as such.
+                    host.storage.wipe();
+                    host.superblock = None;
+                    host.log_end = 0;
+                    host.durable_view_max = 0;
+                    self.served_through[replica] = 0;
+                    self.quarantine_count += 1;
+                    self.trace.record_str("quarantine");
+                    durable_state = None;
+                    checkpoint = None;
+                    let log = host.log.as_mut().expect("a caller's log");
+                    match log.recover(None, journal_slots) {
+                        Ok(Opened::Log(_)) => Vec::new(),
+                        other => {
+                            return Err(self.violation(format!(
+                                "replica {replica} quarantined its log ({reason}), then could not start a blank one: {other:?}"
+                            )));
+                        }
+                    }
+                }
                 Err(reason) => {
                     return Err(
                         self.violation(format!("replica {replica} refused to open its log: {reason}"))
@@ -1479,6 +1516,20 @@ impl<M: SimMachine> Sim<M> {
                         // Its log is another now: every op it serves is checked again.
                         self.served_through[replica] = 0;
                     }
+                    // Retention: the durable checkpoint lets the shell release the oldest
+                    // segments (ops it never reads again, messages purged or trimmed).
+                    let host = &mut self.hosts[replica];
+                    if let Some(log) = host.log.as_mut()
+                        && state.checkpoint_op > 0
+                        && let Some((_, _, bytes)) = named_checkpoint(&host.storage, &state)
+                        && let Err(reason) =
+                            log.release(state.checkpoint_op, state.checkpoint_checksum, &bytes)
+                    {
+                        self.found_between_ticks(format!(
+                            "replica {replica} could not release its log's oldest segments: {reason}"
+                        ));
+                        return true;
+                    }
                     self.replicas[replica].on_durable_written(state);
                 }
             }
@@ -1765,6 +1816,12 @@ impl<M: SimMachine> Sim<M> {
         let mut mismatch = None;
         while self.served_through[replica] < bound {
             let op = self.served_through[replica] + 1;
+            if op < log.first_op() {
+                // Released by retention: every message of it lies below the start offset, so
+                // no poll serves it (the shell checks that as it releases).
+                self.served_through[replica] = op;
+                continue;
+            }
             let Some(served) = log.served(op) else {
                 // Committed and in its log as it stands, yet not there to serve.
                 mismatch = Some(op);

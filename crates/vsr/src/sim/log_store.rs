@@ -12,6 +12,17 @@ use crate::journal::SlotState;
 /// A chunk of a state transfer: the bytes and their checksum (transport only).
 pub type Chunk = (Vec<u8>, u64);
 
+/// What [`SimLog::recover`] found.
+#[derive(Debug)]
+pub enum Opened {
+    /// The log, one state per slot of the ring.
+    Log(Vec<SlotState>),
+    /// The log was refused for damage and its shell set the whole group aside (quarantine,
+    /// every byte kept): the replica starts again on a blank disk, its superblock gone with
+    /// the rest, and is rebuilt from its peers as a wiped replica is. Says what was found.
+    Quarantined(String),
+}
+
 /// The storage of one replica's log journal (see the module doc). Every method is called on
 /// the simulation's thread, in its order: a run stays a function of its seed.
 pub trait SimLog {
@@ -36,12 +47,17 @@ pub trait SimLog {
     /// Open the log after a restart, given the checkpoint the superblock names as (op,
     /// checkpoint checksum, checksum of the prepare at the op), `None` for a wiped replica,
     /// whose log starts empty: one state per slot of a ring of `journal_slots` (op `o` at slot
-    /// `o % journal_slots`). `Err`: the log refuses to open.
+    /// `o % journal_slots`). `Opened::Quarantined`: refused for damage [`SimLog::flip`] did,
+    /// and set aside. `Err`: the log refuses to open for any other reason (a violation).
     fn recover(
         &mut self,
         checkpoint: Option<(u64, u128, u128)>,
         journal_slots: usize,
-    ) -> Result<Vec<SlotState>, String>;
+    ) -> Result<Opened, String>;
+
+    /// A bit flips somewhere in the log's files while its replica is down (after
+    /// [`SimLog::crash`]), as `seed` decides. `false` if there was nothing to flip.
+    fn flip(&mut self, seed: u64) -> bool;
 
     /// Whether the log holds op `op` with prepare checksum `checksum` durably: a state
     /// transfer then keeps the log (`TransferredLog::Kept`). A shell that queues writes
@@ -78,6 +94,20 @@ pub trait SimLog {
 
     /// Drop what [`SimLog::stage`] staged: the core did not take the checkpoint.
     fn abandon_staged(&mut self);
+
+    /// The superblock naming checkpoint `checkpoint_op` (`checkpoint_checksum`, its bytes
+    /// `checkpoint`) is durable: release what the log no longer needs, as retention does
+    /// (whole oldest segments whose ops are all at or below the checkpoint and whose messages
+    /// all lie below the checkpoint's start offset). `Err`: the log refused (a violation).
+    fn release(
+        &mut self,
+        checkpoint_op: u64,
+        checkpoint_checksum: u128,
+        checkpoint: &[u8],
+    ) -> Result<(), String>;
+
+    /// The first op the log holds; those below it were released (no poll serves them).
+    fn first_op(&self) -> u64;
 
     /// A digest of what a poll serves of op `op` (its messages as stored), or `None` if the
     /// log does not hold it. The cluster checks every op a replica may serve (up to its
