@@ -21,6 +21,7 @@ mod http;
 mod node;
 mod partition;
 mod partition_group;
+mod repair;
 mod retention;
 mod scrub;
 mod stats;
@@ -59,6 +60,20 @@ enum Command {
     /// per partition (healthy / recoverable / damaged). Exit code 0 only when all are healthy,
     /// 1 when something is recoverable or damaged, 2 on usage or IO errors.
     Check {
+        /// The data directory (the server must not be running on it).
+        data_dir: PathBuf,
+    },
+    /// Make a partition refused for damage serve again by accepting the loss of everything
+    /// from its damage on (server stopped): the messages before the damage keep their offsets,
+    /// new ones get offsets above every offset handed out, stored consumer offsets are kept,
+    /// and the damaged files are moved aside whole, never deleted. Exit code 0 when repaired,
+    /// 1 when refused (not damaged, or not repairable this way), 2 on usage or IO errors.
+    Repair {
+        /// Required: say that the messages from the damage on may be lost.
+        #[arg(long)]
+        accept_loss: bool,
+        /// The partition, as numeric ids: <stream>/<topic>/<partition> (e.g. 1/1/0).
+        partition: String,
         /// The data directory (the server must not be running on it).
         data_dir: PathBuf,
     },
@@ -109,6 +124,11 @@ fn main() -> ExitCode {
         Some(Command::Serve(args)) => args,
         None => ServeArgs::default(),
         Some(Command::Check { data_dir }) => return tools::run_check(&data_dir),
+        Some(Command::Repair {
+            accept_loss,
+            partition,
+            data_dir,
+        }) => return tools::run_repair(accept_loss, &partition, &data_dir),
         Some(Command::Bench(args)) => return bench::run(*args),
     };
     tracing_subscriber::fmt()

@@ -613,111 +613,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         fresh: impl FnOnce() -> S,
         read_only: bool,
     ) -> Result<LocalGroup<S, J>, GroupError> {
-        let cluster_bytes = cairn_storage::atomic_file::read_verified_on(
-            &cairn_storage::io::RealDisk,
-            &dir.join(CLUSTER_FILE),
-        )
-        .map_err(|error| refused(dir, format!("cannot read the cluster id: {error}")))?
-        .ok_or_else(|| refused(dir, "the cluster id file is missing".to_string()))?;
-        let cluster = u128::from_le_bytes(cluster_bytes.as_slice().try_into().map_err(|_| {
-            refused(
-                dir,
-                format!("the cluster id holds {} bytes, not 16", cluster_bytes.len()),
-            )
-        })?);
-        let mut files = Files::open(dir, &J::SHAPE, read_only)?;
-        // A superblock of format 1 (written before 2026-12-02) is 128-byte copies; today's
-        // copies are 512 bytes, so the file's length tells the two apart.
-        let superblock_len = files.files[Zone::Superblock as usize]
-            .metadata()
-            .map_err(|error| files.io_error(Zone::Superblock, error))?
-            .len();
-        let format_1 = superblock_len <= (SUPERBLOCK_COPIES * COPY_SIZE_V1) as u64;
-        let copies: Vec<Vec<u8>> = (0..SUPERBLOCK_COPIES)
-            .map(|copy| {
-                if format_1 {
-                    files.read_at(Zone::Superblock, (copy * COPY_SIZE_V1) as u64, COPY_SIZE_V1)
-                } else {
-                    files.read(Zone::Superblock, copy, COPY_SIZE)
-                }
-            })
-            .collect::<Result<_, _>>()?;
-        let copy_refs: [Option<&[u8]>; SUPERBLOCK_COPIES] =
-            std::array::from_fn(|copy| Some(copies[copy].as_slice()));
-        let (state, sequence) = match durable::choose(&copy_refs, cluster, 0) {
-            Ok(Chosen::Formatted {
-                state,
-                sequence,
-                copies_to_repair,
-                ..
-            }) => {
-                let bytes = durable::encode_copy(&state, sequence);
-                if format_1 {
-                    // Rewritten whole in today's format (the same state and sequence): a
-                    // new file renamed over the old one, so a crash leaves one or the other.
-                    if !files.read_only {
-                        migrate_superblock(&mut files, &bytes)?;
-                        tracing::info!(
-                            dir = %dir.display(),
-                            "migrated the replicated log's superblock from format 1 to format 2 (512-byte copies that also keep the installed log's suffix); nothing else changed"
-                        );
-                    }
-                } else {
-                    for (copy, repair) in copies_to_repair.iter().enumerate() {
-                        if *repair && !files.read_only {
-                            tracing::warn!(dir = %dir.display(), copy, "rewriting a superblock copy that is stale or damaged");
-                            files.write_synced(Zone::Superblock, copy, &bytes)?;
-                        }
-                    }
-                }
-                (state, sequence)
-            }
-            Ok(Chosen::Wiped) => {
-                return Err(refused(
-                    dir,
-                    "every superblock copy is blank: the log's durable state is gone, and a group of one has no peer to rebuild it from".to_string(),
-                ));
-            }
-            Err(refusal) => {
-                return Err(refused(
-                    dir,
-                    format!("the superblock cannot be booted from: {refusal}"),
-                ));
-            }
-        };
-        let checkpoint = if state.checkpoint_op == 0 {
-            None
-        } else {
-            let mut found = None;
-            for slot in 0..2u8 {
-                let prefix = files.read(Zone::Checkpoints, usize::from(slot), 16)?;
-                let size = u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]]) as usize;
-                if !(16..=J::SHAPE.checkpoint_size_max()).contains(&size) {
-                    continue;
-                }
-                let bytes = files.read(Zone::Checkpoints, usize::from(slot), size)?;
-                if let Ok(checkpoint) = Checkpoint::decode(
-                    &bytes,
-                    J::SHAPE.checkpoint_size_max(),
-                    state.checkpoint_checksum,
-                    cluster,
-                    group,
-                ) {
-                    found = Some((checkpoint, slot));
-                    break;
-                }
-            }
-            if found.is_none() {
-                return Err(refused(
-                    dir,
-                    format!(
-                        "the superblock names checkpoint op {}, and no checkpoint slot holds it intact",
-                        state.checkpoint_op
-                    ),
-                ));
-            }
-            found
-        };
+        let (cluster, files, state, sequence, checkpoint) = read_durable::<J>(dir, group, read_only)?;
         let named = NamedCheckpoint {
             id: CheckpointId {
                 op: state.checkpoint_op,
@@ -1309,6 +1205,132 @@ fn refused(dir: &Path, reason: String) -> GroupError {
         dir: dir.to_path_buf(),
         reason,
     }
+}
+
+/// The durable part of the group in `dir`, read before its journal: the cluster id, the open
+/// files, the superblock's state (copies that are stale or damaged rewritten, and a format-1
+/// superblock migrated, unless `read_only`) and the checkpoint it names.
+#[allow(clippy::type_complexity)]
+fn read_durable<J: GroupJournal>(
+    dir: &Path,
+    group: u64,
+    read_only: bool,
+) -> Result<(u128, Files, DurableState, u64, Option<(Checkpoint, u8)>), GroupError> {
+    let cluster_bytes =
+        cairn_storage::atomic_file::read_verified_on(&cairn_storage::io::RealDisk, &dir.join(CLUSTER_FILE))
+            .map_err(|error| refused(dir, format!("cannot read the cluster id: {error}")))?
+            .ok_or_else(|| refused(dir, "the cluster id file is missing".to_string()))?;
+    let cluster = u128::from_le_bytes(cluster_bytes.as_slice().try_into().map_err(|_| {
+        refused(
+            dir,
+            format!("the cluster id holds {} bytes, not 16", cluster_bytes.len()),
+        )
+    })?);
+    let mut files = Files::open(dir, &J::SHAPE, read_only)?;
+    // A superblock of format 1 (written before 2026-12-02) is 128-byte copies; today's
+    // copies are 512 bytes, so the file's length tells the two apart.
+    let superblock_len = files.files[Zone::Superblock as usize]
+        .metadata()
+        .map_err(|error| files.io_error(Zone::Superblock, error))?
+        .len();
+    let format_1 = superblock_len <= (SUPERBLOCK_COPIES * COPY_SIZE_V1) as u64;
+    let copies: Vec<Vec<u8>> = (0..SUPERBLOCK_COPIES)
+        .map(|copy| {
+            if format_1 {
+                files.read_at(Zone::Superblock, (copy * COPY_SIZE_V1) as u64, COPY_SIZE_V1)
+            } else {
+                files.read(Zone::Superblock, copy, COPY_SIZE)
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    let copy_refs: [Option<&[u8]>; SUPERBLOCK_COPIES] =
+        std::array::from_fn(|copy| Some(copies[copy].as_slice()));
+    let (state, sequence) = match durable::choose(&copy_refs, cluster, 0) {
+        Ok(Chosen::Formatted {
+            state,
+            sequence,
+            copies_to_repair,
+            ..
+        }) => {
+            let bytes = durable::encode_copy(&state, sequence);
+            if format_1 {
+                // Rewritten whole in today's format (the same state and sequence): a
+                // new file renamed over the old one, so a crash leaves one or the other.
+                if !files.read_only {
+                    migrate_superblock(&mut files, &bytes)?;
+                    tracing::info!(
+                        dir = %dir.display(),
+                        "migrated the replicated log's superblock from format 1 to format 2 (512-byte copies that also keep the installed log's suffix); nothing else changed"
+                    );
+                }
+            } else {
+                for (copy, repair) in copies_to_repair.iter().enumerate() {
+                    if *repair && !files.read_only {
+                        tracing::warn!(dir = %dir.display(), copy, "rewriting a superblock copy that is stale or damaged");
+                        files.write_synced(Zone::Superblock, copy, &bytes)?;
+                    }
+                }
+            }
+            (state, sequence)
+        }
+        Ok(Chosen::Wiped) => {
+            return Err(refused(
+                dir,
+                "every superblock copy is blank: the log's durable state is gone, and a group of one has no peer to rebuild it from".to_string(),
+            ));
+        }
+        Err(refusal) => {
+            return Err(refused(
+                dir,
+                format!("the superblock cannot be booted from: {refusal}"),
+            ));
+        }
+    };
+    let checkpoint = if state.checkpoint_op == 0 {
+        None
+    } else {
+        let mut found = None;
+        for slot in 0..2u8 {
+            let prefix = files.read(Zone::Checkpoints, usize::from(slot), 16)?;
+            let size = u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]]) as usize;
+            if !(16..=J::SHAPE.checkpoint_size_max()).contains(&size) {
+                continue;
+            }
+            let bytes = files.read(Zone::Checkpoints, usize::from(slot), size)?;
+            if let Ok(checkpoint) = Checkpoint::decode(
+                &bytes,
+                J::SHAPE.checkpoint_size_max(),
+                state.checkpoint_checksum,
+                cluster,
+                group,
+            ) {
+                found = Some((checkpoint, slot));
+                break;
+            }
+        }
+        if found.is_none() {
+            return Err(refused(
+                dir,
+                format!(
+                    "the superblock names checkpoint op {}, and no checkpoint slot holds it intact",
+                    state.checkpoint_op
+                ),
+            ));
+        }
+        found
+    };
+    Ok((cluster, files, state, sequence, checkpoint))
+}
+
+/// The machine snapshot of the durable checkpoint of the group in `dir`, read without
+/// opening its journal (an operator's repair of a damaged journal): its op and bytes, or
+/// `None` when the group has no checkpoint yet. Writes nothing.
+pub fn durable_checkpoint<J: GroupJournal>(
+    dir: &Path,
+    group: u64,
+) -> Result<Option<(u64, Vec<u8>)>, GroupError> {
+    let (_, _, state, _, checkpoint) = read_durable::<J>(dir, group, true)?;
+    Ok(checkpoint.map(|(checkpoint, _)| (state.checkpoint_op, checkpoint.state_machine)))
 }
 
 #[cfg(test)]

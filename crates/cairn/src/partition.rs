@@ -95,7 +95,8 @@ pub enum OpenError {
     EarlierLayout { dir: PathBuf },
     #[error(
         "{}: the metadata names this partition but its directory holds no replicated log (no `superblock`): its files \
-         are missing; nothing was created in their place, so no offset is handed out twice",
+         are missing; nothing was created in their place, so no offset is handed out twice (if a `cairn repair` \
+         was interrupted, run it again to finish)",
         dir.display()
     )]
     NotFormatted { dir: PathBuf },

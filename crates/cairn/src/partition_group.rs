@@ -37,7 +37,7 @@ use cairn_machine::partition::{self, OPERATION_APPEND, Owner, PartitionMachine};
 use cairn_storage::StorageError;
 use cairn_storage::check::{BootAction, Damage, LogSummary, PartitionReport};
 use cairn_storage::io::{Disk, RealDisk};
-use cairn_storage::journal::{JournalConfig, JournalInspection, JournalLog, JournalSegment};
+use cairn_storage::journal::{JournalConfig, JournalInspection, JournalLog, JournalSegment, StoredOp};
 use cairn_storage::read::{ReadOutcome, ReadPart};
 use cairn_storage::record::Chain;
 use cairn_storage::transfer;
@@ -192,7 +192,7 @@ impl LogJournal {
                 dir = %log_dir.display(),
                 ops = recovery.unsynced_ops_kept,
                 bytes = recovery.unsynced_bytes_kept,
-                "kept the whole ops written above the journal's durable frontier (relaxed mode acknowledged them before a barrier, or the state file's newest frontier was damaged) and made them durable"
+                "kept the whole ops written above the journal's durable frontier (relaxed mode acknowledged them before a barrier, or a state slot failed verification and the newest frontier may be the one lost) and made them durable"
             );
         }
         if recovery.dropped_bytes > 0 {
@@ -472,21 +472,7 @@ impl GroupJournal for LogJournal {
                 return None;
             }
         };
-        let bytes = if stored.batches.is_empty() {
-            stored.op_payload
-        } else if stored.op_payload.len() == HEADER_SIZE
-            && stored.batches.len() <= partition::APPEND_BATCHES_MAX
-        {
-            let batches: Vec<&[u8]> = stored.batches.iter().map(Vec::as_slice).collect();
-            [
-                stored.op_payload,
-                partition::encode_append(stored.timestamp_us, &batches),
-            ]
-            .concat()
-        } else {
-            Vec::new()
-        };
-        let prepare = read_back(&bytes, op, checksum);
+        let prepare = read_back(&prepare_bytes(stored), op, checksum);
         if prepare.is_none() {
             tracing::error!(
                 dir = %self.dir.display(),
@@ -500,6 +486,37 @@ impl GroupJournal for LogJournal {
     fn location(&self) -> PathBuf {
         self.dir.clone()
     }
+}
+
+/// The bytes of the prepare an op's records hold (its header, then its body: for an append,
+/// rebuilt from the stamped batches), or nothing when they cannot make one.
+fn prepare_bytes(stored: StoredOp) -> Vec<u8> {
+    if stored.batches.is_empty() {
+        stored.op_payload
+    } else if stored.op_payload.len() == HEADER_SIZE && stored.batches.len() <= partition::APPEND_BATCHES_MAX
+    {
+        let batches: Vec<&[u8]> = stored.batches.iter().map(Vec::as_slice).collect();
+        [
+            stored.op_payload,
+            partition::encode_append(stored.timestamp_us, &batches),
+        ]
+        .concat()
+    } else {
+        Vec::new()
+    }
+}
+
+/// Op `op` of `log` as the prepare its records hold, verified (header and body checksums):
+/// for reading a log outside a running group (an operator's repair).
+pub(crate) fn prepare_in(log: &JournalLog, op: u64) -> Result<Message, String> {
+    let stored = log.read_op(op).map_err(|error| error.to_string())?;
+    let header = stored
+        .op_payload
+        .get(..HEADER_SIZE)
+        .and_then(|bytes| Header::decode(bytes).ok())
+        .ok_or_else(|| format!("op {op}'s record holds no prepare header"))?;
+    read_back(&prepare_bytes(stored), op, header.checksum)
+        .ok_or_else(|| format!("op {op}'s records do not make the prepare they name"))
 }
 
 /// Whether `log` holds op `op` durably as the prepare whose checksum is `prepare_checksum`
@@ -801,6 +818,12 @@ impl LocalGroup<PartitionMachine, LogJournal> {
             return Ok(());
         }
         self.status_op(partition::OPERATION_PURGE, &partition::encode_purge(target))
+    }
+
+    /// Skip offsets: minting resumes at `to_offset` (above the next offset); polls find no
+    /// messages in between.
+    pub fn skip_to(&mut self, to_offset: u64) -> Result<(), PartitionError> {
+        self.status_op(partition::OPERATION_SKIP, &partition::encode_skip(to_offset))
     }
 
     /// Retention: the messages below `below_offset` leave.

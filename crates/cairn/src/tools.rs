@@ -3,16 +3,20 @@
 //! - `cairn check <data-dir>`: verify the metadata and every partition without changing a byte;
 //!   print a verdict per partition (healthy / recoverable / damaged) and a summary line.
 //!
-//! There is no offline repair: a damaged partition group is refused with its bytes kept, and
-//! a peer replica repairs it by state transfer (a three-node cluster; a single node has no
-//! peer).
+//! - `cairn repair --accept-loss <stream>/<topic>/<partition> <data-dir>`: make a partition
+//!   refused for damage serve again, accepting the loss of everything from its damage on
+//!   (`crate::repair`); the damaged files are moved aside whole, never deleted.
 //!
-//! A thin front-end over `cairn_storage::check` (the data directory walk) and the server's
-//! read-only recovery of each group: printing and exit codes.
+//! Front-ends over `cairn_storage::check` (the data directory walk), the server's read-only
+//! recovery of each group, and `crate::repair`: arguments, printing and exit codes.
 //!
-//! Exit codes: 0 = healthy; 1 = something recoverable or damaged; 2 = usage or IO error.
+//! Exit codes: 0 = healthy / repaired; 1 = something recoverable or damaged (check), or the
+//! repair was refused (not damaged, not repairable, data directory in use); 2 = usage or IO
+//! error.
 
+use crate::repair::RepairError;
 use cairn_storage::check::{self, Verdict};
+use cairn_storage::lock::{DataDirLock, LockError};
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -88,4 +92,123 @@ fn metadata_report(data_dir: &Path) -> Option<check::MetadataReport> {
         named: Some(named),
         purge_targets,
     })
+}
+
+/// `cairn repair --accept-loss <stream>/<topic>/<partition> <data-dir>`.
+pub fn run_repair(accept_loss: bool, target: &str, data_dir: &Path) -> ExitCode {
+    if !accept_loss {
+        eprintln!(
+            "cairn repair: refused: a repair loses every message from the damage on; pass --accept-loss to say so (nothing was changed)"
+        );
+        return ExitCode::from(EXIT_USAGE_OR_IO);
+    }
+    let (stream_id, topic_id, partition_id) = match parse_target(target) {
+        Ok(ids) => ids,
+        Err(reason) => {
+            eprintln!("cairn repair: {reason}");
+            return ExitCode::from(EXIT_USAGE_OR_IO);
+        }
+    };
+    if !data_dir.is_dir() {
+        eprintln!(
+            "cairn repair: data directory {} does not exist",
+            data_dir.display()
+        );
+        return ExitCode::from(EXIT_USAGE_OR_IO);
+    }
+    // Held until the end: a server cannot start while files move, and the repair never runs
+    // against a live server.
+    let _lock = match DataDirLock::acquire(data_dir) {
+        Ok(lock) => lock,
+        Err(LockError::InUse { .. }) => {
+            eprintln!(
+                "cairn repair: refused: {} is in use by another process; stop the server first (nothing was changed)",
+                data_dir.display()
+            );
+            return ExitCode::from(EXIT_FINDINGS);
+        }
+        Err(LockError::Storage(error)) => {
+            eprintln!("cairn repair: {error}");
+            return ExitCode::from(EXIT_USAGE_OR_IO);
+        }
+    };
+    let Some(segment_size_bytes) = topic_segment_size(data_dir, (stream_id, topic_id, partition_id)) else {
+        eprintln!(
+            "cairn repair: refused: the metadata names no partition {target} (or cannot be read; `cairn check` says which); nothing was changed"
+        );
+        return ExitCode::from(EXIT_FINDINGS);
+    };
+    let dir = crate::catalog::partition_dir(data_dir, stream_id, topic_id, partition_id);
+    match crate::repair::repair_accept_loss(&dir, (stream_id, topic_id, partition_id), segment_size_bytes) {
+        Ok(report) => {
+            print!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(error @ (RepairError::NotDamaged(_) | RepairError::Unsupported(_))) => {
+            eprintln!("cairn repair: refused for {target}: {error}");
+            ExitCode::from(EXIT_FINDINGS)
+        }
+        Err(error) => {
+            eprintln!("cairn repair: {target} ({}): {error}", dir.display());
+            ExitCode::from(EXIT_USAGE_OR_IO)
+        }
+    }
+}
+
+/// The segment size partition `ids`' topic sets (0: the server's), from the replicated
+/// metadata log read-only; `None` if the metadata does not name the partition.
+fn topic_segment_size(data_dir: &Path, (stream_id, topic_id, partition_id): (u32, u32, u32)) -> Option<u64> {
+    let group = crate::node::LocalGroup::open_read_only(
+        &crate::catalog::metadata_group_dir(data_dir),
+        crate::catalog::METADATA_GROUP,
+        cairn_machine::metadata::MetadataMachine::default,
+    )
+    .ok()??;
+    let topic = group
+        .state_machine()
+        .state
+        .streams
+        .get(&stream_id)?
+        .topics
+        .get(&topic_id)?;
+    topic
+        .partitions
+        .iter()
+        .any(|partition| partition.id == partition_id)
+        .then_some(topic.segment_size_bytes)
+}
+
+/// `<stream>/<topic>/<partition>` numeric ids.
+fn parse_target(target: &str) -> Result<(u32, u32, u32), String> {
+    let parts: Vec<&str> = target.split('/').collect();
+    let [stream, topic, partition] = parts.as_slice() else {
+        return Err(format!(
+            "expected <stream id>/<topic id>/<partition id> (e.g. 1/1/0), got {target:?}"
+        ));
+    };
+    let id = |what: &str, text: &str| {
+        text.parse::<u32>().map_err(|_| {
+            format!(
+                "{what} id {text:?} in {target:?} is not a number (names are not accepted; use numeric ids)"
+            )
+        })
+    };
+    Ok((
+        id("stream", stream)?,
+        id("topic", topic)?,
+        id("partition", partition)?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets() {
+        assert_eq!(parse_target("1/2/0"), Ok((1, 2, 0)));
+        assert!(parse_target("1/2").is_err());
+        assert!(parse_target("1/2/0/4").is_err());
+        assert!(parse_target("a/2/0").is_err());
+    }
 }

@@ -533,6 +533,125 @@ async fn scenario_07_mid_segment_bit_flip_is_refused() {
     }
 }
 
+/// Run `cairn <args>`; its exit code and stdout + stderr.
+fn cairn(args: &[&std::ffi::OsStr]) -> (Option<i32>, String) {
+    let bin = env!("CARGO_BIN_EXE_cairn");
+    let out = std::process::Command::new(bin)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("failed to run {bin}: {e}"));
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// 7b. The partition scenario 7 refuses, repaired by an operator who accepts the loss
+/// (`cairn repair --accept-loss`, the contract's operator command): every message before the
+/// damaged batch comes back at its offset with its bytes, the stored consumer offset is kept,
+/// the damaged files are moved aside whole, the next send gets an offset above every
+/// acknowledged one, and `cairn check` is healthy after. Refused without `--accept-loss`,
+/// while the server runs, and for a partition that is not damaged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_partition_is_repaired_by_accepting_the_loss() {
+    let dir = temp_dir();
+    let (server, client) = boot(dir.path(), &[]).await;
+    let [l0, l1] = two_partitions(&client, "rep", 10).await;
+    let consumer = Consumer::new(id_num(5));
+    client
+        .store_consumer_offset(&consumer, &id_num(l0.stream), &id_num(l0.topic), Some(0), 3)
+        .await
+        .expect("store offset");
+    let target = format!("{}/{}/0", l0.stream, l0.topic);
+    let (code, out) = cairn(&[
+        "repair".as_ref(),
+        "--accept-loss".as_ref(),
+        target.as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    assert_eq!(code, Some(1), "a repair while the server runs is refused: {out}");
+    assert!(out.contains("in use"), "{out}");
+    drop(client);
+    server.stop();
+    let (code, out) = cairn(&[
+        "repair".as_ref(),
+        "--accept-loss".as_ref(),
+        target.as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    assert_eq!(code, Some(1), "a partition that opens is not repaired: {out}");
+    assert!(out.contains("not damaged"), "{out}");
+
+    let pdir = partition_dir(dir.path(), l0.stream, l0.topic, 0);
+    let log = last_segment_log(&pdir);
+    let bytes = std::fs::read(&log).unwrap();
+    let (recs, _) = parse_records(&bytes);
+    let batches: Vec<DiskRecord> = recs
+        .iter()
+        .copied()
+        .filter(|r| r.kind == RECORD_KIND_BATCH)
+        .collect();
+    assert!(batches.len() >= 8);
+    let victim = batches[batches.len() / 2];
+    flip_byte(&log, victim.pos + 64 + 256 + 48 + 7, 0x10);
+    let tampered = hash_tree(&pdir);
+
+    let (code, out) = cairn(&["repair".as_ref(), target.as_ref(), dir.path().as_os_str()]);
+    assert_eq!(code, Some(2), "without --accept-loss: {out}");
+    assert_eq!(hash_tree(&pdir), tampered, "a refused repair changed nothing");
+    let (code, report) = cairn(&[
+        "repair".as_ref(),
+        "--accept-loss".as_ref(),
+        target.as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    eprintln!("cairn repair says:\n{report}");
+    assert_eq!(code, Some(0), "{report}");
+    assert!(report.contains(&log.display().to_string()), "{report}");
+    let quarantined = pdir.with_file_name("0.quarantine.0");
+    assert_eq!(
+        hash_tree(&quarantined),
+        tampered,
+        "the damaged files are kept whole"
+    );
+
+    let (server, client) = boot(dir.path(), &[]).await;
+    let kept = poll_all(&client, l0.stream, l0.topic, 0, 100, 1_000).await;
+    let expected: Vec<(u64, Vec<u8>)> = l0
+        .acked
+        .range(..victim.base_offset)
+        .map(|(&offset, (_, payload))| (offset, payload.clone()))
+        .collect();
+    let got: Vec<(u64, Vec<u8>)> = kept
+        .iter()
+        .map(|m| (m.header.offset, m.payload.to_vec()))
+        .collect();
+    assert_eq!(got, expected, "every message before the damage, at its offset");
+    let stored = client
+        .get_consumer_offset(&consumer, &id_num(l0.stream), &id_num(l0.topic), Some(0))
+        .await
+        .expect("offset")
+        .expect("an offset");
+    assert_eq!(stored.stored_offset, 3);
+    let mut l0 = l0;
+    let highest = *l0.acked.keys().next_back().expect("acked");
+    let next = l0.send_acked(&client, 1).await;
+    assert!(
+        next[0] > highest,
+        "offset {} handed out again (highest acked {highest})",
+        next[0]
+    );
+    assert!(serves(&client, &l1).await);
+    l1.verify(&client, true).await;
+    drop(client);
+    server.stop();
+}
+
 /// Which way a flip moves the offset field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flip {

@@ -434,11 +434,24 @@ pub struct JournalInspection {
     /// Bytes an open would drop: everything above the frontier it does not keep.
     pub bytes_above_frontier: u64,
     /// Whole ops above the frontier an open would keep (they may have been acknowledged:
-    /// `relaxed` mode).
+    /// `relaxed` mode, or a state slot failed verification).
     pub unsynced_ops_kept: u64,
     /// Segments below the start an open would remove (left by an interrupted removal of the
     /// oldest segments; their messages were already given up).
     pub segments_below_start: u32,
+}
+
+/// Where a damaged journal's salvageable prefix ends ([`JournalLog::open_salvage_on`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Salvage {
+    /// The segment file and byte position of the first byte that is not part of a whole,
+    /// verifying op, and why; `None` when every segment verified to its end.
+    pub damage: Option<(PathBuf, u64, String)>,
+    /// Segments after the one the damage is in, which the prefix cannot reach.
+    pub segments_after_damage: usize,
+    /// The state file's frontier offset and offset reservation, when a slot of it verifies:
+    /// offsets below the higher of them may have been handed out.
+    pub handed_out: Option<(u64, u64)>,
 }
 
 /// What [`JournalLog::open_on`] found and did.
@@ -453,7 +466,7 @@ pub struct JournalRecovery {
     /// the open (which syncs what it kept above the frontier it found).
     pub durable_op: u64,
     /// Whole ops above the frontier the open kept, because they may have been acknowledged
-    /// (`relaxed` mode), and their bytes.
+    /// (`relaxed` mode, or a state slot failed verification), and their bytes.
     pub unsynced_ops_kept: u64,
     pub unsynced_bytes_kept: u64,
     /// Whether the state file said ops above the frontier may have been acknowledged
@@ -616,6 +629,129 @@ impl JournalLog {
         Ok((
             JournalLog::from_plan(disk, dir, partition_id, config, plan, None),
             inspection,
+        ))
+    }
+
+    /// What survives in a journal refused for damage, for an operator's repair that accepts
+    /// the loss (writing nothing): a read-only journal of every whole, verifying op from the
+    /// journal's start up to the first byte that is not part of one (each op's records all
+    /// verify and continue the chain), ignoring the state file's frontier; and where the
+    /// damage begins. `Err` when not even the start can be read (`journal.start`).
+    pub fn open_salvage_on(
+        disk: Arc<dyn Disk>,
+        dir: &Path,
+        partition_id: u32,
+        config: JournalConfig,
+    ) -> Result<(JournalLog, Salvage), StorageError> {
+        check_config(&config)?;
+        let damaged = |path: PathBuf, position: u64, reason: String| StorageError::Damaged {
+            path,
+            position,
+            reason,
+        };
+        let start_path = dir.join(JOURNAL_START_FILE);
+        let start_bytes = atomic_file::read_verified_on(disk.as_ref(), &start_path)?
+            .ok_or_else(|| damaged(start_path.clone(), 0, "the journal start file is missing".into()))?;
+        let start = decode_start(&start_bytes, partition_id).ok_or_else(|| {
+            damaged(
+                start_path.clone(),
+                0,
+                "the journal start file is malformed".into(),
+            )
+        })?;
+        // What the state file says was handed out, if a slot of it verifies.
+        let state_path = dir.join(STATE_FILE_NAME);
+        let handed_out = disk
+            .read_all(&state_path, STATE_FILE_SIZE_BYTES)
+            .ok()
+            .flatten()
+            .and_then(|bytes| state::load(&bytes, partition_id).ok())
+            .map(|loaded| (loaded.frontier.chain.next_offset, loaded.offset_reserved));
+        let mut names: Vec<u64> = disk
+            .list_dir(dir)?
+            .iter()
+            .filter_map(|name| segment_first_op(name))
+            .filter(|&first_op| first_op >= start.next_op)
+            .collect();
+        names.sort_unstable();
+        let mut chain = start;
+        let mut segments: Vec<Segment> = Vec::new();
+        let mut ops: BTreeMap<u64, OpExtent> = BTreeMap::new();
+        let mut batches: Vec<BatchEntry> = Vec::new();
+        let mut damage = None;
+        for (index, &first_op) in names.iter().enumerate() {
+            let path = dir.join(segment_log_name(first_op));
+            if first_op != chain.next_op {
+                damage = Some((
+                    path,
+                    0,
+                    format!(
+                        "the segment is named for op {first_op}, the ops before it end at op {}",
+                        chain.next_op - 1
+                    ),
+                ));
+                break;
+            }
+            let len = disk.file_len(&path)?.unwrap_or(0).min(SEGMENT_BYTES_MAX);
+            let segment_start = chain;
+            let (listed, end, end_chain) = scan_whole_ops(disk.as_ref(), &path, 0, len, chain)?;
+            let walk = index_records(listed, first_op, &path, chain, &mut ops, &mut batches)?;
+            debug_assert_eq!(walk, end_chain);
+            chain = end_chain;
+            segments.push(Segment {
+                start: segment_start,
+                len_bytes: end,
+            });
+            if end < len {
+                damage = Some((
+                    path,
+                    end,
+                    "the first byte that is not part of a whole, verifying op".into(),
+                ));
+                break;
+            }
+            if end == 0 && index + 1 < names.len() {
+                // An empty segment ends the log: what follows cannot continue it.
+                damage = Some((path, 0, "an empty segment with segments after it".into()));
+                break;
+            }
+        }
+        if segments.is_empty() {
+            segments.push(Segment { start, len_bytes: 0 });
+        }
+        let segments_after_damage = damage.as_ref().map_or(0, |(path, _, _)| {
+            names
+                .iter()
+                .filter(|&&first_op| dir.join(segment_log_name(first_op)) > *path)
+                .count()
+        });
+        let last = *segments.last().expect("one segment");
+        let loaded = journal_state(frontier_at(&last, chain), chain.next_offset, false);
+        let plan = OpenPlan {
+            start,
+            loaded,
+            state_slot_damaged: false,
+            segments,
+            ops,
+            batches,
+            chain,
+            above: Vec::new(),
+            below_start: Vec::new(),
+            unsynced_ops_kept: 0,
+            unsynced_bytes_kept: 0,
+            dropped_bytes: 0,
+            summaries: BTreeSet::new(),
+            adopted: BTreeSet::new(),
+            summary_staging: Vec::new(),
+        };
+        let journal = JournalLog::from_plan(disk, dir, partition_id, config, plan, None);
+        Ok((
+            journal,
+            Salvage {
+                damage,
+                segments_after_damage,
+                handed_out,
+            },
         ))
     }
 

@@ -583,7 +583,8 @@ impl Sim {
         };
         assert_eq!(recovery.durable_op, expected_durable, "seed {seed}");
         // A durable journal keeps whole ops above its frontier only when a state slot failed
-        // verification (here: a publish torn by the crash; its ops were synced before it).
+        // verification (here: a publish torn by the crash; the whole ops above the older
+        // frontier are kept, synced or not).
         assert!(
             self.config.relaxed || recovery.state_slot_damaged || recovery.unsynced_ops_kept == 0,
             "seed {seed}: a durable journal kept unsynced ops"
@@ -897,6 +898,61 @@ fn a_flip_in_the_newest_state_slot_keeps_the_synced_ops_above_the_older_frontier
             }
         }
     }
+}
+
+/// A journal refused for a flipped byte in an older segment gives up, for a repair, every
+/// whole op before the damage, verified, and says where the damage is; a sound journal gives
+/// up all of it.
+#[test]
+fn the_salvage_of_a_damaged_journal_is_every_whole_op_before_the_damage() {
+    let mut rng = SimRng::new(5);
+    let (disk, dir, mut journal) = created(600);
+    let mut written = BTreeMap::new();
+    for op in 1..=30 {
+        let content = random_written(&mut rng, op);
+        write(&mut journal, op, &content).expect("write");
+        written.insert(op, content);
+    }
+    journal.sync().expect("sync");
+    let next_offset = journal.chain().next_offset;
+    let damaged_op = (1..=30)
+        .find(|&op| journal.extent(op).expect("extent").segment_first_op > 1)
+        .expect("an op in a later segment")
+        + 1;
+    let extent = *journal.extent(damaged_op).expect("extent");
+    drop(journal);
+    let config = JournalConfig {
+        segment_size_bytes: 600,
+        relaxed: false,
+    };
+    let (sound, salvage) =
+        JournalLog::open_salvage_on(Arc::new(disk.clone()), &dir, PARTITION, config).expect("salvage");
+    assert_eq!((sound.last_op(), salvage.damage), (30, None));
+    drop(sound);
+
+    let path = dir.join(cairn_storage::journal::segment_log_name(extent.segment_first_op));
+    let mut bytes = disk.read_volatile(&path).expect("segment");
+    bytes[(extent.position_bytes + extent.len_bytes / 2) as usize] ^= 0x04;
+    assert!(disk.overwrite_durable(&path, bytes));
+    // (An open takes the sealed segment from its summary; the checker reads it.)
+    assert!(matches!(
+        JournalLog::inspect_on(&disk, &dir, PARTITION),
+        Err(StorageError::Damaged { .. })
+    ));
+    let (prefix, salvage) =
+        JournalLog::open_salvage_on(Arc::new(disk.clone()), &dir, PARTITION, config).expect("salvage");
+    assert_eq!(prefix.last_op(), damaged_op - 1);
+    let (damage_path, position, _) = salvage.damage.clone().expect("the damage");
+    assert_eq!((damage_path, position), (path, extent.position_bytes));
+    assert!(salvage.segments_after_damage > 0, "{salvage:?}");
+    assert_eq!(
+        salvage.handed_out.map(|(frontier, _)| frontier),
+        Some(next_offset)
+    );
+    for op in 1..damaged_op {
+        assert!(holds(&prefix, op, &written[&op]).expect("read"), "op {op}");
+    }
+    assert!(prefix.read_op(damaged_op).is_err());
 }
 
 /// Bad input is refused before a byte is written: an op out of order, an empty append, a

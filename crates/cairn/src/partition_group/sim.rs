@@ -57,9 +57,10 @@ struct JournalSimLog {
     abandoned_count: u64,
     /// Offers refused (not the checkpoint's, stale, or not verifying).
     refused_count: u64,
-    /// A bit flipped in the log's files since it last opened: only that may make an open
-    /// refuse (anything else refusing is a violation).
-    flipped: bool,
+    /// The files a bit flipped in since the log last opened, with their bytes before, in
+    /// flip order: only those may make an open refuse (an open that still refuses with them
+    /// restored is a violation).
+    flipped: Vec<(PathBuf, Vec<u8>)>,
     /// Opens refused for damage, the group set aside; of those, the ones on the current disk
     /// (a wipe takes the others).
     quarantined_count: u64,
@@ -157,7 +158,7 @@ impl JournalSimLog {
             committed_count: 0,
             abandoned_count: 0,
             refused_count: 0,
-            flipped: false,
+            flipped: Vec::new(),
             quarantined_count: 0,
             quarantined_on_disk: 0,
             released_count: 0,
@@ -190,6 +191,31 @@ impl JournalSimLog {
             .expect("the group directory");
         let journal = LogJournal::create(&self.group_dir, &self.params()).expect("a journal on a blank disk");
         self.journal = Some(journal);
+    }
+
+    /// Open the log as a restart does, then run the scrub's pass over every sealed segment
+    /// (read and verified in full).
+    fn open_checked(
+        &self,
+        named: NamedCheckpoint,
+        journal_slots: usize,
+    ) -> Result<(LogJournal, Vec<SlotState>), String> {
+        let (journal, slots, damaged) = LogJournal::open_journal(
+            &self.group_dir,
+            &self.params(),
+            false,
+            (SIM_CLUSTER, SIM_GROUP),
+            named,
+            journal_slots,
+        )
+        .map_err(|error| error.to_string())?;
+        if !damaged.is_empty() {
+            return Err(format!("damaged ops at open: {damaged:?}"));
+        }
+        for segment in journal.log.sealed_segments() {
+            journal::verify_sealed(&self.disk, &segment).map_err(|error| error.to_string())?;
+        }
+        Ok((journal, slots))
     }
 
     fn journal(&mut self) -> Result<&mut LogJournal, String> {
@@ -226,7 +252,7 @@ impl SimLog for JournalSimLog {
         self.journal = None;
         self.staged = None;
         self.disk = SimDisk::new();
-        self.flipped = false;
+        self.flipped.clear();
         self.quarantined_on_disk = 0;
     }
 
@@ -239,43 +265,32 @@ impl SimLog for JournalSimLog {
         self.staged = None;
         let Some((op, checksum, prepare_checksum)) = checkpoint else {
             self.format();
-            self.flipped = false;
+            self.flipped.clear();
             return Ok(Opened::Log(vec![SlotState::Empty; journal_slots]));
         };
-        let opened = LogJournal::open_journal(
-            &self.group_dir,
-            &self.params(),
-            false,
-            (SIM_CLUSTER, SIM_GROUP),
-            NamedCheckpoint {
-                id: CheckpointId { op, checksum },
-                prepare_checksum,
-            },
-            journal_slots,
-        )
-        .map_err(|error| error.to_string())
-        .and_then(|(journal, slots, damaged)| {
-            if !damaged.is_empty() {
-                return Err(format!("damaged ops at open: {damaged:?}"));
-            }
-            // The scrub's pass, run at once: every sealed segment the open took from its
-            // summary is read and verified in full.
-            for segment in journal.log.sealed_segments() {
-                journal::verify_sealed(&self.disk, &segment).map_err(|error| error.to_string())?;
-            }
-            Ok((journal, slots))
-        });
-        match opened {
+        let named = NamedCheckpoint {
+            id: CheckpointId { op, checksum },
+            prepare_checksum,
+        };
+        match self.open_checked(named, journal_slots) {
             Ok((journal, slots)) => {
                 self.journal = Some(journal);
-                self.flipped = false;
+                self.flipped.clear();
                 Ok(Opened::Log(slots))
             }
-            // Damage: the node sets the whole group aside and rebuilds it from its peers.
-            Err(reason) if self.flipped => {
+            Err(reason) if !self.flipped.is_empty() => {
+                // The flips must explain the refusal: with their bytes restored it opens.
+                for (path, bytes) in std::mem::take(&mut self.flipped).into_iter().rev() {
+                    self.disk.overwrite_durable(&path, bytes);
+                }
+                if let Err(still) = self.open_checked(named, journal_slots) {
+                    return Err(format!(
+                        "the open refused ({reason}), and still refuses with the flipped bits restored: {still}"
+                    ));
+                }
+                // Damage: the node sets the whole group aside and rebuilds it from its peers.
                 transfer::quarantine(&self.disk, &self.group_dir)
                     .map_err(|error| format!("{reason}; and the quarantine failed: {error}"))?;
-                self.flipped = false;
                 self.quarantined_count += 1;
                 self.quarantined_on_disk += 1;
                 Ok(Opened::Quarantined(reason))
@@ -339,11 +354,15 @@ impl SimLog for JournalSimLog {
         if files.is_empty() {
             return false;
         }
-        let (path, mut bytes) = files[rng.below(files.len() as u64) as usize].clone();
+        let (path, original) = files[rng.below(files.len() as u64) as usize].clone();
+        let mut bytes = original.clone();
         let bit = rng.below(bytes.len() as u64 * 8);
         bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
-        self.flipped = self.disk.overwrite_durable(&path, bytes);
-        self.flipped
+        let flipped = self.disk.overwrite_durable(&path, bytes);
+        if flipped {
+            self.flipped.push((path, original));
+        }
+        flipped
     }
 
     fn holds_durably(&self, op: u64, checksum: u128) -> bool {
