@@ -13,9 +13,11 @@
 //! 3. A new group is formatted in `<dir>.repair/`, and the prefix is appended to it again, op
 //!    by op, each append with its original timestamp, so every kept message keeps its offset
 //!    and its bytes (skips are replayed too). Then: a skip to the highest offset that may have
-//!    been handed out (the old state's next offset, the journal's frontier and reservation),
-//!    so no offset is ever handed out twice; the state's retention start (a trim); and every
-//!    stored consumer offset.
+//!    been handed out (the old state's next offset, the journal's frontier and reservation,
+//!    and every record from the damage on that still verifies; two leases more when the
+//!    state file did not verify whole), so no offset is ever handed out twice; the state's
+//!    retention start (a trim); and every stored consumer offset. The new journal is written
+//!    in relaxed mode and made durable by its clean close (one barrier, not one per op).
 //! 4. The new group is closed cleanly, `<dir>.repair.done` is written, the damaged directory
 //!    is set aside whole (`<dir>.quarantine.<n>`, never deleted: `transfer::quarantine`), and
 //!    the new one takes its name. A crash before the marker leaves the old directory serving
@@ -53,6 +55,15 @@ pub enum RepairError {
     /// built is left in `<dir>.repair/` (the next run removes it).
     #[error("rebuilding the partition failed: {0}; the damaged directory was not changed")]
     Rebuild(String),
+    /// The damaged directory was set aside, and putting the repaired one in its place failed:
+    /// the server refuses the partition (no directory) until the repair is run again.
+    #[error(
+        "the damaged directory was moved to {quarantined}, and putting the repaired one in its place failed: {error}; run the repair again to finish"
+    )]
+    Interrupted {
+        quarantined: String,
+        error: StorageError,
+    },
 }
 
 /// What a repair did.
@@ -71,6 +82,9 @@ pub struct RepairReport {
     /// Where minting resumes: offsets from the end of the prefix up to here are lost (or were
     /// never handed out).
     pub resume_offset: u64,
+    /// The journal's state file did not verify whole, so what it last said was handed out is
+    /// not known: minting resumes a margin above everything known.
+    pub margin_added: bool,
     pub start_offset: u64,
     pub consumer_offsets: usize,
     /// How the state was known (from the checkpoint, and how many ops after it).
@@ -95,7 +109,7 @@ impl fmt::Display for RepairReport {
             }
             None => writeln!(
                 f,
-                "  the journal verified to its end (the damage was in the group's superblock or checkpoint)"
+                "  every whole op of the journal verified (the refusal was elsewhere: its state file, superblock or checkpoint, or segments missing at its end)"
             )?,
         }
         writeln!(
@@ -108,6 +122,13 @@ impl fmt::Display for RepairReport {
             "  lost: everything from the damage on (offsets {}..{}); new messages get offsets from {}, so none is handed out twice",
             self.offsets_kept.1, self.resume_offset, self.resume_offset
         )?;
+        if self.margin_added {
+            writeln!(
+                f,
+                "  (the journal's state file did not verify whole: new offsets start {} above the highest offset found, in case a lost record or reservation named one higher)",
+                RESUME_MARGIN_OFFSETS
+            )?;
+        }
         writeln!(
             f,
             "  state: {}; retained from offset {}; {} stored consumer offset(s) kept",
@@ -128,6 +149,11 @@ impl fmt::Display for RepairReport {
 /// server's default; a server with another reopens it with its own, which affects only later
 /// writes).
 const SEGMENT_SIZE_DEFAULT_BYTES: u64 = 1 << 30;
+
+/// How far above every offset found minting resumes when the journal's state file did not
+/// verify whole (its lost slot may have named a reservation up to one lease higher, and a
+/// damaged last record names nothing): two leases.
+const RESUME_MARGIN_OFFSETS: u64 = 2 * cairn_storage::journal::OFFSET_LEASE_MESSAGES;
 
 fn repair_dir(dir: &Path) -> PathBuf {
     sibling(dir, "repair")
@@ -170,6 +196,7 @@ pub fn repair_accept_loss(
             ops_kept: (0, 0),
             offsets_kept: (0, 0),
             resume_offset: 0,
+            margin_added: false,
             start_offset: 0,
             consumer_offsets: 0,
             state_from: String::new(),
@@ -207,7 +234,7 @@ pub fn repair_accept_loss(
     let checkpoint = crate::node::durable_checkpoint::<LogJournal>(dir, group)
         .ok()
         .flatten();
-    let (target, state_from) = state_at_prefix_end(&prefix, partition_id, checkpoint)?;
+    let (target, state_from) = state_at_prefix_end(&prefix, group, partition_id, checkpoint)?;
 
     // Build the new group beside the damaged one.
     if rebuilt.exists() {
@@ -217,23 +244,31 @@ pub fn repair_accept_loss(
         })?;
     }
     disk.remove_file(&marker)?;
+    // Relaxed while rebuilding (one barrier at the clean close, not one per op): a crash before
+    // the marker leaves a rebuild the next run starts again.
     let options = JournalOptions {
         segment_size_bytes: match topic_segment_size_bytes {
             0 => SEGMENT_SIZE_DEFAULT_BYTES,
             size => size,
         },
-        relaxed: false,
+        relaxed: true,
     };
-    let resume_offset = [
+    // Every offset that may have been handed out lies below this.
+    let known = [
         target.next_offset,
         prefix.chain().next_offset,
-        salvage
-            .handed_out
-            .map_or(0, |(frontier, reserved)| frontier.max(reserved)),
+        salvage.handed_out.map_or(0, |(handed_out, _)| handed_out),
+        salvage.highest_offset_after_damage.unwrap_or(0),
     ]
     .into_iter()
     .max()
     .unwrap_or(0);
+    let margin_added = !matches!(salvage.handed_out, Some((_, true)));
+    let resume_offset = if margin_added {
+        known.saturating_add(RESUME_MARGIN_OFFSETS)
+    } else {
+        known
+    };
     let (start_offset, consumer_offsets) = rebuild(
         &rebuilt,
         group,
@@ -246,10 +281,14 @@ pub fn repair_accept_loss(
     .map_err(RepairError::Rebuild)?;
     cairn_storage::atomic_file::write_on(&disk, &marker, b"complete")?;
     let quarantined = transfer::quarantine(&disk, dir)?;
-    disk.rename(&rebuilt, dir)?;
-    disk.sync_dir(parent)?;
-    disk.remove_file(&marker)?;
-    disk.sync_dir(parent)?;
+    let interrupted = |error| RepairError::Interrupted {
+        quarantined: quarantined.display().to_string(),
+        error,
+    };
+    disk.rename(&rebuilt, dir).map_err(interrupted)?;
+    disk.sync_dir(parent).map_err(interrupted)?;
+    disk.remove_file(&marker).map_err(interrupted)?;
+    disk.sync_dir(parent).map_err(interrupted)?;
     Ok(RepairReport {
         dir: dir.to_path_buf(),
         quarantined: Some(quarantined),
@@ -257,6 +296,7 @@ pub fn repair_accept_loss(
         ops_kept: (prefix.first_op(), prefix.last_op()),
         offsets_kept: (prefix.first_offset(), prefix.chain().next_offset),
         resume_offset,
+        margin_added,
         start_offset,
         consumer_offsets,
         state_from,
@@ -268,6 +308,7 @@ pub fn repair_accept_loss(
 /// how it was known.
 fn state_at_prefix_end(
     prefix: &JournalLog,
+    group: u64,
     partition_id: u32,
     checkpoint: Option<(u64, Vec<u8>)>,
 ) -> Result<(PartitionState, String), RepairError> {
@@ -297,7 +338,7 @@ fn state_at_prefix_end(
     }
     let mut applied = 0u64;
     for op in applied_through + 1..=prefix.last_op() {
-        let message = partition_group::prepare_in(prefix, op).map_err(RepairError::Rebuild)?;
+        let message = prepare_of(prefix, op, group).map_err(RepairError::Unsupported)?;
         machine.apply(
             op,
             message.header.timestamp,
@@ -307,7 +348,7 @@ fn state_at_prefix_end(
         applied += 1;
     }
     if let Some(fault) = machine.fault() {
-        return Err(RepairError::Rebuild(format!(
+        return Err(RepairError::Unsupported(format!(
             "applying the kept ops faulted: {fault}"
         )));
     }
@@ -319,6 +360,19 @@ fn state_at_prefix_end(
         from
     };
     Ok((machine.state().clone(), from))
+}
+
+/// Op `op` of `prefix` as its prepare, which must be of group `group` (a journal found under
+/// another partition's name is not adopted).
+fn prepare_of(prefix: &JournalLog, op: u64, group: u64) -> Result<cairn_vsr::header::Message, String> {
+    let message = partition_group::prepare_in(prefix, op)?;
+    if message.header.group != group {
+        return Err(format!(
+            "op {op} is a prepare of group {:#x}, not of this partition's group {group:#x}: the journal is another partition's",
+            message.header.group
+        ));
+    }
+    Ok(message)
 }
 
 /// Format a group in `dir` and put the prefix's messages into it at their offsets, then
@@ -342,7 +396,7 @@ fn rebuild(
     }
     for op in prefix.first_op()..=prefix.last_op() {
         let stored = prefix.read_op(op).map_err(|error| error.to_string())?;
-        let message = partition_group::prepare_in(prefix, op)?;
+        let message = prepare_of(prefix, op, group_id)?;
         match message.header.operation {
             partition::OPERATION_APPEND if !stored.batches.is_empty() => {
                 let batches: Vec<&[u8]> = stored.batches.iter().map(Vec::as_slice).collect();
@@ -470,9 +524,9 @@ mod tests {
         (state, messages)
     }
 
-    /// Flip a byte inside op `op`'s records.
-    fn damage(dir: &Path, op: u64) {
-        let (log, _) = JournalLog::open_read_only_on(
+    /// The partition's journal, read-only.
+    fn read_only(dir: &Path) -> JournalLog {
+        JournalLog::open_read_only_on(
             Arc::new(RealDisk),
             &transfer::journal_dir(dir, 0),
             IDS.2,
@@ -481,7 +535,13 @@ mod tests {
                 relaxed: false,
             },
         )
-        .expect("open");
+        .expect("open")
+        .0
+    }
+
+    /// Flip a byte inside op `op`'s records.
+    fn damage(dir: &Path, op: u64) {
+        let log = read_only(dir);
         let extent = *log.extent(op).expect("the op");
         let path = transfer::journal_dir(dir, 0)
             .join(cairn_storage::journal::segment_log_name(extent.segment_first_op));
@@ -558,6 +618,44 @@ mod tests {
         assert_eq!(group.stored_offset(&Owner::Group(3)), Some(200));
     }
 
+    /// With the journal's state file lost as well, what it last said was handed out is
+    /// unknown: minting resumes a margin above every offset the records after the damage name.
+    #[test]
+    fn a_lost_state_file_resumes_minting_a_margin_above_every_offset_found() {
+        let temp = tempfile::tempdir().expect("tempdir");
+        let dir = temp.path().join("0");
+        let (before, _) = written(&dir, true);
+        damage(&dir, 40);
+        std::fs::remove_file(transfer::journal_dir(&dir, 0).join("state")).expect("remove the state file");
+        let report = repair_accept_loss(&dir, IDS, SEGMENT_SIZE).expect("repair");
+        let group = partition_group::open(&dir, group_id(), params()).expect("opens");
+        assert!(report.margin_added, "{report}");
+        assert_eq!(
+            group.next_offset(),
+            before.next_offset + RESUME_MARGIN_OFFSETS,
+            "{report}"
+        );
+    }
+
+    /// A repair interrupted after the damaged directory was set aside (the repaired one not
+    /// yet in its place) is finished by the next run; the partition then opens.
+    #[test]
+    fn an_interrupted_repair_is_finished_by_the_next_run() {
+        let temp = tempfile::tempdir().expect("tempdir");
+        let dir = temp.path().join("0");
+        let (before, _) = written(&dir, true);
+        let (_, group) = repaired(&dir, 40);
+        drop(group);
+        // As a crash right after the quarantine leaves it.
+        std::fs::rename(&dir, repair_dir(&dir)).expect("rename");
+        std::fs::write(done_marker(&dir), b"complete").expect("marker");
+        let report = repair_accept_loss(&dir, IDS, SEGMENT_SIZE).expect("finish");
+        assert!(report.finished_interrupted, "{report}");
+        assert!(!done_marker(&dir).exists() && !repair_dir(&dir).exists());
+        let group = partition_group::open(&dir, group_id(), params()).expect("opens");
+        assert_eq!(group.next_offset(), before.next_offset);
+    }
+
     /// A partition that opens is not repaired; without a group there is nothing to rebuild.
     #[test]
     fn a_sound_partition_is_not_repaired() {
@@ -576,16 +674,6 @@ mod tests {
 
     /// The op `back` ops before the journal's last.
     fn before_last_ops(dir: &Path, back: u64) -> u64 {
-        let (log, _) = JournalLog::open_read_only_on(
-            Arc::new(RealDisk),
-            &transfer::journal_dir(dir, 0),
-            IDS.2,
-            JournalConfig {
-                segment_size_bytes: SEGMENT_SIZE,
-                relaxed: false,
-            },
-        )
-        .expect("open");
-        log.last_op() - back
+        read_only(dir).last_op() - back
     }
 }

@@ -447,11 +447,14 @@ pub struct Salvage {
     /// The segment file and byte position of the first byte that is not part of a whole,
     /// verifying op, and why; `None` when every segment verified to its end.
     pub damage: Option<(PathBuf, u64, String)>,
-    /// Segments after the one the damage is in, which the prefix cannot reach.
-    pub segments_after_damage: usize,
-    /// The state file's frontier offset and offset reservation, when a slot of it verifies:
-    /// offsets below the higher of them may have been handed out.
-    pub handed_out: Option<(u64, u64)>,
+    /// The highest offset end any verifying record from the damage on names (batch records:
+    /// base offset plus messages; op records: base offset), read past what does not verify:
+    /// those offsets may have been handed out.
+    pub highest_offset_after_damage: Option<u64>,
+    /// From the state file, when a slot of it verifies: the higher of its frontier offset and
+    /// its offset reservation (offsets below it may have been handed out), and whether both
+    /// slots verified (if not, the lost slot may have named a higher one).
+    pub handed_out: Option<(u64, bool)>,
 }
 
 /// What [`JournalLog::open_on`] found and did.
@@ -644,29 +647,20 @@ impl JournalLog {
         config: JournalConfig,
     ) -> Result<(JournalLog, Salvage), StorageError> {
         check_config(&config)?;
-        let damaged = |path: PathBuf, position: u64, reason: String| StorageError::Damaged {
-            path,
-            position,
-            reason,
-        };
-        let start_path = dir.join(JOURNAL_START_FILE);
-        let start_bytes = atomic_file::read_verified_on(disk.as_ref(), &start_path)?
-            .ok_or_else(|| damaged(start_path.clone(), 0, "the journal start file is missing".into()))?;
-        let start = decode_start(&start_bytes, partition_id).ok_or_else(|| {
-            damaged(
-                start_path.clone(),
-                0,
-                "the journal start file is malformed".into(),
-            )
-        })?;
+        let start = read_start(disk.as_ref(), dir, partition_id)?;
         // What the state file says was handed out, if a slot of it verifies.
         let state_path = dir.join(STATE_FILE_NAME);
         let handed_out = disk
             .read_all(&state_path, STATE_FILE_SIZE_BYTES)
             .ok()
             .flatten()
-            .and_then(|bytes| state::load(&bytes, partition_id).ok())
-            .map(|loaded| (loaded.frontier.chain.next_offset, loaded.offset_reserved));
+            .and_then(|bytes| state::load_noting_damage(&bytes, partition_id).ok())
+            .map(|(loaded, slot_damaged)| {
+                (
+                    loaded.frontier.chain.next_offset.max(loaded.offset_reserved),
+                    !slot_damaged,
+                )
+            });
         let mut names: Vec<u64> = disk
             .list_dir(dir)?
             .iter()
@@ -692,11 +686,41 @@ impl JournalLog {
                 ));
                 break;
             }
-            let len = disk.file_len(&path)?.unwrap_or(0).min(SEGMENT_BYTES_MAX);
             let segment_start = chain;
-            let (listed, end, end_chain) = scan_whole_ops(disk.as_ref(), &path, 0, len, chain)?;
-            let walk = index_records(listed, first_op, &path, chain, &mut ops, &mut batches)?;
-            debug_assert_eq!(walk, end_chain);
+            // A segment that cannot be read (or whose verified records do not index) is
+            // where the damage is: the prefix ends before it.
+            let mut segment_ops = BTreeMap::new();
+            let mut segment_batches = Vec::new();
+            let scanned = disk
+                .file_len(&path)
+                .map(|len| len.unwrap_or(0).min(SEGMENT_BYTES_MAX))
+                .and_then(|len| {
+                    let (listed, end, end_chain) = scan_whole_ops(disk.as_ref(), &path, 0, len, chain)?;
+                    index_records(
+                        listed,
+                        first_op,
+                        &path,
+                        chain,
+                        &mut segment_ops,
+                        &mut segment_batches,
+                    )?;
+                    Ok((len, end, end_chain))
+                });
+            let (len, end, end_chain) = match scanned {
+                Ok(scanned) => scanned,
+                Err(error) => {
+                    damage = Some((path, 0, format!("the segment cannot be read whole: {error}")));
+                    break;
+                }
+            };
+            ops.extend(segment_ops);
+            for mut entry in segment_batches {
+                // As one index over the whole log: timestamps never go back.
+                if let Some(last) = batches.last() {
+                    entry.timestamp_us = entry.timestamp_us.max(last.timestamp_us);
+                }
+                batches.push(entry);
+            }
             chain = end_chain;
             segments.push(Segment {
                 start: segment_start,
@@ -719,12 +743,20 @@ impl JournalLog {
         if segments.is_empty() {
             segments.push(Segment { start, len_bytes: 0 });
         }
-        let segments_after_damage = damage.as_ref().map_or(0, |(path, _, _)| {
-            names
-                .iter()
-                .filter(|&&first_op| dir.join(segment_log_name(first_op)) > *path)
-                .count()
-        });
+        // What the bytes from the damage on say was handed out.
+        let mut highest_offset_after_damage = None;
+        if let Some((damaged_path, position, _)) = &damage {
+            for &first_op in &names {
+                let path = dir.join(segment_log_name(first_op));
+                let from = match path.cmp(damaged_path) {
+                    std::cmp::Ordering::Less => continue,
+                    std::cmp::Ordering::Equal => *position,
+                    std::cmp::Ordering::Greater => 0,
+                };
+                let highest = highest_offset_in(disk.as_ref(), &path, from, partition_id);
+                highest_offset_after_damage = highest_offset_after_damage.max(highest);
+            }
+        }
         let last = *segments.last().expect("one segment");
         let loaded = journal_state(frontier_at(&last, chain), chain.next_offset, false);
         let plan = OpenPlan {
@@ -749,7 +781,7 @@ impl JournalLog {
             journal,
             Salvage {
                 damage,
-                segments_after_damage,
+                highest_offset_after_damage,
                 handed_out,
             },
         ))
@@ -2005,6 +2037,42 @@ impl JournalLog {
     }
 }
 
+/// The highest offset end a verifying record of partition `partition_id` in segment `path`
+/// names from byte `from` on (see [`Salvage::highest_offset_after_damage`]), stepping a byte
+/// at a time past what does not verify. `None` if none verifies or the file cannot be read.
+fn highest_offset_in(disk: &dyn Disk, path: &Path, from: u64, partition_id: u32) -> Option<u64> {
+    let bytes = disk.read_all(path, SEGMENT_BYTES_MAX).ok()??;
+    let mut position = usize::try_from(from).ok()?;
+    let mut highest = None;
+    while position + RECORD_HEADER_SIZE <= bytes.len() {
+        match record::verify_envelope(&bytes[position..]) {
+            Ok(header) if header.partition_id == partition_id => {
+                let end = match header.kind {
+                    RecordKind::Batch => header.base_offset.saturating_add(u64::from(header.message_count)),
+                    _ => header.base_offset,
+                };
+                highest = highest.max(Some(end));
+                position += usize::try_from(header.record_size_bytes()).ok()?;
+            }
+            _ => position += 1,
+        }
+    }
+    highest
+}
+
+/// The chain the journal in `dir` starts from (`journal.start`, verified).
+fn read_start(disk: &dyn Disk, dir: &Path, partition_id: u32) -> Result<Chain, StorageError> {
+    let path = dir.join(JOURNAL_START_FILE);
+    let damaged = |reason: &str| StorageError::Damaged {
+        path: path.clone(),
+        position: 0,
+        reason: reason.to_string(),
+    };
+    let bytes = atomic_file::read_verified_on(disk, &path)?
+        .ok_or_else(|| damaged("the journal start file is missing"))?;
+    decode_start(&bytes, partition_id).ok_or_else(|| damaged("the journal start file is malformed"))
+}
+
 /// What an open found, before it changes anything (see [`JournalLog::open_on`]).
 struct OpenPlan {
     start: Chain,
@@ -2047,16 +2115,7 @@ fn plan_open(
         position,
         reason,
     };
-    let start_path = dir.join(JOURNAL_START_FILE);
-    let start_bytes = atomic_file::read_verified_on(disk, &start_path)?
-        .ok_or_else(|| damaged(start_path.clone(), 0, "the journal start file is missing".into()))?;
-    let start = decode_start(&start_bytes, partition_id).ok_or_else(|| {
-        damaged(
-            start_path.clone(),
-            0,
-            "the journal start file is malformed".into(),
-        )
-    })?;
+    let start = read_start(disk, dir, partition_id)?;
     let state_path = dir.join(STATE_FILE_NAME);
     let state_bytes = disk
         .read_all(&state_path, STATE_FILE_SIZE_BYTES)?

@@ -944,11 +944,12 @@ fn the_salvage_of_a_damaged_journal_is_every_whole_op_before_the_damage() {
     assert_eq!(prefix.last_op(), damaged_op - 1);
     let (damage_path, position, _) = salvage.damage.clone().expect("the damage");
     assert_eq!((damage_path, position), (path, extent.position_bytes));
-    assert!(salvage.segments_after_damage > 0, "{salvage:?}");
     assert_eq!(
-        salvage.handed_out.map(|(frontier, _)| frontier),
-        Some(next_offset)
+        salvage.highest_offset_after_damage,
+        Some(next_offset),
+        "the records after the damage name every offset handed out"
     );
+    assert_eq!(salvage.handed_out, Some((next_offset, true)));
     for op in 1..damaged_op {
         assert!(holds(&prefix, op, &written[&op]).expect("read"), "op {op}");
     }

@@ -193,6 +193,21 @@ impl JournalSimLog {
         self.journal = Some(journal);
     }
 
+    /// Checkpoint `bytes` (whose checksum is `checksum`), verified, and the machine restored
+    /// from it.
+    fn checkpoint_machine(
+        &self,
+        bytes: &[u8],
+        checksum: u128,
+    ) -> Result<(Checkpoint, PartitionMachine), String> {
+        let checkpoint =
+            Checkpoint::decode(bytes, self.checkpoint_size_max, checksum, SIM_CLUSTER, SIM_GROUP)
+                .map_err(|fault| format!("the checkpoint does not verify: {fault:?}"))?;
+        let mut machine = PartitionMachine::new(PARTITION);
+        machine.restore(&checkpoint.state_machine)?;
+        Ok((checkpoint, machine))
+    }
+
     /// Open the log as a restart does, then run the scrub's pass over every sealed segment
     /// (read and verified in full).
     fn open_checked(
@@ -305,20 +320,12 @@ impl SimLog for JournalSimLog {
         checkpoint_checksum: u128,
         checkpoint: &[u8],
     ) -> Result<(), String> {
-        let Some(journal) = self.journal.as_mut() else {
+        if self.journal.is_none() {
             return Ok(());
-        };
-        let decoded = Checkpoint::decode(
-            checkpoint,
-            self.checkpoint_size_max,
-            checkpoint_checksum,
-            SIM_CLUSTER,
-            SIM_GROUP,
-        )
-        .map_err(|fault| format!("the durable checkpoint does not verify: {fault:?}"))?;
-        let mut machine = PartitionMachine::new(PARTITION);
-        machine.restore(&decoded.state_machine)?;
+        }
+        let (_, machine) = self.checkpoint_machine(checkpoint, checkpoint_checksum)?;
         let start_offset = machine.state().start_offset;
+        let journal = self.journal()?;
         // As the server's retention does (`PartitionGroup::remove_released_segments`), from
         // the durable checkpoint.
         let removed = journal
@@ -373,16 +380,7 @@ impl SimLog for JournalSimLog {
 
     fn offer(&self, checkpoint_op: u64, checkpoint_checksum: u128, checkpoint: &[u8]) -> Option<Vec<u8>> {
         let journal = self.journal.as_ref()?;
-        let decoded = Checkpoint::decode(
-            checkpoint,
-            self.checkpoint_size_max,
-            checkpoint_checksum,
-            SIM_CLUSTER,
-            SIM_GROUP,
-        )
-        .ok()?;
-        let mut machine = PartitionMachine::new(PARTITION);
-        machine.restore(&decoded.state_machine).ok()?;
+        let (_, machine) = self.checkpoint_machine(checkpoint, checkpoint_checksum).ok()?;
         let manifest = TransferManifest::of(
             &journal.log,
             CheckpointId {
@@ -425,16 +423,7 @@ impl SimLog for JournalSimLog {
             return Err("an install is pending".into());
         }
         let manifest = TransferManifest::decode(offer, PARTITION)?;
-        let checkpoint = Checkpoint::decode(
-            checkpoint,
-            self.checkpoint_size_max,
-            checkpoint_checksum,
-            SIM_CLUSTER,
-            SIM_GROUP,
-        )
-        .map_err(|fault| format!("the checkpoint does not verify: {fault:?}"))?;
-        let mut offered = PartitionMachine::new(PARTITION);
-        offered.restore(&checkpoint.state_machine)?;
+        let (checkpoint, offered) = self.checkpoint_machine(checkpoint, checkpoint_checksum)?;
         let mut own = PartitionMachine::new(PARTITION);
         own.restore(own_state)?;
         if !self.skip_offer_checks
