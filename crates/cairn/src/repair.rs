@@ -155,6 +155,9 @@ const SEGMENT_SIZE_DEFAULT_BYTES: u64 = 1 << 30;
 /// damaged last record names nothing): two leases.
 const RESUME_MARGIN_OFFSETS: u64 = 2 * cairn_storage::journal::OFFSET_LEASE_MESSAGES;
 
+/// A progress line on stderr every this many ops rewritten.
+const PROGRESS_EVERY_OPS: u64 = 50_000;
+
 fn repair_dir(dir: &Path) -> PathBuf {
     sibling(dir, "repair")
 }
@@ -395,6 +398,13 @@ fn rebuild(
         group.skip_to(prefix.first_offset()).map_err(text)?;
     }
     for op in prefix.first_op()..=prefix.last_op() {
+        if (op - prefix.first_op()).is_multiple_of(PROGRESS_EVERY_OPS) && op > prefix.first_op() {
+            eprintln!(
+                "cairn repair: {} of {} kept ops written again",
+                op - prefix.first_op(),
+                prefix.last_op() + 1 - prefix.first_op()
+            );
+        }
         let stored = prefix.read_op(op).map_err(|error| error.to_string())?;
         let message = prepare_of(prefix, op, group_id)?;
         match message.header.operation {

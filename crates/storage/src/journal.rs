@@ -2120,8 +2120,23 @@ fn plan_open(
     let state_bytes = disk
         .read_all(&state_path, STATE_FILE_SIZE_BYTES)?
         .ok_or_else(|| damaged(state_path.clone(), 0, "the state file is missing".into()))?;
-    let (loaded, state_slot_damaged) = state::load_noting_damage(&state_bytes, partition_id)
+    let (mut loaded, state_slot_damaged) = state::load_noting_damage(&state_bytes, partition_id)
         .map_err(|(position, reason)| damaged(state_path.clone(), position, reason))?;
+    let behind_start = loaded.frontier.chain.next_op < start.next_op
+        || (loaded.frontier.chain.next_op == start.next_op
+            && loaded.frontier.segment_base_offset != start.next_offset);
+    if state_slot_damaged && behind_start {
+        // The valid slot is older than a removal of the oldest segments: its frontier lies in
+        // a segment that removal took (only segments wholly below the frontier of their day
+        // go). Everything up to the start was durable then: the frontier is the start, and
+        // the whole ops above it are kept as for any damaged slot.
+        loaded.frontier = Frontier {
+            segment_base_offset: start.next_offset,
+            segment_len_bytes: 0,
+            chain: start,
+        };
+        loaded.offset_reserved = loaded.offset_reserved.max(start.next_offset);
+    }
     let frontier = loaded.frontier;
 
     // Segments are named by their first op.

@@ -900,6 +900,48 @@ fn a_flip_in_the_newest_state_slot_keeps_the_synced_ops_above_the_older_frontier
     }
 }
 
+/// A flip in the newest state slot after retention removed the segment the older slot's
+/// frontier lies in: the open starts from the journal's start instead of refusing, and keeps
+/// every whole op (either slot flipped).
+#[test]
+fn a_flipped_state_slot_older_than_a_segment_removal_opens_from_the_start() {
+    for slot in 0..2u64 {
+        let mut rng = SimRng::new(13);
+        let (disk, dir, mut journal) = created(600);
+        let mut written = BTreeMap::new();
+        let mut op = 0;
+        // Fill the first segment; the write that starts the second seals it (a publish).
+        while disk_logs(&disk, &dir).len() < 2 {
+            op += 1;
+            let content = random_written(&mut rng, op);
+            write(&mut journal, op, &content).expect("write");
+            written.insert(op, content);
+        }
+        journal.sync().expect("sync");
+        let second_first_op = journal.extent(op).expect("the last op").segment_first_op;
+        let below_offset = journal
+            .extent(second_first_op)
+            .expect("extent")
+            .chain_before
+            .next_offset;
+        let removed = journal
+            .remove_oldest_segments(second_first_op, below_offset)
+            .expect("remove");
+        assert_eq!(removed.len(), 1);
+        drop(journal);
+        let path = dir.join("state");
+        let mut bytes = disk.read_volatile(&path).expect("state file");
+        bytes[(slot * cairn_storage::state::STATE_SLOT_STRIDE_BYTES + 20) as usize] ^= 0x01;
+        assert!(disk.overwrite_durable(&path, bytes));
+        disk.crash(slot);
+        let journal = open(&disk, &dir).unwrap_or_else(|error| panic!("slot {slot}: {error}"));
+        assert_eq!(journal.last_op(), op, "slot {slot}");
+        for kept in second_first_op..=op {
+            assert!(holds(&journal, kept, &written[&kept]).expect("read"), "op {kept}");
+        }
+    }
+}
+
 /// A journal refused for a flipped byte in an older segment gives up, for a repair, every
 /// whole op before the damage, verified, and says where the damage is; a sound journal gives
 /// up all of it.
