@@ -461,6 +461,12 @@ impl GroupJournal for LogJournal {
     }
 
     fn read_prepare(&mut self, op: u64, checksum: u128) -> Option<Message> {
+        if op < self.log.first_op() {
+            // Released by retention (a peer asking for an op this log no longer holds):
+            // nothing to report.
+            tracing::debug!(dir = %self.dir.display(), op, "an op below the journal's start was asked for");
+            return None;
+        }
         let stored = match self.log.read_op(op) {
             Ok(stored) => stored,
             Err(error) => {
