@@ -660,3 +660,52 @@ async fn concurrent_producers_on_one_partition() {
     drop(client);
     server.stop();
 }
+
+/// Issue 13, point 4: a send of a batch near `limits.batch_bytes_max` (64 MiB) is one op of
+/// its partition's group: acknowledged, stored as one batch record, and polled back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_almost_64_mib_is_one_op_and_comes_back_whole() {
+    const MESSAGES: usize = 60;
+    let dir = temp_dir();
+    let server = TestServer::start(dir.path());
+    let client = root_client(server.addr()).await;
+    let (s, t) = create_stream_topic(&client, "big", "t", 1).await;
+    let (sid, tid) = (id_num(s), id_num(t));
+    let payload = |i: usize| vec![(i % 251) as u8; ONE_MIB];
+    let mut batch: Vec<IggyMessage> = (0..MESSAGES)
+        .map(|i| sdk_message(1_000 + i as u128, payload(i)))
+        .collect();
+    client
+        .send_messages(&sid, &tid, &Partitioning::partition_id(0), &mut batch)
+        .await
+        .expect("a 60 MiB batch is acknowledged");
+    let mut got: Vec<IggyMessage> = Vec::new();
+    while got.len() < MESSAGES {
+        let polled = client
+            .poll_messages(
+                &sid,
+                &tid,
+                Some(0),
+                &Consumer::new(id_num(1)),
+                &PollingStrategy::offset(got.len() as u64),
+                10,
+                false,
+            )
+            .await
+            .expect("poll");
+        assert!(!polled.messages.is_empty(), "stopped at {}", got.len());
+        got.extend(polled.messages);
+    }
+    for (i, message) in got.iter().enumerate() {
+        assert_eq!(message.header.offset, i as u64);
+        assert!(message.payload.as_ref() == payload(i).as_slice(), "message {i}");
+    }
+    drop(client);
+    server.stop();
+    let log = last_segment_log(&partition_dir(dir.path(), s, t, 0));
+    let bytes = std::fs::read(&log).expect("segment");
+    let (records, _) = parse_records(&bytes);
+    let batches: Vec<&DiskRecord> = records.iter().filter(|r| r.kind == RECORD_KIND_BATCH).collect();
+    assert_eq!(batches.len(), 1, "one stored batch");
+    assert_eq!(batches[0].message_count as usize, MESSAGES);
+}
