@@ -1114,7 +1114,7 @@ fn check_protocol(version: u32) -> Result<(), u32> {
 }
 
 /// Internal marker status: the shell answers it with an IncompatibleProtocol eviction.
-pub const INCOMPATIBLE_PROTOCOL_STATUS: u32 = 14003;
+pub const INCOMPATIBLE_PROTOCOL_STATUS: u32 = codes::INCOMPATIBLE_PROTOCOL_MARKER;
 
 fn read_trimmed(path: &str) -> String {
     std::fs::read_to_string(path)

@@ -73,3 +73,6 @@ pub const INVALID_CONSUMER_GROUP_NAME: u32 = 5005;
 pub const CONSUMER_GROUP_PARTITION_NOT_OWNED: u32 = 5009;
 /// `CannotSyncFile`: a barrier failed; the send was not acknowledged.
 pub const CANNOT_SYNC_FILE: u32 = 10009;
+/// Not sent to clients: the handler's marker for a frame of an unsupported protocol version,
+/// which the TCP shell answers with an IncompatibleProtocol eviction (reason 14).
+pub const INCOMPATIBLE_PROTOCOL_MARKER: u32 = 14003;
