@@ -31,10 +31,35 @@ pub use users::{TRANSPORT_HTTP, TRANSPORT_TCP};
 /// A reply: payload bytes, or an Iggy status code with no body.
 pub type Reply = Result<Vec<u8>, u32>;
 
+/// A reply as values, for the transports to encode: TCP as the Iggy binary payload
+/// ([`Typed::encode`]), HTTP as JSON, so no transport parses another's bytes back.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Typed {
+    Stats(Box<reply::Stats>),
+    ClusterMetadata {
+        name: String,
+        nodes: Vec<reply::ClusterNode>,
+    },
+}
+
+impl Typed {
+    /// The binary reply payload (protocol reference: §6.1 stats, §4.4 cluster metadata).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        match self {
+            Typed::Stats(stats) => reply::stats(&mut out, stats),
+            Typed::ClusterMetadata { name, nodes } => reply::cluster_metadata(&mut out, name, nodes),
+        }
+        out
+    }
+}
+
 /// What [`Server::handle`] produced.
 pub enum Handled {
     /// The reply is ready.
     Done(Reply),
+    /// The reply is ready as values ([`Typed`]).
+    Typed(Result<Typed, u32>),
     /// The reply is ready, built behind room for the shell's framing (polls).
     Prefixed(Result<PrefixedPayload, u32>),
     /// A validated send for the shell to complete with [`PreparedSend::complete`].
@@ -290,6 +315,9 @@ impl Server {
                 count,
                 auto_commit,
             )),
+            Command::GetClusterMetadata | Command::GetStats => {
+                Handled::Typed(self.typed(&command).ok_or(codes::ERROR))
+            }
             command => Handled::Done(self.handle_authenticated(session, command)),
         }
     }
@@ -300,13 +328,16 @@ impl Server {
                 self.end_login(session);
                 Ok(Vec::new())
             }
-            Command::GetClusterMetadata => Ok(self.cluster_metadata()),
+            // Answered as values before this point (`Handled::Typed`).
+            Command::GetStats | Command::GetClusterMetadata => self
+                .typed(&command)
+                .map(|typed| typed.encode())
+                .ok_or(codes::ERROR),
             Command::GetMe => {
                 let mut out = Vec::new();
                 reply::client_details(&mut out, &self.client_record(session));
                 Ok(out)
             }
-            Command::GetStats => Ok(self.stats()),
             Command::GetStream { stream } => {
                 let catalog = self.read();
                 let mut out = Vec::new();
@@ -737,8 +768,16 @@ impl Server {
 
     // ---- system ----
 
-    fn cluster_metadata(&self) -> Vec<u8> {
-        let mut out = Vec::new();
+    /// The replies that come as values ([`Typed`]); `None` for any other command.
+    fn typed(&self, command: &Command) -> Option<Typed> {
+        match command {
+            Command::GetStats => Some(Typed::Stats(Box::new(self.stats()))),
+            Command::GetClusterMetadata => Some(self.cluster_metadata()),
+            _ => None,
+        }
+    }
+
+    fn cluster_metadata(&self) -> Typed {
         let node = reply::ClusterNode {
             name: "cairn".to_string(),
             ip: self.config.tcp_address.ip().to_string(),
@@ -749,8 +788,10 @@ impl Server {
             role: 0,
             status: 0,
         };
-        reply::cluster_metadata(&mut out, "cairn", &[node]);
-        out
+        Typed::ClusterMetadata {
+            name: "cairn".to_string(),
+            nodes: vec![node],
+        }
     }
 
     fn tcp_port(&self) -> u16 {
@@ -761,7 +802,7 @@ impl Server {
         }
     }
 
-    fn stats(&self) -> Vec<u8> {
+    fn stats(&self) -> reply::Stats {
         let run_time_us = self.clock.now_us().saturating_sub(self.started_at_us);
         let machine = crate::stats::machine(run_time_us);
         let (free_disk_space, total_disk_space) = crate::stats::disk_space(&self.config.data_dir);
@@ -804,9 +845,7 @@ impl Server {
                 }
             }
         }
-        let mut out = Vec::new();
-        reply::stats(&mut out, &s);
-        out
+        s
     }
 
     // ---- streams and topics ----

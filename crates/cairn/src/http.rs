@@ -3,9 +3,11 @@
 //! This layer only translates: a request (path, query, JSON) becomes the same
 //! [`cairn_wire::command::Command`] a binary client would send, it is applied through the same
 //! [`Server::handle`] on a blocking thread, a send is completed through the same
-//! [`handler::PreparedSend::complete`] (group commit), and the binary reply payload is turned
-//! into JSON. Authentication, limits and durability are therefore enforced once, in the
-//! handler, for both transports.
+//! [`handler::PreparedSend::complete`] (group commit), and the reply becomes JSON: a reply
+//! the handler gives as values ([`handler::Typed`]: stats, cluster metadata) is serialised
+//! as it is; the others' binary payloads are still parsed back here (issue 13, point 12:
+//! moving them to `Typed` one command at a time). Authentication, limits and durability are
+//! therefore enforced once, in the handler, for both transports.
 //!
 //! HTTP has no connection-bound session, so a login mints a random bearer token mapped in
 //! memory to a [`Session`] (user id) with an expiry; every request runs with a copy of that
@@ -288,22 +290,10 @@ impl HttpState {
     /// Apply `command` through the one request path: `Server::handle` on a blocking thread
     /// and, for a send, the prepared send's completion (the partition writer's group commit).
     async fn apply(&self, session: Session, command: Command) -> Result<(Vec<u8>, Session), ApiError> {
-        let server = self.server.clone();
-        let joined = tokio::task::spawn_blocking(move || {
-            let mut session = session;
-            let handled = server.handle(&mut session, command);
-            (handled, session)
-        })
-        .await;
-        let (handled, session) = match joined {
-            Ok(pair) => pair,
-            Err(error) => {
-                tracing::error!(%error, "request handler panicked");
-                return Err(ApiError::new(codes::ERROR, "internal error"));
-            }
-        };
+        let (handled, session) = self.handled(session, command).await?;
         let reply = match handled {
             Handled::Done(reply) => reply,
+            Handled::Typed(reply) => reply.map(|typed| typed.encode()),
             Handled::Prefixed(reply) => reply.and_then(|payload| {
                 payload.into_payload().map_err(|error| {
                     tracing::error!(%error, "reading a poll's batches failed");
@@ -326,6 +316,39 @@ impl HttpState {
     ) -> Result<Vec<u8>, ApiError> {
         let session = self.session(headers, peer);
         self.apply(session, command).await.map(|(payload, _)| payload)
+    }
+
+    /// [`Server::handle`] on a blocking thread.
+    async fn handled(&self, session: Session, command: Command) -> Result<(Handled, Session), ApiError> {
+        let server = self.server.clone();
+        let joined = tokio::task::spawn_blocking(move || {
+            let mut session = session;
+            let handled = server.handle(&mut session, command);
+            (handled, session)
+        })
+        .await;
+        joined.map_err(|error| {
+            tracing::error!(%error, "request handler panicked");
+            ApiError::new(codes::ERROR, "internal error")
+        })
+    }
+
+    /// A command whose reply comes as values ([`handler::Typed`]), turned into JSON by the
+    /// caller without parsing any bytes.
+    async fn run_typed(
+        &self,
+        headers: &HeaderMap,
+        peer: SocketAddr,
+        command: Command,
+    ) -> Result<handler::Typed, ApiError> {
+        let session = self.session(headers, peer);
+        match self.handled(session, command).await?.0 {
+            Handled::Typed(Ok(typed)) => Ok(typed),
+            Handled::Typed(Err(code)) | Handled::Done(Err(code)) => {
+                Err(ApiError::new(code, reason(&self.server, code)))
+            }
+            _ => Err(malformed_reply()),
+        }
     }
 }
 

@@ -197,6 +197,7 @@ impl Connection {
         self.session = Some(session);
         let reply = match handled {
             handler::Handled::Done(reply) => reply,
+            handler::Handled::Typed(reply) => reply.map(|typed| typed.encode()),
             handler::Handled::Prefixed(Ok(payload)) => {
                 self.write_ok_prefixed(&header, payload).await?;
                 return Ok(true);

@@ -12,6 +12,7 @@ use super::{
     ApiError, ApiResult, CreateTopicBody, Cursor, Peer, Shared, consumer, identifier, json, malformed_reply,
     parse_json, topic_options,
 };
+use crate::handler::Typed;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
@@ -362,20 +363,6 @@ struct GroupMemberJson {
 }
 
 impl Cursor<'_> {
-    fn u16(&mut self) -> Option<u16> {
-        self.take(2)?.try_into().ok().map(u16::from_le_bytes)
-    }
-
-    fn f32(&mut self) -> Option<f32> {
-        self.u32().map(f32::from_bits)
-    }
-
-    /// `LStr` = `[len u32][utf-8]` (stats strings, cluster metadata).
-    fn long_str(&mut self) -> Option<String> {
-        let len = usize::try_from(self.u32()?).ok()?;
-        Some(String::from_utf8_lossy(self.take(len)?).into_owned())
-    }
-
     /// Group record (§6.0): `[id u32][partitions_count u32][members_count u32][name Name]`.
     fn group(&mut self) -> Option<GroupJson> {
         let id = self.u32()?;
@@ -553,89 +540,45 @@ fn finite(value: f32) -> f32 {
     if value.is_finite() { value } else { 0.0 }
 }
 
-/// The GetStats payload (§6.1); every field is required and nothing may follow it.
-fn decode_stats(payload: &[u8]) -> Option<StatsJson> {
-    let mut c = Cursor::new(payload);
-    let process_id = c.u32()?;
-    let cpu_usage = finite(c.f32()?);
-    let total_cpu_usage = finite(c.f32()?);
-    let memory_usage = c.u64()?;
-    let total_memory = c.u64()?;
-    let available_memory = c.u64()?;
-    let run_time = c.u64()?;
-    let start_time = c.u64()?;
-    let read_bytes = c.u64()?;
-    let written_bytes = c.u64()?;
-    let messages_size_bytes = c.u64()?;
-    let streams_count = c.u32()?;
-    let topics_count = c.u32()?;
-    let partitions_count = c.u32()?;
-    let segments_count = c.u32()?;
-    let messages_count = c.u64()?;
-    let clients_count = c.u32()?;
-    let consumer_groups_count = c.u32()?;
-    let hostname = c.long_str()?;
-    let os_name = c.long_str()?;
-    let os_version = c.long_str()?;
-    let kernel_version = c.long_str()?;
-    let iggy_server_version = c.long_str()?;
-    let iggy_server_semver = match c.u32()? {
-        0 => None,
-        semver => Some(semver),
-    };
-    let cache_count = c.u32()?;
-    let mut cache_metrics = HashMap::new();
-    for _ in 0..cache_count {
-        let (stream, topic, partition) = (c.u32()?, c.u32()?, c.u32()?);
-        let metrics = CacheMetricsJson {
-            hits: c.u64()?,
-            misses: c.u64()?,
-            hit_ratio: finite(c.f32()?),
-        };
-        cache_metrics.insert(format!("{stream}-{topic}-{partition}"), metrics);
+/// The SDK's `Stats` from the handler's values (no per-partition cache metrics are kept).
+fn stats_json(s: cairn_wire::reply::Stats) -> StatsJson {
+    StatsJson {
+        process_id: s.process_id,
+        cpu_usage: finite(s.cpu_usage),
+        total_cpu_usage: finite(s.total_cpu_usage),
+        memory_usage: s.memory_usage,
+        total_memory: s.total_memory,
+        available_memory: s.available_memory,
+        run_time: s.run_time_us,
+        start_time: s.start_time_us,
+        read_bytes: s.read_bytes,
+        written_bytes: s.written_bytes,
+        messages_size_bytes: s.messages_size_bytes,
+        streams_count: s.streams_count,
+        topics_count: s.topics_count,
+        partitions_count: s.partitions_count,
+        segments_count: s.segments_count,
+        messages_count: s.messages_count,
+        clients_count: s.clients_count,
+        consumer_groups_count: s.consumer_groups_count,
+        hostname: s.hostname,
+        os_name: s.os_name,
+        os_version: s.os_version,
+        kernel_version: s.kernel_version,
+        iggy_server_version: s.server_version,
+        iggy_server_semver: (s.server_semver != 0).then_some(s.server_semver),
+        cache_metrics: HashMap::new(),
+        threads_count: s.threads_count,
+        free_disk_space: s.free_disk_space,
+        total_disk_space: s.total_disk_space,
     }
-    let threads_count = c.u32()?;
-    let free_disk_space = c.u64()?;
-    let total_disk_space = c.u64()?;
-    if !c.is_empty() {
-        return None;
-    }
-    Some(StatsJson {
-        process_id,
-        cpu_usage,
-        total_cpu_usage,
-        memory_usage,
-        total_memory,
-        available_memory,
-        run_time,
-        start_time,
-        read_bytes,
-        written_bytes,
-        messages_size_bytes,
-        streams_count,
-        topics_count,
-        partitions_count,
-        segments_count,
-        messages_count,
-        clients_count,
-        consumer_groups_count,
-        hostname,
-        os_name,
-        os_version,
-        kernel_version,
-        iggy_server_version,
-        iggy_server_semver,
-        cache_metrics,
-        threads_count,
-        free_disk_space,
-        total_disk_space,
-    })
 }
 
 async fn get_stats(State(state): State<Shared>, ConnectInfo(peer): Peer, headers: HeaderMap) -> ApiResult {
-    let payload = state.run(&headers, peer, Command::GetStats).await?;
-    let stats = decode_stats(&payload).ok_or_else(malformed_reply)?;
-    Ok(json(StatusCode::OK, &stats))
+    match state.run_typed(&headers, peer, Command::GetStats).await? {
+        Typed::Stats(stats) => Ok(json(StatusCode::OK, &stats_json(*stats))),
+        _ => Err(malformed_reply()),
+    }
 }
 
 // ---- cluster metadata ----
@@ -664,45 +607,42 @@ struct EndpointsJson {
     websocket: u16,
 }
 
-/// The cluster metadata payload (§4.4); an unknown role or status fails, as in the SDK.
-fn decode_cluster_metadata(payload: &[u8]) -> Option<ClusterMetadataJson> {
-    let mut c = Cursor::new(payload);
-    let name = c.long_str()?;
-    let nodes_count = c.u32()?;
-    let mut nodes = Vec::new();
-    for _ in 0..nodes_count {
-        let name = c.long_str()?;
-        let ip = c.long_str()?;
-        let endpoints = EndpointsJson {
-            tcp: c.u16()?,
-            quic: c.u16()?,
-            http: c.u16()?,
-            websocket: c.u16()?,
-        };
-        let role = match c.u8()? {
-            0 => "leader",
-            1 => "follower",
-            _ => return None,
-        };
-        let status = match c.u8()? {
-            0 => "healthy",
-            1 => "starting",
-            2 => "stopping",
-            3 => "unreachable",
-            4 => "maintenance",
-            _ => return None,
-        };
-        nodes.push(ClusterNodeJson {
-            name,
-            ip,
-            endpoints,
-            role,
-            status,
-        });
-    }
-    if !c.is_empty() {
-        return None;
-    }
+/// The SDK's `ClusterMetadata` from the handler's values; a role or status the SDK does not
+/// know is a server bug (as the SDK would refuse it).
+fn cluster_metadata_json(
+    name: String,
+    nodes: Vec<cairn_wire::reply::ClusterNode>,
+) -> Option<ClusterMetadataJson> {
+    let nodes = nodes
+        .into_iter()
+        .map(|node| {
+            let role = match node.role {
+                0 => "leader",
+                1 => "follower",
+                _ => return None,
+            };
+            let status = match node.status {
+                0 => "healthy",
+                1 => "starting",
+                2 => "stopping",
+                3 => "unreachable",
+                4 => "maintenance",
+                _ => return None,
+            };
+            Some(ClusterNodeJson {
+                name: node.name,
+                ip: node.ip,
+                endpoints: EndpointsJson {
+                    tcp: node.tcp_port,
+                    quic: node.quic_port,
+                    http: node.http_port,
+                    websocket: node.websocket_port,
+                },
+                role,
+                status,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
     Some(ClusterMetadataJson { name, nodes })
 }
 
@@ -711,9 +651,16 @@ async fn get_cluster_metadata(
     ConnectInfo(peer): Peer,
     headers: HeaderMap,
 ) -> ApiResult {
-    let payload = state.run(&headers, peer, Command::GetClusterMetadata).await?;
-    let metadata = decode_cluster_metadata(&payload).ok_or_else(malformed_reply)?;
-    Ok(json(StatusCode::OK, &metadata))
+    match state
+        .run_typed(&headers, peer, Command::GetClusterMetadata)
+        .await?
+    {
+        Typed::ClusterMetadata { name, nodes } => {
+            let metadata = cluster_metadata_json(name, nodes).ok_or_else(malformed_reply)?;
+            Ok(json(StatusCode::OK, &metadata))
+        }
+        _ => Err(malformed_reply()),
+    }
 }
 
 #[cfg(test)]
@@ -746,16 +693,13 @@ mod tests {
             server_semver: 0,
             ..Default::default()
         };
-        let mut payload = Vec::new();
-        cairn_wire::reply::stats(&mut payload, &stats);
-        let decoded = decode_stats(&payload).expect("decodes");
+        let decoded = stats_json(stats);
         assert_eq!(decoded.process_id, 9);
-        assert_eq!(decoded.cpu_usage, 0.0);
+        assert_eq!(decoded.cpu_usage, 0.0, "JSON has no NaN");
         assert_eq!(decoded.streams_count, 2);
         assert_eq!(decoded.messages_count, 5);
         assert_eq!(decoded.hostname, "h");
         assert_eq!(decoded.iggy_server_semver, None);
-        assert!(decode_stats(&payload[..payload.len() - 1]).is_none());
     }
 
     #[test]
