@@ -512,10 +512,10 @@ fn prepare_bytes(stored: StoredOp) -> Vec<u8> {
     }
 }
 
-/// Op `op` of `log` as the prepare its records hold, verified (header and body checksums):
-/// for reading a log outside a running group (an operator's repair).
-pub(crate) fn prepare_in(log: &JournalLog, op: u64) -> Result<Message, String> {
-    let stored = log.read_op(op).map_err(|error| error.to_string())?;
+/// Op `op`'s records, read from a log outside a running group (an operator's repair), as the
+/// prepare they hold, verified (header and body checksums).
+pub(crate) fn prepare_from(stored: StoredOp) -> Result<Message, String> {
+    let op = stored.op;
     let header = stored
         .op_payload
         .get(..HEADER_SIZE)

@@ -30,7 +30,7 @@ use crate::partition_group::{self, JournalOptions, LogJournal, LogParams, Partit
 use cairn_machine::partition::{self, PartitionMachine, PartitionState};
 use cairn_storage::StorageError;
 use cairn_storage::io::{Disk, RealDisk};
-use cairn_storage::journal::{JournalConfig, JournalLog};
+use cairn_storage::journal::{JournalConfig, JournalLog, StoredOp};
 use cairn_storage::transfer;
 use cairn_vsr::replica::StateMachine;
 use cairn_wire::batch;
@@ -341,7 +341,11 @@ fn state_at_prefix_end(
     }
     let mut applied = 0u64;
     for op in applied_through + 1..=prefix.last_op() {
-        let message = prepare_of(prefix, op, group).map_err(RepairError::Unsupported)?;
+        let message = prefix
+            .read_op(op)
+            .map_err(|error| error.to_string())
+            .and_then(|stored| checked_prepare(stored, group))
+            .map_err(RepairError::Unsupported)?;
         machine.apply(
             op,
             message.header.timestamp,
@@ -365,10 +369,11 @@ fn state_at_prefix_end(
     Ok((machine.state().clone(), from))
 }
 
-/// Op `op` of `prefix` as its prepare, which must be of group `group` (a journal found under
-/// another partition's name is not adopted).
-fn prepare_of(prefix: &JournalLog, op: u64, group: u64) -> Result<cairn_vsr::header::Message, String> {
-    let message = partition_group::prepare_in(prefix, op)?;
+/// The prepare `stored` holds, which must be of group `group` (a journal found under another
+/// partition's name is not adopted).
+fn checked_prepare(stored: StoredOp, group: u64) -> Result<cairn_vsr::header::Message, String> {
+    let op = stored.op;
+    let message = partition_group::prepare_from(stored)?;
     if message.header.group != group {
         return Err(format!(
             "op {op} is a prepare of group {:#x}, not of this partition's group {group:#x}: the journal is another partition's",
@@ -405,13 +410,17 @@ fn rebuild(
                 prefix.last_op() + 1 - prefix.first_op()
             );
         }
+        // One read per op: the prepare is rebuilt from the records, and an append's body is
+        // its stamped batches as stored.
         let stored = prefix.read_op(op).map_err(|error| error.to_string())?;
-        let message = prepare_of(prefix, op, group_id)?;
+        let stored_as_batches = !stored.batches.is_empty();
+        let message = checked_prepare(stored, group_id)?;
         match message.header.operation {
-            partition::OPERATION_APPEND if !stored.batches.is_empty() => {
-                let batches: Vec<&[u8]> = stored.batches.iter().map(Vec::as_slice).collect();
+            partition::OPERATION_APPEND if stored_as_batches => {
+                let (timestamp_us, batches) = partition::append_parts(&message.body)
+                    .ok_or_else(|| format!("op {op}'s append body does not decode"))?;
                 let offsets = group
-                    .append_batch(&[(stored.timestamp_us, &batches)])
+                    .append_batch(&[(timestamp_us, &batches)])
                     .pop()
                     .ok_or("no reply to an append")?
                     .map_err(text)?;
@@ -426,11 +435,7 @@ fn rebuild(
                 }
             }
             partition::OPERATION_SKIP => {
-                let to_offset = message
-                    .body
-                    .get(..8)
-                    .and_then(|bytes| bytes.try_into().ok())
-                    .map(u64::from_le_bytes)
+                let to_offset = partition::skip_target(&message.body)
                     .ok_or_else(|| format!("op {op} is a skip without a target"))?;
                 if to_offset > group.next_offset() {
                     group.skip_to(to_offset).map_err(text)?;
