@@ -453,6 +453,15 @@ struct Host {
 }
 
 impl Host {
+    /// The zone storage replaced by a blank disk (a wipe, or a caller's log that set its whole
+    /// group aside): no superblock, no log, no durable view to hold the replica to.
+    fn forget_durable_state(&mut self) {
+        self.storage.wipe();
+        self.superblock = None;
+        self.log_end = 0;
+        self.durable_view_max = 0;
+    }
+
     /// Log journal: cut the prepares log so it ends at `from_op - 1` (truncate, synced, and
     /// the cut slots zeroed: `Storage::truncate_log`).
     fn cut_log(&mut self, from_op: u64, journal_slots: usize) {
@@ -916,14 +925,11 @@ impl<M: SimMachine> Sim<M> {
         if !disk_faults {
             // Only the crash itself: unsynced writes lost, durable or torn.
         } else if self.crashes.chance_ppm(self.options.wipe_ppm) {
-            host.storage.wipe();
+            host.forget_durable_state();
             if let Some(log) = host.log.as_mut() {
                 log.wipe();
             }
             self.served_through[replica] = 0;
-            host.log_end = 0;
-            host.superblock = None;
-            host.durable_view_max = 0;
             self.wipe_count += 1;
             self.trace.record_str("wipe");
         } else if let Some(log) = host.log.as_mut() {
@@ -1034,10 +1040,7 @@ impl<M: SimMachine> Sim<M> {
                 Ok(Opened::Quarantined(reason)) => {
                     // The group was set aside whole, superblock included: from here the replica
                     // is a wiped one, and the checkers take it as such.
-                    host.storage.wipe();
-                    host.superblock = None;
-                    host.log_end = 0;
-                    host.durable_view_max = 0;
+                    host.forget_durable_state();
                     self.served_through[replica] = 0;
                     self.quarantine_count += 1;
                     self.trace.record_str("quarantine");
@@ -2030,10 +2033,7 @@ impl<M: SimMachine> Sim<M> {
             self.hosts[replica].down_until.is_some(),
             "wipe a crashed replica's disk"
         );
-        let host = &mut self.hosts[replica];
-        host.storage.wipe();
-        host.superblock = None;
-        host.durable_view_max = 0;
+        self.hosts[replica].forget_durable_state();
         self.wipe_count += 1;
     }
 
