@@ -28,38 +28,19 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 mod users;
 pub use users::{TRANSPORT_HTTP, TRANSPORT_TCP};
 
-/// A reply: payload bytes, or an Iggy status code with no body.
-pub type Reply = Result<Vec<u8>, u32>;
+mod typed;
+pub use typed::{
+    ConsumerOffset, GroupAssignment, StreamDetails, TokenEntry, TopicDetails, Typed, UserDetails,
+};
 
-/// A reply as values, for the transports to encode: TCP as the Iggy binary payload
-/// ([`Typed::encode`]), HTTP as JSON, so no transport parses another's bytes back.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Typed {
-    Stats(Box<reply::Stats>),
-    ClusterMetadata {
-        name: String,
-        nodes: Vec<reply::ClusterNode>,
-    },
-}
-
-impl Typed {
-    /// The binary reply payload (protocol reference: §6.1 stats, §4.4 cluster metadata).
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        match self {
-            Typed::Stats(stats) => reply::stats(&mut out, stats),
-            Typed::ClusterMetadata { name, nodes } => reply::cluster_metadata(&mut out, name, nodes),
-        }
-        out
-    }
-}
+/// A reply: values for the transport to encode ([`Typed`]), or an Iggy status code with no
+/// body.
+pub type Reply = Result<Typed, u32>;
 
 /// What [`Server::handle`] produced.
 pub enum Handled {
     /// The reply is ready.
     Done(Reply),
-    /// The reply is ready as values ([`Typed`]).
-    Typed(Result<Typed, u32>),
     /// The reply is ready, built behind room for the shell's framing (polls).
     Prefixed(Result<PrefixedPayload, u32>),
     /// A validated send for the shell to complete with [`PreparedSend::complete`].
@@ -77,23 +58,58 @@ pub struct PrefixedPayload {
     /// [`ReadPart::Buffer`] range lies in `buffer[parts_start..]`.
     parts_start: usize,
     parts: Vec<ReadPart>,
+    /// What `buffer[PREFIX_BYTES..parts_start]` encodes.
+    head: PollHead,
+}
+
+/// The head of a poll reply as values: what HTTP renders and TCP sends as its 16 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PollHead {
+    pub partition_id: u32,
+    pub current_offset: u64,
+    pub messages_count: u32,
 }
 
 impl PrefixedPayload {
     /// Room for the 256-byte reply header and a 4-byte result section.
     pub const PREFIX_BYTES: usize = cairn_wire::frame::HEADER_SIZE + 4;
 
-    fn new() -> PrefixedPayload {
+    /// A poll reply with `head` encoded behind the prefix and no batches yet.
+    fn with_head(head: PollHead) -> PrefixedPayload {
+        let mut buffer = vec![0; Self::PREFIX_BYTES];
+        reply::poll_head(
+            &mut buffer,
+            head.partition_id,
+            head.current_offset,
+            head.messages_count,
+        );
         PrefixedPayload {
-            buffer: vec![0; Self::PREFIX_BYTES],
-            parts_start: Self::PREFIX_BYTES,
+            parts_start: buffer.len(),
+            buffer,
             parts: Vec::new(),
+            head,
         }
+    }
+
+    /// The head's values.
+    pub fn head(&self) -> PollHead {
+        self.head
+    }
+
+    /// Set the head's message count (values and encoded bytes alike).
+    fn set_messages_count(&mut self, messages_count: u32) {
+        self.head.messages_count = messages_count;
+        let count_at = Self::PREFIX_BYTES + 12;
+        self.buffer[count_at..count_at + 4].copy_from_slice(&messages_count.to_le_bytes());
     }
 
     /// The payload's length in bytes.
     pub fn payload_len(&self) -> usize {
-        self.parts_start - Self::PREFIX_BYTES + self.parts.iter().map(ReadPart::len).sum::<usize>()
+        self.parts_start - Self::PREFIX_BYTES + self.batches_len()
+    }
+
+    fn batches_len(&self) -> usize {
+        self.parts.iter().map(ReadPart::len).sum::<usize>()
     }
 
     /// The whole buffer (prefix first, for the shell to fill), where the parts start in it,
@@ -102,23 +118,23 @@ impl PrefixedPayload {
         (&mut self.buffer, self.parts_start, &self.parts)
     }
 
-    /// The payload as one buffer (file parts are read in).
-    pub fn into_payload(self) -> Result<Vec<u8>, cairn_storage::StorageError> {
-        let mut payload = self.buffer[Self::PREFIX_BYTES..self.parts_start].to_vec();
+    /// The stored batches after the head, as one buffer (file parts are read in).
+    pub fn into_batches(self) -> Result<Vec<u8>, cairn_storage::StorageError> {
+        let mut batches = Vec::with_capacity(self.batches_len());
         for part in &self.parts {
             match part {
-                ReadPart::Buffer(range) => payload.extend_from_slice(&self.buffer[range.clone()]),
+                ReadPart::Buffer(range) => batches.extend_from_slice(&self.buffer[range.clone()]),
                 ReadPart::File {
                     file,
                     position_bytes,
                     len,
                 } => {
-                    let at = payload.len();
-                    file.read_exact_at_into(*position_bytes, *len, &mut payload, at)?;
+                    let at = batches.len();
+                    file.read_exact_at_into(*position_bytes, *len, &mut batches, at)?;
                 }
             }
         }
-        Ok(payload)
+        Ok(batches)
     }
 }
 
@@ -142,17 +158,12 @@ impl PreparedSend {
         let batch_bytes = self.batch.len();
         let base_offset = writer::submit(queue, self.batch, self.received_at_us).await?;
         crate::stats::record_written(batch_bytes);
-        let mut out = Vec::new();
-        reply::send_confirmations(
-            &mut out,
-            &[reply::SendConfirmation {
-                stream_id: self.stream_id,
-                topic_id: self.topic_id,
-                partition_id: self.partition.id,
-                base_offset,
-            }],
-        );
-        Ok(out)
+        Ok(Typed::Sent(reply::SendConfirmation {
+            stream_id: self.stream_id,
+            topic_id: self.topic_id,
+            partition_id: self.partition.id,
+            base_offset,
+        }))
     }
 }
 
@@ -274,7 +285,7 @@ impl Server {
             return Handled::Done(Err(status));
         }
         match command {
-            Command::Ping => Handled::Done(Ok(Vec::new())),
+            Command::Ping => Handled::Done(Ok(Typed::Empty)),
             Command::LoginUser {
                 version,
                 username,
@@ -315,9 +326,6 @@ impl Server {
                 count,
                 auto_commit,
             )),
-            Command::GetClusterMetadata | Command::GetStats => {
-                Handled::Typed(self.typed(&command).ok_or(codes::ERROR))
-            }
             command => Handled::Done(self.handle_authenticated(session, command)),
         }
     }
@@ -326,38 +334,28 @@ impl Server {
         match command {
             Command::Logout => {
                 self.end_login(session);
-                Ok(Vec::new())
+                Ok(Typed::Empty)
             }
-            // Answered as values before this point (`Handled::Typed`).
-            Command::GetStats | Command::GetClusterMetadata => self
-                .typed(&command)
-                .map(|typed| typed.encode())
-                .ok_or(codes::ERROR),
-            Command::GetMe => {
-                let mut out = Vec::new();
-                reply::client_details(&mut out, &self.client_record(session));
-                Ok(out)
-            }
+            Command::GetStats => Ok(Typed::Stats(Box::new(self.stats()))),
+            Command::GetClusterMetadata => Ok(self.cluster_metadata()),
+            Command::GetMe => Ok(Typed::Client(Some(self.client_record(session)))),
             Command::GetStream { stream } => {
                 let catalog = self.read();
-                let mut out = Vec::new();
-                if let Ok(stream) = find_stream(&catalog, &stream) {
-                    stream_details(&mut out, &catalog, stream);
-                }
-                Ok(out)
+                let details = find_stream(&catalog, &stream)
+                    .ok()
+                    .map(|stream| stream_details(&catalog, stream));
+                Ok(Typed::Stream(details))
             }
             Command::GetStreams => {
                 let catalog = self.read();
-                let mut out = Vec::new();
-                for stream in catalog
+                let streams = catalog
                     .meta()
                     .streams
                     .values()
                     .filter(|s| self.may_read_stream(&catalog, session, s.id))
-                {
-                    reply::stream(&mut out, &stream_record(&catalog, stream));
-                }
-                Ok(out)
+                    .map(|stream| stream_record(&catalog, stream))
+                    .collect();
+                Ok(Typed::Streams(streams))
             }
             Command::CreateStream { name, options } => self.create_stream(name, &options),
             Command::UpdateStream {
@@ -370,30 +368,28 @@ impl Server {
                 let mut catalog = self.write();
                 let stream_id = find_stream(&catalog, &stream)?.id;
                 catalog.commit(&MetadataOp::UpdateStream { stream_id, name })?;
-                Ok(Vec::new())
+                Ok(Typed::Empty)
             }
             Command::DeleteStream { stream } => {
                 let mut catalog = self.write();
                 let stream_id = find_stream(&catalog, &stream)?.id;
                 catalog.commit(&MetadataOp::DeleteStream { stream_id })?;
-                Ok(Vec::new())
+                Ok(Typed::Empty)
             }
             Command::PurgeStream { stream } => self.purge(&stream, None),
             Command::GetTopic { stream, topic } => {
                 let catalog = self.read();
-                let mut out = Vec::new();
-                if let Ok(topic) = find_topic(&catalog, &stream, &topic) {
-                    topic_details(&mut out, &topic);
-                }
-                Ok(out)
+                let details = find_topic(&catalog, &stream, &topic)
+                    .ok()
+                    .map(|topic| topic_details(&topic));
+                Ok(Typed::Topic(details))
             }
             Command::GetTopics { stream } => {
                 let catalog = self.read();
                 let stream = find_stream(&catalog, &stream)?;
-                let topics: Vec<_> = catalog.topics_of(stream).map(|t| topic_record(&t)).collect();
-                let mut out = Vec::new();
-                reply::topics_list(&mut out, &topics);
-                Ok(out)
+                Ok(Typed::Topics(
+                    catalog.topics_of(stream).map(|t| topic_record(&t)).collect(),
+                ))
             }
             Command::CreateTopic {
                 stream,
@@ -411,7 +407,7 @@ impl Server {
                 let mut catalog = self.write();
                 let (stream_id, topic_id) = topic_ids(&catalog, &stream, &topic)?;
                 catalog.commit(&MetadataOp::DeleteTopic { stream_id, topic_id })?;
-                Ok(Vec::new())
+                Ok(Typed::Empty)
             }
             Command::PurgeTopic { stream, topic } => self.purge(&stream, Some(&topic)),
             Command::CreatePartitions {
@@ -428,7 +424,7 @@ impl Server {
                     count: partitions_count,
                     created_at_us,
                 })?;
-                Ok(Vec::new())
+                Ok(Typed::Empty)
             }
             Command::DeletePartitions {
                 stream,
@@ -442,7 +438,7 @@ impl Server {
                     topic_id,
                     count: partitions_count,
                 })?;
-                Ok(Vec::new())
+                Ok(Typed::Empty)
             }
             Command::DeleteSegments {
                 stream,
@@ -458,7 +454,7 @@ impl Server {
                     crate::retention::Selection::Oldest(count),
                     crate::retention::Reason::Request,
                 )?;
-                Ok(Vec::new())
+                Ok(Typed::Empty)
             }
             Command::FlushUnsavedBuffer {
                 stream,
@@ -472,7 +468,7 @@ impl Server {
                 let partition = self.partition(&stream, &topic, partition_id)?;
                 let mut state = lock(&partition.state);
                 match serving(&mut state)?.flush() {
-                    Ok(()) => Ok(Vec::new()),
+                    Ok(()) => Ok(Typed::Empty),
                     Err(FlushError::Stopped) => Err(writer::PARTITION_STOPPED_STATUS),
                 }
             }
@@ -488,11 +484,13 @@ impl Server {
                 &topic,
                 partition_id,
                 |owner, partition_id, data| {
-                    let mut out = Vec::new();
-                    if let Some(stored) = data.stored_offset(owner) {
-                        reply::consumer_offset(&mut out, partition_id, data.current_offset(), stored);
-                    }
-                    Ok(out)
+                    Ok(Typed::ConsumerOffset(data.stored_offset(owner).map(|stored| {
+                        ConsumerOffset {
+                            partition_id,
+                            current_offset: data.current_offset(),
+                            stored_offset: stored,
+                        }
+                    })))
                 },
             ),
             Command::StoreConsumerOffset {
@@ -509,7 +507,7 @@ impl Server {
                 partition_id,
                 |owner, _, data| {
                     data.store_offset(owner, offset)?;
-                    Ok(Vec::new())
+                    Ok(Typed::Empty)
                 },
             ),
             Command::DeleteConsumerOffset {
@@ -525,27 +523,28 @@ impl Server {
                 partition_id,
                 |owner, _, data| {
                     data.delete_offset(owner)?;
-                    Ok(Vec::new())
+                    Ok(Typed::Empty)
                 },
             ),
             Command::CreatePersonalAccessToken { name, expiry } => self.create_token(session, name, expiry),
             Command::GetPersonalAccessTokens => {
                 let catalog = self.read();
-                let mut out = Vec::new();
-                for token in catalog
+                let tokens = catalog
                     .meta()
                     .tokens
                     .iter()
                     .filter(|t| Some(t.user_id) == session.user_id)
-                {
-                    reply::pat_entry(&mut out, &token.name, token.expiry_at_us);
-                }
-                Ok(out)
+                    .map(|token| TokenEntry {
+                        name: token.name.clone(),
+                        expiry_at_us: token.expiry_at_us,
+                    })
+                    .collect();
+                Ok(Typed::Tokens(tokens))
             }
             Command::DeletePersonalAccessToken { name } => {
                 let user_id = session.user_id.ok_or(codes::UNAUTHENTICATED)?;
                 self.write().commit(&MetadataOp::DeleteToken { user_id, name })?;
-                Ok(Vec::new())
+                Ok(Typed::Empty)
             }
             Command::GetClient { client_id } => self.get_client(client_id),
             Command::GetClients => self.get_clients(),
@@ -574,20 +573,20 @@ impl Server {
             Command::GetConsumerGroup { stream, topic, group } => {
                 let catalog = self.read();
                 let topic = find_topic(&catalog, &stream, &topic)?;
-                let mut out = Vec::new();
-                if let Ok(group) = topic.doc.find_group(&group) {
-                    reply::group_details(&mut out, &group_record(&topic, group));
-                }
-                Ok(out)
+                let group = topic.doc.find_group(&group).ok();
+                Ok(Typed::Group(group.map(|group| group_record(&topic, group))))
             }
             Command::GetConsumerGroups { stream, topic } => {
                 let catalog = self.read();
                 let topic = find_topic(&catalog, &stream, &topic)?;
-                let mut out = Vec::new();
-                for group in &topic.doc.consumer_groups {
-                    reply::group(&mut out, &group_record(&topic, group));
-                }
-                Ok(out)
+                Ok(Typed::Groups(
+                    topic
+                        .doc
+                        .consumer_groups
+                        .iter()
+                        .map(|group| group_record(&topic, group))
+                        .collect(),
+                ))
             }
             Command::CreateConsumerGroup { stream, topic, name } => {
                 metadata::check_name(&name, codes::INVALID_CONSUMER_GROUP_NAME)?;
@@ -600,14 +599,14 @@ impl Server {
                         name,
                     })?
                     .outcome;
-                let mut out = Vec::new();
+                let mut created = None;
                 if let Outcome::Group { group_id, .. } = outcome
                     && let Some(topic) = catalog.topic(stream_id, topic_id)
                     && let Some(group) = topic.doc.consumer_groups.iter().find(|g| g.id == group_id)
                 {
-                    reply::group_details(&mut out, &group_record(&topic, group));
+                    created = Some(group_record(&topic, group));
                 }
-                Ok(out)
+                Ok(Typed::Group(created))
             }
             Command::DeleteConsumerGroup { stream, topic, group } => {
                 let mut catalog = self.write();
@@ -619,7 +618,7 @@ impl Server {
                     topic_id,
                     group_id,
                 })?;
-                Ok(Vec::new())
+                Ok(Typed::Empty)
             }
             Command::JoinConsumerGroup { stream, topic, group } => {
                 let catalog = self.read();
@@ -629,7 +628,7 @@ impl Server {
                     .entry(group_id)
                     .or_default()
                     .join(session.client_id);
-                Ok(Vec::new())
+                Ok(Typed::Empty)
             }
             Command::LeaveConsumerGroup { stream, topic, group } => {
                 let catalog = self.read();
@@ -639,7 +638,7 @@ impl Server {
                     .get_mut(&group_id)
                     .is_some_and(|m| m.leave(session.client_id));
                 if left {
-                    Ok(Vec::new())
+                    Ok(Typed::Empty)
                 } else {
                     Err(codes::CONSUMER_GROUP_MEMBER_NOT_FOUND)
                 }
@@ -649,14 +648,16 @@ impl Server {
                 let topic = find_topic(&catalog, &stream, &topic)?;
                 let group_id = topic.doc.find_group(&group)?.id;
                 let members = lock(topic.members);
-                let mut out = Vec::new();
+                let mut assignment = None;
                 if let Some(membership) = members.get(&group_id)
                     && let Some(index) = membership.position(session.client_id)
                 {
-                    let assigned = membership.assigned(index, topic.partitions_count());
-                    reply::group_sync(&mut out, membership.generation, &assigned);
+                    assignment = Some(GroupAssignment {
+                        generation: membership.generation,
+                        partitions: membership.assigned(index, topic.partitions_count()),
+                    });
                 }
-                Ok(out)
+                Ok(Typed::GroupAssignment(assignment))
             }
             // Snapshots and option descriptions arrive with a later issue.
             Command::GetSnapshot { .. } | Command::DescribeOptions { .. } => Err(codes::FEATURE_UNAVAILABLE),
@@ -723,14 +724,16 @@ impl Server {
         Ok(self.start_session(session, found.user_id))
     }
 
-    fn start_session(&self, session: &mut Session, user_id: u32) -> Vec<u8> {
+    fn start_session(&self, session: &mut Session, user_id: u32) -> Typed {
         session.user_id = Some(user_id);
         session.session_id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
         debug_assert!(session.session_id > 0);
         self.note_user(session);
-        let mut out = Vec::new();
-        reply::login_response(&mut out, user_id, session.session_id, SERVER_VERSION);
-        out
+        Typed::LoggedIn {
+            user_id,
+            session_id: session.session_id,
+            server_version: SERVER_VERSION,
+        }
     }
 
     fn create_token(&self, session: &Session, name: String, expiry: u64) -> Reply {
@@ -761,21 +764,10 @@ impl Server {
             token_hash,
             expiry_at_us,
         })?;
-        let mut out = Vec::new();
-        reply::pat_token(&mut out, &raw);
-        Ok(out)
+        Ok(Typed::Token(raw))
     }
 
     // ---- system ----
-
-    /// The replies that come as values ([`Typed`]); `None` for any other command.
-    fn typed(&self, command: &Command) -> Option<Typed> {
-        match command {
-            Command::GetStats => Some(Typed::Stats(Box::new(self.stats()))),
-            Command::GetClusterMetadata => Some(self.cluster_metadata()),
-            _ => None,
-        }
-    }
 
     fn cluster_metadata(&self) -> Typed {
         let node = reply::ClusterNode {
@@ -858,13 +850,15 @@ impl Server {
         let outcome = catalog
             .commit(&MetadataOp::CreateStream { name, created_at_us })?
             .outcome;
-        let mut out = Vec::new();
-        if let Outcome::Stream(id) = outcome
-            && let Some(stream) = catalog.meta().streams.get(&id)
-        {
-            stream_details(&mut out, &catalog, stream);
-        }
-        Ok(out)
+        let created = match outcome {
+            Outcome::Stream(id) => catalog
+                .meta()
+                .streams
+                .get(&id)
+                .map(|s| stream_details(&catalog, s)),
+            _ => None,
+        };
+        Ok(Typed::Stream(created))
     }
 
     fn create_topic(
@@ -891,13 +885,13 @@ impl Server {
                 settings,
             })?
             .outcome;
-        let mut out = Vec::new();
-        if let Outcome::Topic { stream_id, topic_id } = outcome
-            && let Some(topic) = catalog.topic(stream_id, topic_id)
-        {
-            topic_details(&mut out, &topic);
-        }
-        Ok(out)
+        let created = match outcome {
+            Outcome::Topic { stream_id, topic_id } => {
+                catalog.topic(stream_id, topic_id).map(|t| topic_details(&t))
+            }
+            _ => None,
+        };
+        Ok(Typed::Topic(created))
     }
 
     fn update_topic(
@@ -917,7 +911,7 @@ impl Server {
             name,
             settings,
         })?;
-        Ok(Vec::new())
+        Ok(Typed::Empty)
     }
 
     /// The prelude of the consumer-offset commands: resolve whose offset it is and the
@@ -1101,10 +1095,11 @@ impl Server {
                     None => {
                         // A member with no partitions: the empty head with partition u32::MAX
                         // makes the 0.11 client re-sync.
-                        let mut out = PrefixedPayload::new();
-                        reply::poll_head(&mut out.buffer, u32::MAX, 0, 0);
-                        out.parts_start = out.buffer.len();
-                        return Ok(out);
+                        return Ok(PrefixedPayload::with_head(PollHead {
+                            partition_id: u32::MAX,
+                            current_offset: 0,
+                            messages_count: 0,
+                        }));
                     }
                 }
             }
@@ -1114,10 +1109,11 @@ impl Server {
         let data = serving(&mut state)?;
         // The reply is built in one buffer: prefix, poll head (count patched below), then the
         // batches, read straight from the segment files behind the head.
-        let mut out = PrefixedPayload::new();
-        reply::poll_head(&mut out.buffer, partition.id, data.current_offset(), 0);
-        let batches_start = out.buffer.len();
-        out.parts_start = batches_start;
+        let mut out = PrefixedPayload::with_head(PollHead {
+            partition_id: partition.id,
+            current_offset: data.current_offset(),
+            messages_count: 0,
+        });
         let read = data.poll(
             &owner,
             strategy,
@@ -1130,8 +1126,8 @@ impl Server {
             crate::partition::refuse_for_damage(&mut state, &partition.dir, &damage, "a poll");
         }
         let read = read?;
-        crate::stats::record_read(out.payload_len() - (batches_start - PrefixedPayload::PREFIX_BYTES));
-        out.buffer[batches_start - 4..batches_start].copy_from_slice(&read.messages_count.to_le_bytes());
+        crate::stats::record_read(out.batches_len());
+        out.set_messages_count(read.messages_count);
         Ok(out)
     }
 }
@@ -1211,7 +1207,7 @@ impl Server {
             tracing::info!(partition_dir = %partition.dir.display(), purged_below = target, "purged partition");
             crate::faults::crash_point("purge-after-first-partition");
         }
-        Ok(Vec::new())
+        Ok(Typed::Empty)
     }
 }
 
@@ -1297,9 +1293,11 @@ fn stream_record(catalog: &Catalog, stream: &Stream) -> reply::StreamRecord {
     record
 }
 
-fn stream_details(out: &mut Vec<u8>, catalog: &Catalog, stream: &Stream) {
-    let topics: Vec<_> = catalog.topics_of(stream).map(|t| topic_record(&t)).collect();
-    reply::stream_details(out, &stream_record(catalog, stream), &topics);
+fn stream_details(catalog: &Catalog, stream: &Stream) -> Box<StreamDetails> {
+    Box::new(StreamDetails {
+        stream: stream_record(catalog, stream),
+        topics: catalog.topics_of(stream).map(|t| topic_record(&t)).collect(),
+    })
 }
 
 fn partition_record(partition: &catalog::Partition) -> reply::PartitionRecord {
@@ -1341,9 +1339,11 @@ fn topic_record(topic: &Topic<'_>) -> reply::TopicRecord {
     record
 }
 
-fn topic_details(out: &mut Vec<u8>, topic: &Topic<'_>) {
-    let partitions: Vec<_> = topic.partitions.iter().map(|p| partition_record(p)).collect();
-    reply::topic_details(out, &topic_record(topic), &partitions);
+fn topic_details(topic: &Topic<'_>) -> Box<TopicDetails> {
+    Box::new(TopicDetails {
+        topic: topic_record(topic),
+        partitions: topic.partitions.iter().map(|p| partition_record(p)).collect(),
+    })
 }
 
 /// Parse and check a topic's option block. `create` allows the create-only keys.

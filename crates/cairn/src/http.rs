@@ -3,11 +3,10 @@
 //! This layer only translates: a request (path, query, JSON) becomes the same
 //! [`cairn_wire::command::Command`] a binary client would send, it is applied through the same
 //! [`Server::handle`] on a blocking thread, a send is completed through the same
-//! [`handler::PreparedSend::complete`] (group commit), and the reply becomes JSON: a reply
-//! the handler gives as values ([`handler::Typed`]: stats, cluster metadata) is serialised
-//! as it is; the others' binary payloads are still parsed back here (issue 13, point 12:
-//! moving them to `Typed` one command at a time). Authentication, limits and durability are
-//! therefore enforced once, in the handler, for both transports.
+//! [`handler::PreparedSend::complete`] (group commit), and the reply, which the handler gives
+//! as values ([`handler::Typed`]; a poll's head as [`handler::PollHead`] with the stored
+//! batches behind it), becomes JSON. No binary reply is parsed back here. Authentication,
+//! limits and durability are therefore enforced once, in the handler, for both transports.
 //!
 //! HTTP has no connection-bound session, so a login mints a random bearer token mapped in
 //! memory to a [`Session`] (user id) with an expiry; every request runs with a copy of that
@@ -20,7 +19,7 @@
 mod admin;
 
 use crate::auth;
-use crate::handler::{self, Handled, Server, Session};
+use crate::handler::{self, Handled, Server, Session, Typed};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Query, State};
@@ -32,6 +31,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use cairn_wire::batch;
 use cairn_wire::codes;
 use cairn_wire::command::{ClientVersionInfo, Command};
+use cairn_wire::reply;
 use cairn_wire::types::{Consumer, Identifier, OptionEntry, Partitioning, PollingStrategy, value_kind};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -289,33 +289,50 @@ impl HttpState {
 
     /// Apply `command` through the one request path: `Server::handle` on a blocking thread
     /// and, for a send, the prepared send's completion (the partition writer's group commit).
-    async fn apply(&self, session: Session, command: Command) -> Result<(Vec<u8>, Session), ApiError> {
+    async fn apply(&self, session: Session, command: Command) -> Result<(Typed, Session), ApiError> {
         let (handled, session) = self.handled(session, command).await?;
         let reply = match handled {
             Handled::Done(reply) => reply,
-            Handled::Typed(reply) => reply.map(|typed| typed.encode()),
-            Handled::Prefixed(reply) => reply.and_then(|payload| {
-                payload.into_payload().map_err(|error| {
-                    tracing::error!(%error, "reading a poll's batches failed");
-                    codes::ERROR
-                })
-            }),
             Handled::Send(send) => send.complete().await,
+            // Polls go through `poll`.
+            Handled::Prefixed(_) => return Err(unexpected_reply()),
         };
         match reply {
-            Ok(payload) => Ok((payload, session)),
-            Err(code) => Err(ApiError::new(code, reason(&self.server, code))),
+            Ok(typed) => Ok((typed, session)),
+            Err(code) => Err(self.refused(code)),
         }
     }
 
-    async fn run(
+    fn refused(&self, code: u32) -> ApiError {
+        ApiError::new(code, reason(&self.server, code))
+    }
+
+    /// Run `command` in the session of the request's bearer token; the reply as values.
+    async fn run(&self, headers: &HeaderMap, peer: SocketAddr, command: Command) -> Result<Typed, ApiError> {
+        let session = self.session(headers, peer);
+        self.apply(session, command).await.map(|(typed, _)| typed)
+    }
+
+    /// Run a poll: the reply's head as values and the stored batches behind it.
+    async fn poll(
         &self,
         headers: &HeaderMap,
         peer: SocketAddr,
         command: Command,
-    ) -> Result<Vec<u8>, ApiError> {
+    ) -> Result<(handler::PollHead, Vec<u8>), ApiError> {
         let session = self.session(headers, peer);
-        self.apply(session, command).await.map(|(payload, _)| payload)
+        match self.handled(session, command).await?.0 {
+            Handled::Prefixed(Ok(payload)) => {
+                let head = payload.head();
+                let batches = payload.into_batches().map_err(|error| {
+                    tracing::error!(%error, "reading a poll's batches failed");
+                    ApiError::new(codes::ERROR, reason(&self.server, codes::ERROR))
+                })?;
+                Ok((head, batches))
+            }
+            Handled::Prefixed(Err(code)) | Handled::Done(Err(code)) => Err(self.refused(code)),
+            Handled::Done(Ok(_)) | Handled::Send(_) => Err(unexpected_reply()),
+        }
     }
 
     /// [`Server::handle`] on a blocking thread.
@@ -331,24 +348,6 @@ impl HttpState {
             tracing::error!(%error, "request handler panicked");
             ApiError::new(codes::ERROR, "internal error")
         })
-    }
-
-    /// A command whose reply comes as values ([`handler::Typed`]), turned into JSON by the
-    /// caller without parsing any bytes.
-    async fn run_typed(
-        &self,
-        headers: &HeaderMap,
-        peer: SocketAddr,
-        command: Command,
-    ) -> Result<handler::Typed, ApiError> {
-        let session = self.session(headers, peer);
-        match self.handled(session, command).await?.0 {
-            Handled::Typed(Ok(typed)) => Ok(typed),
-            Handled::Typed(Err(code)) | Handled::Done(Err(code)) => {
-                Err(ApiError::new(code, reason(&self.server, code)))
-            }
-            _ => Err(malformed_reply()),
-        }
     }
 }
 
@@ -392,9 +391,10 @@ fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
     }
 }
 
-fn malformed_reply() -> ApiError {
-    tracing::error!("a handler reply did not decode in the HTTP shell");
-    ApiError::new(codes::ERROR, "internal error: reply did not decode")
+/// The handler answered a command with a reply of another kind: a server bug, logged.
+fn unexpected_reply() -> ApiError {
+    tracing::error!("the handler's reply does not match the HTTP route's command");
+    ApiError::new(codes::ERROR, "internal error: unexpected reply kind")
 }
 
 type Peer = ConnectInfo<SocketAddr>;
@@ -533,44 +533,82 @@ struct PartitionJson {
     messages_count: u64,
 }
 
-async fn get_streams(State(state): State<Shared>, ConnectInfo(peer): Peer, headers: HeaderMap) -> ApiResult {
-    let payload = state.run(&headers, peer, Command::GetStreams).await?;
-    let mut cursor = Cursor::new(&payload);
-    let mut streams = Vec::new();
-    while !cursor.is_empty() {
-        streams.push(cursor.stream().ok_or_else(malformed_reply)?);
+impl StreamJson {
+    fn new(stream: reply::StreamRecord, topics: Option<Vec<reply::TopicRecord>>) -> StreamJson {
+        StreamJson {
+            id: stream.id,
+            created_at: stream.created_at,
+            name: stream.name,
+            size: stream.size_bytes,
+            messages_count: stream.messages_count,
+            topics_count: stream.topics_count,
+            topics: topics.map(|topics| topics.into_iter().map(|t| TopicJson::new(t, None)).collect()),
+        }
     }
+}
+
+impl TopicJson {
+    fn new(topic: reply::TopicRecord, partitions: Option<Vec<reply::PartitionRecord>>) -> TopicJson {
+        TopicJson {
+            id: topic.id,
+            created_at: topic.created_at,
+            name: topic.name,
+            size: topic.size_bytes,
+            message_expiry: topic.message_expiry,
+            compression_algorithm: match topic.compression {
+                2 => "gzip",
+                _ => "none",
+            },
+            max_topic_size: topic.max_topic_size,
+            messages_count: topic.messages_count,
+            partitions_count: topic.partitions_count,
+            partitions: partitions.map(|partitions| {
+                partitions
+                    .into_iter()
+                    .map(|p| PartitionJson {
+                        id: p.id,
+                        created_at: p.created_at,
+                        segments_count: p.segments_count,
+                        current_offset: p.current_offset,
+                        size: p.size_bytes,
+                        messages_count: p.messages_count,
+                    })
+                    .collect()
+            }),
+        }
+    }
+}
+
+async fn get_streams(State(state): State<Shared>, ConnectInfo(peer): Peer, headers: HeaderMap) -> ApiResult {
+    let Typed::Streams(streams) = state.run(&headers, peer, Command::GetStreams).await? else {
+        return Err(unexpected_reply());
+    };
+    let streams: Vec<StreamJson> = streams.into_iter().map(|s| StreamJson::new(s, None)).collect();
     Ok(json(StatusCode::OK, &streams))
 }
 
-/// StreamDetails from its binary form; an empty payload means "no such stream" (404).
-fn stream_details(payload: &[u8]) -> Result<StreamJson, ApiError> {
-    if payload.is_empty() {
-        return Err(ApiError::new(codes::RESOURCE_NOT_FOUND, "stream not found"));
+/// A stream with its topics; none means "no such stream" (404).
+fn stream_details(typed: Typed) -> Result<StreamJson, ApiError> {
+    match typed {
+        Typed::Stream(Some(details)) => {
+            let details = *details;
+            Ok(StreamJson::new(details.stream, Some(details.topics)))
+        }
+        Typed::Stream(None) => Err(ApiError::new(codes::RESOURCE_NOT_FOUND, "stream not found")),
+        _ => Err(unexpected_reply()),
     }
-    let mut cursor = Cursor::new(payload);
-    let mut stream = cursor.stream().ok_or_else(malformed_reply)?;
-    let mut topics = Vec::new();
-    for _ in 0..stream.topics_count {
-        topics.push(cursor.topic().ok_or_else(malformed_reply)?);
-    }
-    stream.topics = Some(topics);
-    Ok(stream)
 }
 
-/// TopicDetails from its binary form; an empty payload means "no such topic" (404).
-fn topic_details(payload: &[u8]) -> Result<TopicJson, ApiError> {
-    if payload.is_empty() {
-        return Err(ApiError::new(codes::RESOURCE_NOT_FOUND, "topic not found"));
+/// A topic with its partitions; none means "no such topic" (404).
+fn topic_details(typed: Typed) -> Result<TopicJson, ApiError> {
+    match typed {
+        Typed::Topic(Some(details)) => {
+            let details = *details;
+            Ok(TopicJson::new(details.topic, Some(details.partitions)))
+        }
+        Typed::Topic(None) => Err(ApiError::new(codes::RESOURCE_NOT_FOUND, "topic not found")),
+        _ => Err(unexpected_reply()),
     }
-    let mut cursor = Cursor::new(payload);
-    let mut topic = cursor.topic().ok_or_else(malformed_reply)?;
-    let mut partitions = Vec::new();
-    for _ in 0..topic.partitions_count {
-        partitions.push(cursor.partition().ok_or_else(malformed_reply)?);
-    }
-    topic.partitions = Some(partitions);
-    Ok(topic)
 }
 
 async fn get_stream(
@@ -582,8 +620,8 @@ async fn get_stream(
     let command = Command::GetStream {
         stream: identifier(&stream)?,
     };
-    let payload = state.run(&headers, peer, command).await?;
-    Ok(json(StatusCode::OK, &stream_details(&payload)?))
+    let typed = state.run(&headers, peer, command).await?;
+    Ok(json(StatusCode::OK, &stream_details(typed)?))
 }
 
 #[derive(Deserialize)]
@@ -602,8 +640,8 @@ async fn create_stream(
         name: body.name,
         options: Vec::new(),
     };
-    let payload = state.run(&headers, peer, command).await?;
-    Ok(json(StatusCode::CREATED, &stream_details(&payload)?))
+    let typed = state.run(&headers, peer, command).await?;
+    Ok(json(StatusCode::CREATED, &stream_details(typed)?))
 }
 
 async fn delete_stream(
@@ -628,15 +666,10 @@ async fn get_topics(
     let command = Command::GetTopics {
         stream: identifier(&stream)?,
     };
-    let payload = state.run(&headers, peer, command).await?;
-    let mut cursor = Cursor::new(&payload);
-    let mut topics = Vec::new();
-    if !cursor.is_empty() {
-        let count = cursor.u32().ok_or_else(malformed_reply)?;
-        for _ in 0..count {
-            topics.push(cursor.topic().ok_or_else(malformed_reply)?);
-        }
-    }
+    let Typed::Topics(topics) = state.run(&headers, peer, command).await? else {
+        return Err(unexpected_reply());
+    };
+    let topics: Vec<TopicJson> = topics.into_iter().map(|t| TopicJson::new(t, None)).collect();
     Ok(json(StatusCode::OK, &topics))
 }
 
@@ -650,8 +683,8 @@ async fn get_topic(
         stream: identifier(&stream)?,
         topic: identifier(&topic)?,
     };
-    let payload = state.run(&headers, peer, command).await?;
-    Ok(json(StatusCode::OK, &topic_details(&payload)?))
+    let typed = state.run(&headers, peer, command).await?;
+    Ok(json(StatusCode::OK, &topic_details(typed)?))
 }
 
 #[derive(Deserialize)]
@@ -720,8 +753,8 @@ async fn create_topic(
         options: topic_options(&body),
         name: body.name,
     };
-    let payload = state.run(&headers, peer, command).await?;
-    Ok(json(StatusCode::CREATED, &topic_details(&payload)?))
+    let typed = state.run(&headers, peer, command).await?;
+    Ok(json(StatusCode::CREATED, &topic_details(typed)?))
 }
 
 async fn delete_topic(
@@ -982,20 +1015,15 @@ async fn send_messages(
         messages_count,
         batch: batch.into(),
     };
-    let payload = state.run(&headers, peer, command).await?;
-    let mut cursor = Cursor::new(&payload);
-    let mut confirmations = Vec::new();
-    if !cursor.is_empty() {
-        let count = cursor.u32().ok_or_else(malformed_reply)?;
-        for _ in 0..count {
-            confirmations.push(ConfirmationJson {
-                stream_id: cursor.u32().ok_or_else(malformed_reply)?,
-                topic_id: cursor.u32().ok_or_else(malformed_reply)?,
-                partition_id: cursor.u32().ok_or_else(malformed_reply)?,
-                base_offset: cursor.u64().ok_or_else(malformed_reply)?,
-            });
-        }
-    }
+    let Typed::Sent(sent) = state.run(&headers, peer, command).await? else {
+        return Err(unexpected_reply());
+    };
+    let confirmations = vec![ConfirmationJson {
+        stream_id: sent.stream_id,
+        topic_id: sent.topic_id,
+        partition_id: sent.partition_id,
+        base_offset: sent.base_offset,
+    }];
     Ok(json(StatusCode::CREATED, &ConfirmationsJson { confirmations }))
 }
 
@@ -1083,12 +1111,13 @@ async fn poll_messages(
         count: query.count.unwrap_or(10),
         auto_commit: query.auto_commit.unwrap_or(false),
     };
-    let payload = state.run(&headers, peer, command).await?;
-    let mut cursor = Cursor::new(&payload);
-    let partition_id = cursor.u32().ok_or_else(malformed_reply)?;
-    let current_offset = cursor.u64().ok_or_else(malformed_reply)?;
-    let _count = cursor.u32().ok_or_else(malformed_reply)?;
-    let messages = batch::messages(cursor.rest()).ok_or_else(malformed_reply)?;
+    let (head, batches) = state.poll(&headers, peer, command).await?;
+    // The batches are stored data the handler verified when it read them; they are decoded
+    // into messages here because JSON lists messages, not batches.
+    let messages = batch::messages(&batches).ok_or_else(|| {
+        tracing::error!("a poll's stored batches did not decode in the HTTP shell");
+        ApiError::new(codes::ERROR, "internal error: stored batches did not decode")
+    })?;
     let messages: Vec<PolledMessageJson> = messages
         .iter()
         .map(|m| PolledMessageJson {
@@ -1107,8 +1136,8 @@ async fn poll_messages(
         })
         .collect();
     let polled = PolledJson {
-        partition_id,
-        current_offset,
+        partition_id: head.partition_id,
+        current_offset: head.current_offset,
         count: u32::try_from(messages.len()).unwrap_or(u32::MAX),
         messages,
     };
@@ -1154,18 +1183,19 @@ async fn get_consumer_offset(
         topic: identifier(&topic)?,
         partition_id: query.partition_id,
     };
-    let payload = state.run(&headers, peer, command).await?;
-    if payload.is_empty() {
+    let Typed::ConsumerOffset(offset) = state.run(&headers, peer, command).await? else {
+        return Err(unexpected_reply());
+    };
+    let Some(offset) = offset else {
         return Err(ApiError::new(
             codes::CONSUMER_OFFSET_NOT_FOUND,
             "no offset stored",
         ));
-    }
-    let mut cursor = Cursor::new(&payload);
+    };
     let offset = OffsetJson {
-        partition_id: cursor.u32().ok_or_else(malformed_reply)?,
-        current_offset: cursor.u64().ok_or_else(malformed_reply)?,
-        stored_offset: cursor.u64().ok_or_else(malformed_reply)?,
+        partition_id: offset.partition_id,
+        current_offset: offset.current_offset,
+        stored_offset: offset.stored_offset,
     };
     Ok(json(StatusCode::OK, &offset))
 }
@@ -1194,117 +1224,6 @@ async fn store_consumer_offset(
     };
     state.run(&headers, peer, command).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
-}
-
-// ---- reading binary reply payloads ----
-
-/// A bounds-checked reader over a reply payload from the handler.
-struct Cursor<'a> {
-    bytes: &'a [u8],
-}
-
-impl<'a> Cursor<'a> {
-    fn new(bytes: &'a [u8]) -> Cursor<'a> {
-        Cursor { bytes }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
-    }
-
-    fn rest(&self) -> &'a [u8] {
-        self.bytes
-    }
-
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        if self.bytes.len() < n {
-            return None;
-        }
-        let (head, rest) = self.bytes.split_at(n);
-        self.bytes = rest;
-        Some(head)
-    }
-
-    fn u8(&mut self) -> Option<u8> {
-        self.take(1).map(|b| b[0])
-    }
-
-    fn u32(&mut self) -> Option<u32> {
-        self.take(4)?.try_into().ok().map(u32::from_le_bytes)
-    }
-
-    fn u64(&mut self) -> Option<u64> {
-        self.take(8)?.try_into().ok().map(u64::from_le_bytes)
-    }
-
-    fn name(&mut self) -> Option<String> {
-        let len = self.u8()? as usize;
-        Some(String::from_utf8_lossy(self.take(len)?).into_owned())
-    }
-
-    fn skip_option_block(&mut self) -> Option<()> {
-        let len = self.u32()? as usize;
-        self.take(len).map(|_| ())
-    }
-
-    fn stream(&mut self) -> Option<StreamJson> {
-        let id = self.u32()?;
-        let created_at = self.u64()?;
-        let topics_count = self.u32()?;
-        let size = self.u64()?;
-        let messages_count = self.u64()?;
-        let name = self.name()?;
-        self.skip_option_block()?;
-        Some(StreamJson {
-            id,
-            created_at,
-            name,
-            size,
-            messages_count,
-            topics_count,
-            topics: None,
-        })
-    }
-
-    fn topic(&mut self) -> Option<TopicJson> {
-        let id = self.u32()?;
-        let created_at = self.u64()?;
-        let partitions_count = self.u32()?;
-        let message_expiry = self.u64()?;
-        let compression_algorithm = match self.u8()? {
-            2 => "gzip",
-            _ => "none",
-        };
-        let max_topic_size = self.u64()?;
-        let size = self.u64()?;
-        let messages_count = self.u64()?;
-        let name = self.name()?;
-        self.skip_option_block()?;
-        self.skip_option_block()?;
-        Some(TopicJson {
-            id,
-            created_at,
-            name,
-            size,
-            message_expiry,
-            compression_algorithm,
-            max_topic_size,
-            messages_count,
-            partitions_count,
-            partitions: None,
-        })
-    }
-
-    fn partition(&mut self) -> Option<PartitionJson> {
-        Some(PartitionJson {
-            id: self.u32()?,
-            created_at: self.u64()?,
-            segments_count: self.u32()?,
-            current_offset: self.u64()?,
-            size: self.u64()?,
-            messages_count: self.u64()?,
-        })
-    }
 }
 
 #[cfg(test)]

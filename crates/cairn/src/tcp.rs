@@ -197,14 +197,14 @@ impl Connection {
         self.session = Some(session);
         let reply = match handled {
             handler::Handled::Done(reply) => reply,
-            handler::Handled::Typed(reply) => reply.map(|typed| typed.encode()),
             handler::Handled::Prefixed(Ok(payload)) => {
                 self.write_ok_prefixed(&header, payload).await?;
                 return Ok(true);
             }
             handler::Handled::Prefixed(Err(status)) => Err(status),
             handler::Handled::Send(send) => send.complete().await,
-        };
+        }
+        .map(|typed| typed.encode());
         match reply {
             Ok(payload) => self.write_ok(&header, &payload).await?,
             Err(handler::INCOMPATIBLE_PROTOCOL_STATUS) => {

@@ -10,7 +10,7 @@
 //! on that session's next command: a deleted user's session is logged out (status 40), a
 //! deactivated user's session is refused with 47 (only Logout still works).
 
-use super::{Reply, Server, Session};
+use super::{Reply, Server, Session, Typed, UserDetails};
 use crate::auth::{self, User};
 use crate::catalog::Catalog;
 use crate::partition::lock;
@@ -118,20 +118,14 @@ impl Server {
 
     /// GetClient: ClientDetails, or empty (= none).
     pub(super) fn get_client(&self, client_id: u32) -> Reply {
-        let mut out = Vec::new();
-        if let Some(record) = self.client_records(Some(client_id)).first() {
-            reply::client_details(&mut out, record);
-        }
-        Ok(out)
+        Ok(Typed::Client(
+            self.client_records(Some(client_id)).into_iter().next(),
+        ))
     }
 
     /// GetClients: every live client, records back to back.
     pub(super) fn get_clients(&self) -> Reply {
-        let mut out = Vec::new();
-        for record in self.client_records(None) {
-            reply::client(&mut out, &record);
-        }
-        Ok(out)
+        Ok(Typed::Clients(self.client_records(None)))
     }
 
     // ---- the permission check ----
@@ -205,20 +199,14 @@ impl Server {
 
     pub(super) fn get_user(&self, user: &Identifier) -> Reply {
         let catalog = self.read();
-        let mut out = Vec::new();
-        if let Some(user) = catalog.meta().find_user(user) {
-            user_details(&mut out, user);
-        }
-        Ok(out)
+        Ok(Typed::User(catalog.meta().find_user(user).map(user_details)))
     }
 
     pub(super) fn get_users(&self) -> Reply {
         let catalog = self.read();
-        let mut out = Vec::new();
-        for user in &catalog.meta().users {
-            reply::user(&mut out, &user_record(user));
-        }
-        Ok(out)
+        Ok(Typed::Users(
+            catalog.meta().users.iter().map(user_record).collect(),
+        ))
     }
 
     pub(super) fn create_user(
@@ -245,14 +233,14 @@ impl Server {
                 created_at_us,
             })?
             .outcome;
-        let mut out = Vec::new();
+        let mut created = None;
         if let Outcome::User(id) = outcome
             && let Some(user) = catalog.meta().user(id)
         {
-            user_details(&mut out, user);
+            created = Some(user_details(user));
             tracing::info!(user_id = id, "user created");
         }
-        Ok(out)
+        Ok(Typed::User(created))
     }
 
     pub(super) fn update_user(
@@ -278,7 +266,7 @@ impl Server {
             username,
             status,
         })?;
-        Ok(Vec::new())
+        Ok(Typed::Empty)
     }
 
     /// Delete a user with its tokens and permissions. Nothing else is closed: other users'
@@ -293,7 +281,7 @@ impl Server {
             .id;
         catalog.commit(&MetadataOp::DeleteUser { user_id })?;
         tracing::info!(user_id, "user deleted with its personal access tokens");
-        Ok(Vec::new())
+        Ok(Typed::Empty)
     }
 
     /// Change a password. Changing one's own needs the current password (42 if wrong); a
@@ -323,7 +311,7 @@ impl Server {
             new_hash,
         })?;
         tracing::info!(user_id, "password changed");
-        Ok(Vec::new())
+        Ok(Typed::Empty)
     }
 
     pub(super) fn update_permissions(&self, user: &Identifier, permissions: Option<&Permissions>) -> Reply {
@@ -338,7 +326,7 @@ impl Server {
             user_id,
             permissions: permissions.map(PermissionsDoc::from_wire),
         })?;
-        Ok(Vec::new())
+        Ok(Typed::Empty)
     }
 }
 
@@ -370,13 +358,16 @@ fn user_record(user: &User) -> reply::UserRecord {
 }
 
 /// UserDetails; root reports every global permission (what it is allowed).
-fn user_details(out: &mut Vec<u8>, user: &User) {
+fn user_details(user: &User) -> Box<UserDetails> {
     let permissions = if user.id == auth::ROOT_USER_ID {
         Some(PermissionsDoc::root().to_wire())
     } else {
         user.permissions.as_ref().map(PermissionsDoc::to_wire)
     };
-    reply::user_details(out, &user_record(user), permissions.as_ref());
+    Box::new(UserDetails {
+        user: user_record(user),
+        permissions,
+    })
 }
 
 fn check_password(password: &str) -> Result<(), u32> {

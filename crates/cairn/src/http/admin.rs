@@ -4,13 +4,13 @@
 //!
 //! Same rule as the parent module: each route only translates the request into the
 //! [`Command`] a binary client would send, runs it through [`HttpState::run`], and turns the
-//! binary reply (§6.0, §6.1, §4.4) into the JSON the 0.11 SDK's `HttpClient` deserializes.
+//! handler's reply values ([`Typed`]) into the JSON the 0.11 SDK's `HttpClient` deserializes.
 //! Every number taken from a path or query is parsed as a `u32` here and refused with 400
 //! and a reason naming the parameter when it is not one; ranges are checked by the handler.
 
 use super::{
-    ApiError, ApiResult, CreateTopicBody, Cursor, Peer, Shared, consumer, identifier, json, malformed_reply,
-    parse_json, topic_options,
+    ApiError, ApiResult, CreateTopicBody, Peer, Shared, consumer, identifier, json, parse_json,
+    topic_options, unexpected_reply,
 };
 use crate::handler::Typed;
 use axum::Router;
@@ -362,60 +362,50 @@ struct GroupMemberJson {
     partitions: Vec<u32>,
 }
 
-impl Cursor<'_> {
-    /// Group record (§6.0): `[id u32][partitions_count u32][members_count u32][name Name]`.
-    fn group(&mut self) -> Option<GroupJson> {
-        let id = self.u32()?;
-        let partitions_count = self.u32()?;
-        let members_count = self.u32()?;
-        let name = self.name()?;
-        Some(GroupJson {
-            id,
-            name,
-            partitions_count,
-            members_count,
-        })
-    }
-
-    fn group_member(&mut self) -> Option<GroupMemberJson> {
-        let id = self.u32()?;
-        let partitions_count = self.u32()?;
-        // Counts come from the payload: grow as entries decode rather than pre-allocating.
-        let mut partitions = Vec::new();
-        for _ in 0..partitions_count {
-            partitions.push(self.u32()?);
+impl GroupJson {
+    fn new(group: &cairn_wire::reply::GroupRecord) -> GroupJson {
+        GroupJson {
+            id: group.id,
+            name: group.name.clone(),
+            partitions_count: group.partitions_count,
+            members_count: u32::try_from(group.members.len()).unwrap_or(u32::MAX),
         }
-        Some(GroupMemberJson {
-            id,
-            partitions_count,
-            partitions,
-        })
     }
 }
 
-/// GroupDetails from its binary form; an empty payload means "no such group" (404, which
-/// the SDK's `get_consumer_group` turns into `None`).
-fn group_details(payload: &[u8]) -> Result<GroupDetailsJson, ApiError> {
-    if payload.is_empty() {
-        return Err(ApiError::new(
-            codes::CONSUMER_GROUP_ID_NOT_FOUND,
-            "consumer group not found",
-        ));
-    }
-    let mut cursor = Cursor::new(payload);
-    let group = cursor.group().ok_or_else(malformed_reply)?;
-    let mut members = Vec::new();
-    for _ in 0..group.members_count {
-        members.push(cursor.group_member().ok_or_else(malformed_reply)?);
-    }
-    if !cursor.is_empty() {
-        return Err(malformed_reply());
-    }
+/// A group with its members; none means "no such group" (404, which the SDK's
+/// `get_consumer_group` turns into `None`).
+fn group_details(typed: Typed) -> Result<GroupDetailsJson, ApiError> {
+    let group = match typed {
+        Typed::Group(Some(group)) => group,
+        Typed::Group(None) => {
+            return Err(ApiError::new(
+                codes::CONSUMER_GROUP_ID_NOT_FOUND,
+                "consumer group not found",
+            ));
+        }
+        _ => return Err(unexpected_reply()),
+    };
+    let GroupJson {
+        id,
+        name,
+        partitions_count,
+        members_count,
+    } = GroupJson::new(&group);
+    let members = group
+        .members
+        .into_iter()
+        .map(|(id, partitions)| GroupMemberJson {
+            id,
+            partitions_count: u32::try_from(partitions.len()).unwrap_or(u32::MAX),
+            partitions,
+        })
+        .collect();
     Ok(GroupDetailsJson {
-        id: group.id,
-        name: group.name,
-        partitions_count: group.partitions_count,
-        members_count: group.members_count,
+        id,
+        name,
+        partitions_count,
+        members_count,
         members,
     })
 }
@@ -430,12 +420,10 @@ async fn get_consumer_groups(
         stream: identifier(&stream)?,
         topic: identifier(&topic)?,
     };
-    let payload = state.run(&headers, peer, command).await?;
-    let mut cursor = Cursor::new(&payload);
-    let mut groups = Vec::new();
-    while !cursor.is_empty() {
-        groups.push(cursor.group().ok_or_else(malformed_reply)?);
-    }
+    let Typed::Groups(groups) = state.run(&headers, peer, command).await? else {
+        return Err(unexpected_reply());
+    };
+    let groups: Vec<GroupJson> = groups.iter().map(GroupJson::new).collect();
     Ok(json(StatusCode::OK, &groups))
 }
 
@@ -450,8 +438,8 @@ async fn get_consumer_group(
         topic: identifier(&topic)?,
         group: identifier(&group)?,
     };
-    let payload = state.run(&headers, peer, command).await?;
-    Ok(json(StatusCode::OK, &group_details(&payload)?))
+    let typed = state.run(&headers, peer, command).await?;
+    Ok(json(StatusCode::OK, &group_details(typed)?))
 }
 
 #[derive(Deserialize)]
@@ -472,8 +460,8 @@ async fn create_consumer_group(
         topic: identifier(&topic)?,
         name: body.name,
     };
-    let payload = state.run(&headers, peer, command).await?;
-    Ok(json(StatusCode::CREATED, &group_details(&payload)?))
+    let typed = state.run(&headers, peer, command).await?;
+    Ok(json(StatusCode::CREATED, &group_details(typed)?))
 }
 
 async fn delete_consumer_group(
@@ -575,9 +563,9 @@ fn stats_json(s: cairn_wire::reply::Stats) -> StatsJson {
 }
 
 async fn get_stats(State(state): State<Shared>, ConnectInfo(peer): Peer, headers: HeaderMap) -> ApiResult {
-    match state.run_typed(&headers, peer, Command::GetStats).await? {
+    match state.run(&headers, peer, Command::GetStats).await? {
         Typed::Stats(stats) => Ok(json(StatusCode::OK, &stats_json(*stats))),
-        _ => Err(malformed_reply()),
+        _ => Err(unexpected_reply()),
     }
 }
 
@@ -651,15 +639,12 @@ async fn get_cluster_metadata(
     ConnectInfo(peer): Peer,
     headers: HeaderMap,
 ) -> ApiResult {
-    match state
-        .run_typed(&headers, peer, Command::GetClusterMetadata)
-        .await?
-    {
+    match state.run(&headers, peer, Command::GetClusterMetadata).await? {
         Typed::ClusterMetadata { name, nodes } => {
-            let metadata = cluster_metadata_json(name, nodes).ok_or_else(malformed_reply)?;
+            let metadata = cluster_metadata_json(name, nodes).ok_or_else(unexpected_reply)?;
             Ok(json(StatusCode::OK, &metadata))
         }
-        _ => Err(malformed_reply()),
+        _ => Err(unexpected_reply()),
     }
 }
 
@@ -683,7 +668,7 @@ mod tests {
     }
 
     #[test]
-    fn stats_decode_the_wire_encoding_and_refuse_truncation() {
+    fn stats_become_the_sdk_json() {
         let stats = cairn_wire::reply::Stats {
             process_id: 9,
             cpu_usage: f32::NAN,
@@ -703,20 +688,22 @@ mod tests {
     }
 
     #[test]
-    fn group_details_decode_members() {
+    fn group_details_list_members_and_none_is_not_found() {
         let record = cairn_wire::reply::GroupRecord {
             id: 3,
             partitions_count: 2,
             name: "g".to_string(),
             members: vec![(1, vec![0, 1])],
         };
-        let mut payload = Vec::new();
-        cairn_wire::reply::group_details(&mut payload, &record);
-        let Ok(details) = group_details(&payload) else {
-            panic!("group details do not decode");
+        let Ok(details) = group_details(Typed::Group(Some(record))) else {
+            panic!("group details are refused");
         };
         assert_eq!(details.members_count, 1);
+        assert_eq!(details.members[0].partitions_count, 2);
         assert_eq!(details.members[0].partitions, vec![0, 1]);
-        assert!(group_details(&[]).is_err());
+        let Err(not_found) = group_details(Typed::Group(None)) else {
+            panic!("a missing group is not refused");
+        };
+        assert_eq!(not_found.id, codes::CONSUMER_GROUP_ID_NOT_FOUND);
     }
 }

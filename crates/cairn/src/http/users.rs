@@ -1,10 +1,11 @@
 //! HTTP routes for users, personal access tokens and clients (the paths and JSON of the 0.11
 //! SDK's `HttpClient`). Like every route they only translate: each request becomes the
-//! `Command` a binary client would send, and the binary reply payload becomes JSON.
+//! `Command` a binary client would send, and the handler's reply values become JSON.
 
 use super::{
-    ApiError, ApiResult, Cursor, Peer, Shared, identifier, json, malformed_reply, parse_json, start_session,
+    ApiError, ApiResult, Peer, Shared, identifier, json, parse_json, start_session, unexpected_reply,
 };
+use crate::handler::{Typed, UserDetails};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, State};
@@ -99,86 +100,53 @@ struct TokenInfoJson {
     expiry_at: Option<u64>,
 }
 
-// ---- decoding reply payloads ----
+// ---- from the handler's values ----
 
-impl Cursor<'_> {
-    fn flag(&mut self) -> Option<bool> {
-        self.u8().map(|b| b != 0)
-    }
-
-    fn user(&mut self) -> Option<UserJson> {
-        let id = self.u32()?;
-        let created_at = self.u64()?;
-        let status = match self.u8()? {
-            1 => "active",
+fn user_json(user: cairn_wire::reply::UserRecord, permissions: Option<Option<PermissionsJson>>) -> UserJson {
+    UserJson {
+        id: user.id,
+        created_at: user.created_at,
+        status: match user.status {
             2 => "inactive",
-            _ => return None,
-        };
-        let username = self.name()?;
-        self.skip_option_block()?;
-        Some(UserJson {
-            id,
-            created_at,
-            status,
-            username,
-            permissions: None,
-        })
+            _ => "active",
+        },
+        username: user.username,
+        permissions,
     }
+}
 
-    /// `[1][len u32][Permissions]` or four zero bytes.
-    fn optional_permissions(&mut self) -> Option<Option<PermissionsJson>> {
-        if !self.flag()? {
-            return Some(None);
-        }
-        let len = self.u32()? as usize;
-        let permissions = Permissions::decode(self.take(len)?).ok()?;
-        Some(Some(PermissionsJson::from_wire(&permissions)))
+fn user_details_json(details: UserDetails) -> UserJson {
+    let permissions = details.permissions.as_ref().map(PermissionsJson::from_wire);
+    user_json(details.user, Some(permissions))
+}
+
+fn transport_name(transport: u8) -> &'static str {
+    match transport {
+        2 => "QUIC",
+        3 => "HTTP",
+        4 => "WebSocket",
+        _ => "TCP",
     }
+}
 
-    fn user_details(&mut self) -> Option<UserJson> {
-        let mut user = self.user()?;
-        user.permissions = Some(self.optional_permissions()?);
-        Some(user)
-    }
-
-    fn client(&mut self) -> Option<ClientJson> {
-        let client_id = self.u32()?;
-        let user_id = match self.u32()? {
-            u32::MAX => None,
-            id => Some(id),
-        };
-        let transport = match self.u8()? {
-            1 => "TCP",
-            2 => "QUIC",
-            3 => "HTTP",
-            4 => "WebSocket",
-            _ => return None,
-        };
-        let len = self.u32()? as usize;
-        let address = String::from_utf8_lossy(self.take(len)?).into_owned();
-        let consumer_groups_count = self.u32()?;
-        Some(ClientJson {
-            client_id,
-            user_id,
-            address,
-            transport,
-            consumer_groups_count,
-            consumer_groups: None,
-        })
-    }
-
-    fn client_details(&mut self) -> Option<ClientJson> {
-        let mut client = self.client()?;
-        let mut groups = Vec::new();
-        for _ in 0..client.consumer_groups_count {
-            groups.push(GroupRefJson {
-                stream_id: self.u32()?,
-                topic_id: self.u32()?,
-                group_id: self.u32()?,
-            });
-        }
-        client.consumer_groups = Some(groups);
-        Some(client)
+fn client_json(client: cairn_wire::reply::ClientRecord, with_groups: bool) -> ClientJson {
+    ClientJson {
+        client_id: client.client_id,
+        user_id: client.user_id,
+        address: client.address,
+        transport: transport_name(client.transport),
+        consumer_groups_count: u32::try_from(client.consumer_groups.len()).unwrap_or(u32::MAX),
+        consumer_groups: with_groups.then(|| {
+            client
+                .consumer_groups
+                .iter()
+                .map(|&(stream_id, topic_id, group_id)| GroupRefJson {
+                    stream_id,
+                    topic_id,
+                    group_id,
+                })
+                .collect()
+        }),
     }
 }
 
@@ -198,12 +166,10 @@ fn user_status(status: &str) -> Result<u8, ApiError> {
 // ---- users ----
 
 async fn get_users(State(state): State<Shared>, ConnectInfo(peer): Peer, headers: HeaderMap) -> ApiResult {
-    let payload = state.run(&headers, peer, Command::GetUsers).await?;
-    let mut cursor = Cursor::new(&payload);
-    let mut users = Vec::new();
-    while !cursor.is_empty() {
-        users.push(cursor.user().ok_or_else(malformed_reply)?);
-    }
+    let Typed::Users(users) = state.run(&headers, peer, Command::GetUsers).await? else {
+        return Err(unexpected_reply());
+    };
+    let users: Vec<UserJson> = users.into_iter().map(|user| user_json(user, None)).collect();
     Ok(json(StatusCode::OK, &users))
 }
 
@@ -216,12 +182,11 @@ async fn get_user(
     let command = Command::GetUser {
         user: identifier(&user)?,
     };
-    let payload = state.run(&headers, peer, command).await?;
-    if payload.is_empty() {
-        return Err(not_found("user"));
+    match state.run(&headers, peer, command).await? {
+        Typed::User(Some(details)) => Ok(json(StatusCode::OK, &user_details_json(*details))),
+        Typed::User(None) => Err(not_found("user")),
+        _ => Err(unexpected_reply()),
     }
-    let user = Cursor::new(&payload).user_details().ok_or_else(malformed_reply)?;
-    Ok(json(StatusCode::OK, &user))
 }
 
 #[derive(Deserialize)]
@@ -251,9 +216,10 @@ async fn create_user(
         status: user_status(&body.status)?,
         permissions: body.permissions.as_ref().map(PermissionsJson::to_wire),
     };
-    let payload = state.run(&headers, peer, command).await?;
-    let user = Cursor::new(&payload).user_details().ok_or_else(malformed_reply)?;
-    Ok(json(StatusCode::CREATED, &user))
+    let Typed::User(Some(details)) = state.run(&headers, peer, command).await? else {
+        return Err(unexpected_reply());
+    };
+    Ok(json(StatusCode::CREATED, &user_details_json(*details)))
 }
 
 #[derive(Deserialize)]
@@ -351,19 +317,19 @@ async fn delete_user(
 // ---- personal access tokens ----
 
 async fn get_tokens(State(state): State<Shared>, ConnectInfo(peer): Peer, headers: HeaderMap) -> ApiResult {
-    let payload = state
+    let Typed::Tokens(tokens) = state
         .run(&headers, peer, Command::GetPersonalAccessTokens)
-        .await?;
-    let mut cursor = Cursor::new(&payload);
-    let mut tokens = Vec::new();
-    while !cursor.is_empty() {
-        let name = cursor.name().ok_or_else(malformed_reply)?;
-        let expiry_at = cursor.u64().ok_or_else(malformed_reply)?;
-        tokens.push(TokenInfoJson {
-            name,
-            expiry_at: (expiry_at != 0).then_some(expiry_at),
-        });
-    }
+        .await?
+    else {
+        return Err(unexpected_reply());
+    };
+    let tokens: Vec<TokenInfoJson> = tokens
+        .into_iter()
+        .map(|token| TokenInfoJson {
+            name: token.name,
+            expiry_at: (token.expiry_at_us != 0).then_some(token.expiry_at_us),
+        })
+        .collect();
     Ok(json(StatusCode::OK, &tokens))
 }
 
@@ -390,8 +356,9 @@ async fn create_token(
         name: body.name,
         expiry: body.expiry,
     };
-    let payload = state.run(&headers, peer, command).await?;
-    let token = Cursor::new(&payload).name().ok_or_else(malformed_reply)?;
+    let Typed::Token(token) = state.run(&headers, peer, command).await? else {
+        return Err(unexpected_reply());
+    };
     Ok(json(StatusCode::CREATED, &RawTokenJson { token }))
 }
 
@@ -427,12 +394,10 @@ async fn login_with_token(State(state): State<Shared>, ConnectInfo(peer): Peer, 
 // ---- clients ----
 
 async fn get_clients(State(state): State<Shared>, ConnectInfo(peer): Peer, headers: HeaderMap) -> ApiResult {
-    let payload = state.run(&headers, peer, Command::GetClients).await?;
-    let mut cursor = Cursor::new(&payload);
-    let mut clients = Vec::new();
-    while !cursor.is_empty() {
-        clients.push(cursor.client().ok_or_else(malformed_reply)?);
-    }
+    let Typed::Clients(clients) = state.run(&headers, peer, Command::GetClients).await? else {
+        return Err(unexpected_reply());
+    };
+    let clients: Vec<ClientJson> = clients.into_iter().map(|c| client_json(c, false)).collect();
     Ok(json(StatusCode::OK, &clients))
 }
 
@@ -445,14 +410,12 @@ async fn get_client(
     let client_id: u32 = client
         .parse()
         .map_err(|_| ApiError::new(codes::INVALID_FORMAT, format!("invalid client id `{client}`")))?;
-    let payload = state
+    match state
         .run(&headers, peer, Command::GetClient { client_id })
-        .await?;
-    if payload.is_empty() {
-        return Err(not_found("client"));
+        .await?
+    {
+        Typed::Client(Some(client)) => Ok(json(StatusCode::OK, &client_json(client, true))),
+        Typed::Client(None) => Err(not_found("client")),
+        _ => Err(unexpected_reply()),
     }
-    let client = Cursor::new(&payload)
-        .client_details()
-        .ok_or_else(malformed_reply)?;
-    Ok(json(StatusCode::OK, &client))
 }
