@@ -810,13 +810,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     /// Replicate one request and return the state machine's reply to it. When this returns
     /// `Ok`, the op is durable and applied.
     pub fn submit(&mut self, operation: u8, body: &[u8]) -> Result<Vec<u8>, GroupError> {
-        self.submit_shared(operation, Arc::from(body))
-    }
-
-    /// [`LocalGroup::submit`] of a body already in the shared buffer a request carries (no
-    /// copy: a partition's append is megabytes).
-    pub fn submit_shared(&mut self, operation: u8, body: Arc<[u8]>) -> Result<Vec<u8>, GroupError> {
-        self.submit_batch(vec![(operation, body)])
+        self.submit_batch(1, |_| (operation, Arc::from(body)))
             .pop()
             .expect("one result per request")
     }
@@ -825,17 +819,32 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     /// and one barrier covers all of them. Each result is the state machine's reply (the op
     /// durable and applied) or why that request failed; a request whose op was durable before
     /// a later one's write failed still gets its reply.
-    pub fn submit_batch(&mut self, requests: Vec<(u8, Arc<[u8]>)>) -> Vec<Result<Vec<u8>, GroupError>> {
-        assert!(requests.len() <= LANES, "at most one request per lane");
+    ///
+    /// `request(lane)` builds lane `lane`'s operation and body (`lane < count`). The body is
+    /// handed to the replica, which may stamp it into the prepare in place (no copy of a
+    /// megabyte append), so it is built again for a lane whose session was evicted before its
+    /// request was prepared (never within one process) and that must send it once more.
+    pub fn submit_batch(
+        &mut self,
+        count: usize,
+        request: impl Fn(usize) -> (u8, Arc<[u8]>),
+    ) -> Vec<Result<Vec<u8>, GroupError>> {
+        assert!(count <= LANES, "at most one request per lane");
         debug_assert!(!self.files.read_only, "a read-only group takes no requests");
-        let mut results: Vec<Option<Result<Vec<u8>, GroupError>>> =
-            (0..requests.len()).map(|_| None).collect();
+        let mut requests: Vec<(u8, Option<Arc<[u8]>>)> = (0..count)
+            .map(|lane| {
+                let (operation, body) = request(lane);
+                (operation, Some(body))
+            })
+            .collect();
+        let mut results: Vec<Option<Result<Vec<u8>, GroupError>>> = (0..count).map(|_| None).collect();
         for (result, (_, body)) in results.iter_mut().zip(&requests) {
+            let len = body.as_ref().map_or(0, |body| body.len());
             if let Err(error) = self.check_not_stopped() {
                 *result = Some(Err(error));
-            } else if body.len() > J::SHAPE.body_size_max() {
+            } else if len > J::SHAPE.body_size_max() {
                 *result = Some(Err(GroupError::TooLarge {
-                    len: body.len(),
+                    len,
                     max: J::SHAPE.body_size_max(),
                 }));
             }
@@ -890,8 +899,10 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             let calls = ready
                 .iter()
                 .map(|&lane| {
-                    let (operation, body) = &requests[lane];
-                    (lane, self.request_on(lane, *operation, Arc::clone(body)))
+                    let (operation, body) = &mut requests[lane];
+                    // Handed over; a second attempt builds it again.
+                    let body = body.take().unwrap_or_else(|| request(lane).1);
+                    (lane, self.request_on(lane, *operation, body))
                 })
                 .collect();
             let (outcomes, reopened) = self.call_round(calls);
@@ -972,7 +983,8 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         header.request = lane.request;
         header.operation = operation;
         header.context = u128::from(lane.session);
-        Message::new(header, body)
+        // The request stays in this process: its body is not hashed (the prepare's is).
+        Message::in_memory(header, body)
     }
 
     /// Hand every request to the replica, then run it until each lane has its reply. A
@@ -980,8 +992,9 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     /// durable and applied), the others get the error; a write the journal undid then
     /// reopens the group ([`LocalGroup::after_failed_write`]).
     fn call_lanes(&mut self, calls: Vec<(usize, Message)>) -> Vec<Result<Message, GroupError>> {
-        for (lane, message) in &calls {
-            self.lanes[*lane].reply = None;
+        let lanes: Vec<usize> = calls.iter().map(|(lane, _)| *lane).collect();
+        for (lane, message) in calls {
+            self.lanes[lane].reply = None;
             self.replica.on_message(message);
         }
         let mut failure = None;
@@ -990,15 +1003,13 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 failure = Some(error);
                 break;
             }
-            if calls.iter().all(|(lane, _)| self.lanes[*lane].reply.is_some()) {
+            if lanes.iter().all(|&lane| self.lanes[lane].reply.is_some()) {
                 break;
             }
             self.replica.on_tick();
         }
-        let mut replies: Vec<Option<Message>> = calls
-            .iter()
-            .map(|(lane, _)| self.lanes[*lane].reply.take())
-            .collect();
+        let mut replies: Vec<Option<Message>> =
+            lanes.iter().map(|&lane| self.lanes[lane].reply.take()).collect();
         let error = match failure {
             Some(error) => self.after_failed_write(error),
             None if replies.iter().all(Option::is_some) => {
@@ -1103,7 +1114,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 return Err(error);
             }
             while let Some(message) = self.to_self.pop_front() {
-                self.replica.on_message(&message);
+                self.replica.on_message(message);
             }
         }
     }

@@ -496,6 +496,17 @@ impl GroupJournal for LogJournal {
 
 /// The bytes of the prepare an op's records hold (its header, then its body: for an append,
 /// rebuilt from the stamped batches), or nothing when they cannot make one.
+/// An append request in the buffer its prepare will be stamped in: allocated at its final
+/// size and written once, without zero-filling it first (a group of sends is megabytes).
+fn append_request(timestamp_us: u64, batches: &[&[u8]]) -> Arc<[u8]> {
+    let mut body = Arc::<[u8]>::new_uninit_slice(partition::append_len(batches));
+    let out = Arc::get_mut(&mut body).expect("a new buffer has one owner");
+    partition::encode_append_into(timestamp_us, batches, out);
+    // SAFETY: `encode_append_into` writes every byte of `out` (it asserts so before it
+    // returns, and a panic there never reaches this line), so the whole slice is initialised.
+    unsafe { body.assume_init() }
+}
+
 fn prepare_bytes(stored: StoredOp) -> Vec<u8> {
     if stored.batches.is_empty() {
         stored.op_payload
@@ -687,14 +698,10 @@ impl LocalGroup<PartitionMachine, LogJournal> {
 
     /// Replicate one op and return its reply, refusing once the machine has faulted.
     fn op(&mut self, operation: u8, body: &[u8]) -> Result<Vec<u8>, PartitionError> {
-        self.op_shared(operation, Arc::from(body))
-    }
-
-    fn op_shared(&mut self, operation: u8, body: Arc<[u8]>) -> Result<Vec<u8>, PartitionError> {
         if let Some(fault) = self.state_machine().fault() {
             return Err(PartitionError::Faulted(fault.to_string()));
         }
-        let reply = self.submit_shared(operation, body)?;
+        let reply = self.submit(operation, body)?;
         if let Some(fault) = self.state_machine().fault() {
             return Err(PartitionError::Faulted(fault.to_string()));
         }
@@ -751,16 +758,10 @@ impl LocalGroup<PartitionMachine, LogJournal> {
                 .map(|_| Err(PartitionError::Faulted(fault.clone())))
                 .collect();
         }
-        let requests = appends
-            .iter()
-            .map(|(timestamp_us, batches)| {
-                (
-                    OPERATION_APPEND,
-                    partition::encode_append_shared(*timestamp_us, batches),
-                )
-            })
-            .collect();
-        let replies = self.submit_batch(requests);
+        let replies = self.submit_batch(appends.len(), |index| {
+            let (timestamp_us, batches) = appends[index];
+            (OPERATION_APPEND, append_request(timestamp_us, batches))
+        });
         let fault = self.state_machine().fault().map(str::to_string);
         // An op applied before the one that faulted keeps its offsets; the faulted one and
         // every later one (which the machine refuses) report the fault.

@@ -46,6 +46,7 @@ use cairn_vsr::replica::StateMachine;
 use cairn_wire::batch::{self, BATCH_HEADER_SIZE};
 use cairn_wire::codes;
 use std::collections::BTreeMap;
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -165,26 +166,29 @@ impl PartitionMachine {
     }
 }
 
-/// [`encode_append`] straight into the shared buffer a request carries (one copy of the
-/// batches, no second one into an `Arc`).
-pub fn encode_append_shared(timestamp_us: u64, batches: &[&[u8]]) -> Arc<[u8]> {
+/// The length of [`encode_append`]'s body for `batches`.
+pub fn append_len(batches: &[&[u8]]) -> usize {
+    12 + batches.iter().map(|b| 4 + b.len()).sum::<usize>()
+}
+
+/// [`encode_append`] into `out`, which must be exactly [`append_len`] bytes long, without
+/// zero-filling it first (a shell builds a megabyte append request this way, once). Every
+/// byte of `out` is written: it asserts so before it returns, so the caller may then treat
+/// `out` as initialised.
+pub fn encode_append_into(timestamp_us: u64, batches: &[&[u8]], out: &mut [MaybeUninit<u8>]) {
     assert!(batches.len() <= APPEND_BATCHES_MAX);
-    let len = 12 + batches.iter().map(|b| 4 + b.len()).sum::<usize>();
-    // Allocated once at its final size (an exact-size iterator), then filled in place.
-    let mut body: Arc<[u8]> = std::iter::repeat_n(0u8, len).collect();
-    let filled = Arc::get_mut(&mut body).expect("a new buffer has one owner");
-    filled[..8].copy_from_slice(&timestamp_us.to_le_bytes());
-    filled[8..12].copy_from_slice(&(batches.len() as u32).to_le_bytes());
+    assert_eq!(out.len(), append_len(batches), "the buffer is the append's size");
+    out[..8].write_copy_of_slice(&timestamp_us.to_le_bytes());
+    out[8..12].write_copy_of_slice(&(batches.len() as u32).to_le_bytes());
     let mut at = 12;
     for batch in batches {
         let batch_len =
             u32::try_from(batch.len()).expect("a batch is bounded by limits.batch_bytes_max (u32)");
-        filled[at..at + 4].copy_from_slice(&batch_len.to_le_bytes());
-        filled[at + 4..at + 4 + batch.len()].copy_from_slice(batch);
+        out[at..at + 4].write_copy_of_slice(&batch_len.to_le_bytes());
+        out[at + 4..at + 4 + batch.len()].write_copy_of_slice(batch);
         at += 4 + batch.len();
     }
-    debug_assert_eq!(at, len);
-    body
+    assert_eq!(at, out.len(), "every byte of the buffer is written");
 }
 
 /// An append request: the batches of several sends, as the node's session layer validated
@@ -392,21 +396,21 @@ impl StateMachine for PartitionMachine {
         _op: u64,
         _timestamp: u64,
         operation: u8,
-        input: &Arc<[u8]>,
+        input: Arc<[u8]>,
         cursor: u128,
     ) -> (Arc<[u8]>, u128) {
         if operation == OPERATION_SKIP {
             // Minting continues from the target; apply moves the committed end the same way.
             let (next_offset, last_timestamp_us) = cursor_parts(cursor);
-            let next = skip_target(input).map_or(next_offset, |to| next_offset.max(to));
-            return (Arc::clone(input), self::cursor(next, last_timestamp_us));
+            let next = skip_target(&input).map_or(next_offset, |to| next_offset.max(to));
+            return (input, self::cursor(next, last_timestamp_us));
         }
         if operation != OPERATION_APPEND {
-            return (Arc::clone(input), cursor);
+            return (input, cursor);
         }
-        let Some(append) = decode_append(input) else {
+        let Some(append) = decode_append(&input) else {
             // Apply refuses it the same way on every replica; nothing is minted.
-            return (Arc::clone(input), cursor);
+            return (input, cursor);
         };
         let (next_offset, last_timestamp_us) = cursor_parts(cursor);
         let messages: u64 = append
@@ -416,28 +420,38 @@ impl StateMachine for PartitionMachine {
             .sum();
         if next_offset + messages > OFFSET_LIMIT {
             // Apply refuses it: nothing is minted.
-            return (Arc::clone(input), cursor);
+            return (input, cursor);
         }
         let timestamp_us = append.timestamp_us.max(last_timestamp_us);
         let partition_id = u64::from(self.partition_id);
-        // One copy of the request, stamped in place.
-        let mut shared: Arc<[u8]> = Arc::from(&input[..]);
-        let body = Arc::get_mut(&mut shared).expect("a new buffer has one owner");
-        body[..8].copy_from_slice(&timestamp_us.to_le_bytes());
+        // Every stamped header first (they are computed from the batches as received), then
+        // written over the request: in place when the request is this call's alone, else
+        // into one copy. Either way the bytes are the same.
+        let mut stamped_headers = Vec::with_capacity(append.batches.len());
         let mut at = 12;
         let mut next = next_offset;
         for (bytes, header) in &append.batches {
             at += 4;
             let Some(stamped) = batch::stamped_header(bytes, partition_id, next, timestamp_us) else {
                 // Unreachable: check_layout saw a whole header. Minting nothing is safe.
-                return (Arc::clone(input), cursor);
+                return (input, cursor);
             };
-            body[at..at + BATCH_HEADER_SIZE].copy_from_slice(&stamped);
+            stamped_headers.push((at, stamped));
             at += bytes.len();
             next += u64::from(header.message_count);
         }
-        debug_assert_eq!(at, body.len());
-        (shared, self::cursor(next, timestamp_us))
+        debug_assert_eq!(at, input.len());
+        drop(append);
+        let mut prepared = input;
+        if Arc::get_mut(&mut prepared).is_none() {
+            prepared = Arc::from(&prepared[..]);
+        }
+        let body = Arc::get_mut(&mut prepared).expect("a new buffer has one owner");
+        body[..8].copy_from_slice(&timestamp_us.to_le_bytes());
+        for (at, stamped) in stamped_headers {
+            body[at..at + BATCH_HEADER_SIZE].copy_from_slice(&stamped);
+        }
+        (prepared, self::cursor(next, timestamp_us))
     }
 
     fn apply(&mut self, op: u64, _timestamp: u64, operation: u8, input: &[u8]) -> Vec<u8> {
@@ -661,12 +675,28 @@ mod tests {
         batches: &[&[u8]],
     ) -> (Vec<u8>, u128) {
         let request: Arc<[u8]> = Arc::from(encode_append(now_us, batches));
-        let (prepared, cursor) = machine.prepare(op, 0, OPERATION_APPEND, &request, cursor);
+        let (prepared, cursor) = machine.prepare(op, 0, OPERATION_APPEND, request, cursor);
         (machine.apply(op, 0, OPERATION_APPEND, &prepared), cursor)
     }
 
     fn append(machine: &mut PartitionMachine, op: u64, cursor: u128, batches: &[&[u8]]) -> (Vec<u8>, u128) {
         append_at(machine, op, cursor, 1_000, batches)
+    }
+
+    #[test]
+    fn an_append_encoded_into_a_buffer_is_the_same_bytes() {
+        let (three, two) = (client_batch(3), client_batch(2));
+        let batches: [&[u8]; 2] = [&three, &two];
+        let mut out = vec![MaybeUninit::new(0xAA); append_len(&batches)];
+        encode_append_into(77, &batches, &mut out);
+        let written: Vec<u8> = out.iter().map(|byte| initialised(*byte)).collect();
+        assert_eq!(written, encode_append(77, &batches));
+    }
+
+    /// A byte the test initialised itself (0xAA) and the encoder then overwrote.
+    fn initialised(byte: MaybeUninit<u8>) -> u8 {
+        // SAFETY: every element of the buffer was initialised by `MaybeUninit::new` above.
+        unsafe { byte.assume_init() }
     }
 
     #[test]
@@ -683,13 +713,22 @@ mod tests {
         assert_eq!(machine.fault(), None);
         // The prepared body carries stamped batches: partition, base offset, timestamp.
         let request: Arc<[u8]> = Arc::from(encode_append(2_000, &[&two]));
-        let (prepared, _) = machine.prepare(3, 0, OPERATION_APPEND, &request, next);
+        let held = Arc::clone(&request);
+        let (prepared, _) = machine.prepare(3, 0, OPERATION_APPEND, request, next);
         let stamped = batch::header(&prepared[16..]).expect("a header");
         assert_eq!(
             (stamped.partition_id, stamped.base_offset, stamped.base_timestamp),
             (3, 7, 2_000)
         );
         assert_eq!(batch::compute_checksum(&prepared[16..]), stamped.batch_checksum);
+        // A request someone else still holds is left as it was: the prepare is a copy.
+        assert_eq!(&held[..], &encode_append(2_000, &[&two])[..]);
+        // One nobody else holds is stamped in place, to the same bytes.
+        let alone: Arc<[u8]> = Arc::from(encode_append(2_000, &[&two]));
+        let alone_at = alone.as_ptr();
+        let (in_place, _) = machine.prepare(3, 0, OPERATION_APPEND, alone, next);
+        assert_eq!(in_place.as_ptr(), alone_at, "stamped without a copy");
+        assert_eq!(&in_place[..], &prepared[..]);
     }
 
     #[test]
@@ -699,7 +738,7 @@ mod tests {
         let (_, next) = append(&mut machine, 1, 0, &[&two]);
         let skip = |machine: &mut PartitionMachine, op: u64, cursor: u128, to: u64| {
             let request: Arc<[u8]> = Arc::from(encode_skip(to));
-            let (prepared, cursor) = machine.prepare(op, 0, OPERATION_SKIP, &request, cursor);
+            let (prepared, cursor) = machine.prepare(op, 0, OPERATION_SKIP, request, cursor);
             (
                 reply_status(&machine.apply(op, 0, OPERATION_SKIP, &prepared)),
                 cursor,
@@ -771,7 +810,7 @@ mod tests {
             OPERATION_TRIM,
             99,
         ] {
-            let (prepared, cursor) = machine.prepare(1, 0, operation, &garbage, 4);
+            let (prepared, cursor) = machine.prepare(1, 0, operation, Arc::clone(&garbage), 4);
             assert_eq!((&prepared[..], cursor), (&garbage[..], 4), "nothing minted");
             assert_ne!(
                 reply_status(&machine.apply(1, 0, operation, &prepared)),
@@ -801,7 +840,7 @@ mod tests {
         let machine = PartitionMachine::new(0);
         let request: Arc<[u8]> = Arc::from(encode_append(1, &[&client_batch(3)]));
         let near_limit = cursor(OFFSET_LIMIT - 2, 0);
-        let (prepared, after) = machine.prepare(1, 0, OPERATION_APPEND, &request, near_limit);
+        let (prepared, after) = machine.prepare(1, 0, OPERATION_APPEND, Arc::clone(&request), near_limit);
         assert_eq!((&prepared[..], after), (&request[..], near_limit));
     }
 

@@ -87,12 +87,12 @@ impl<S: StateMachine> Node<S> {
     }
 
     /// A message from the network: a group's own message, or a node heartbeat batch.
-    pub fn on_message(&mut self, message: &Message) -> NodeOutputs {
+    pub fn on_message(&mut self, message: Message) -> NodeOutputs {
         if message.header.cluster != self.cluster {
             return NodeOutputs::default();
         }
         if message.header.command == Command::Heartbeats {
-            self.on_heartbeats(message);
+            self.on_heartbeats(&message);
         } else if let Some(replica) = self.groups.get_mut(&message.header.group) {
             replica.on_message(message);
         }
@@ -171,7 +171,7 @@ impl<S: StateMachine> Node<S> {
             commit.view = u32::from_le_bytes(entry[8..12].try_into().expect("4 bytes"));
             commit.commit = u64::from_le_bytes(entry[12..20].try_into().expect("8 bytes"));
             commit.context = u128::from_le_bytes(entry[20..36].try_into().expect("16 bytes"));
-            replica.on_message(&Message::new(commit, Arc::from(&[][..])));
+            replica.on_message(Message::new(commit, Arc::from(&[][..])));
         }
     }
 

@@ -41,18 +41,20 @@ pub trait StateMachine {
     /// cursor, and a new primary continues from the head of its log, never from its commit
     /// point: offsets of uncommitted ops it keeps are never minted again. The cursor's 16
     /// bytes are the machine's to define (a partition: next offset and last timestamp). The
-    /// body must fit the group's messages. The default keeps the request's body and the
-    /// cursor.
+    /// body must fit the group's messages. The request's body is handed over: when nothing
+    /// else holds it (`Arc::get_mut`), the machine may turn it into the prepare's body in
+    /// place rather than copy it; the bytes it returns must not depend on which it did. The
+    /// default keeps the request's body and the cursor.
     fn prepare(
         &self,
         op: u64,
         timestamp: u64,
         operation: u8,
-        input: &Arc<[u8]>,
+        input: Arc<[u8]>,
         cursor: u128,
     ) -> (Arc<[u8]>, u128) {
         let _ = (op, timestamp, operation);
-        (Arc::clone(input), cursor)
+        (input, cursor)
     }
 
     /// Apply committed op `op` (`operation`, `input`, prepared at `timestamp`); the reply body.
@@ -961,8 +963,9 @@ impl<S: StateMachine> Replica<S> {
         self.progress();
     }
 
-    /// A message from the network (any sender; the replica filters).
-    pub fn on_message(&mut self, message: &Message) {
+    /// A message from the network (any sender; the replica filters). It is handed over: a
+    /// request's body becomes its prepare's without a copy when nothing else holds it.
+    pub fn on_message(&mut self, message: Message) {
         let header = &message.header;
         if header.cluster != self.config.cluster || header.group != self.config.group {
             return;
@@ -982,12 +985,12 @@ impl<S: StateMachine> Replica<S> {
         }
         match header.command {
             Command::Request => self.on_request(message),
-            Command::Prepare => self.on_prepare(message),
+            Command::Prepare => self.on_prepare(&message),
             Command::PrepareOk => self.on_prepare_ok(header),
             Command::Commit => self.on_commit(header),
             Command::StartViewChange => self.on_start_view_change(header),
-            Command::DoViewChange => self.on_do_view_change(message),
-            Command::StartView => self.on_start_view(message),
+            Command::DoViewChange => self.on_do_view_change(&message),
+            Command::StartView => self.on_start_view(&message),
             Command::RequestStartView => self.on_request_start_view(header),
             Command::RecoveryResponse => self.on_recovery_response(header),
             Command::RequestPrepare => self.on_request_prepare(header),
@@ -1386,7 +1389,7 @@ impl<S: StateMachine> Replica<S> {
 
     // ----- normal operation -----
 
-    fn on_request(&mut self, message: &Message) {
+    fn on_request(&mut self, message: Message) {
         if self.status != Status::Normal || !self.is_primary() {
             return;
         }
@@ -1394,7 +1397,7 @@ impl<S: StateMachine> Replica<S> {
             // The client retries once the previous views' ops are committed here.
             return;
         }
-        let header = &message.header;
+        let header = message.header;
         let session = header.context as u64;
         let admission = if header.operation == OPERATION_REGISTER {
             self.client_table.admit_register(header.client)
@@ -1416,7 +1419,7 @@ impl<S: StateMachine> Replica<S> {
                     return;
                 }
                 Admission::SessionEvicted | Admission::NotRegistered => {
-                    self.send_session_evicted(header);
+                    self.send_session_evicted(&header);
                     return;
                 }
             }
@@ -1455,13 +1458,13 @@ impl<S: StateMachine> Replica<S> {
         };
         let body = if header.operation == OPERATION_REGISTER {
             prepare.cursor = cursor;
-            Arc::clone(&message.body)
+            message.body
         } else {
             let (body, cursor_after) = self.state_machine.prepare(
                 prepare.op,
                 prepare.timestamp,
                 prepare.operation,
-                &message.body,
+                message.body,
                 cursor,
             );
             assert!(

@@ -126,7 +126,7 @@ impl Cluster {
         }
         loop {
             while let Some((to, message)) = self.queue.pop_front() {
-                let outputs = self.nodes[usize::from(to)].on_message(&message);
+                let outputs = self.nodes[usize::from(to)].on_message(message.clone());
                 self.handle(to, outputs);
             }
             if !self.flush_durable() {

@@ -183,7 +183,7 @@ impl Cluster {
             match work {
                 Work::Deliver { to, message } => {
                     if !self.crashed[usize::from(to)] {
-                        self.replicas[usize::from(to)].on_message(&message);
+                        self.replicas[usize::from(to)].on_message(message.clone());
                     }
                 }
                 Work::Written {
@@ -270,7 +270,7 @@ impl Cluster {
         let message = Cluster::request_message(request, operation, session, body);
         for index in 0..self.replicas.len() {
             if !self.crashed[index] {
-                self.replicas[index].on_message(&message);
+                self.replicas[index].on_message(message.clone());
             }
         }
         self.settle();
@@ -361,7 +361,7 @@ fn normal_operation(replica_count: u8) {
     header.operation = 1;
     header.context = 77;
     let replies = cluster.replies.len();
-    cluster.replicas[0].on_message(&Message::new(header, Arc::from(&b"x"[..])));
+    cluster.replicas[0].on_message(Message::new(header, Arc::from(&b"x"[..])));
     cluster.settle();
     assert_eq!(
         cluster.replies.len(),
@@ -369,7 +369,7 @@ fn normal_operation(replica_count: u8) {
         "no answer from a primary that may be behind"
     );
     header.context = 5;
-    cluster.replicas[0].on_message(&Message::new(header, Arc::from(&b"x"[..])));
+    cluster.replicas[0].on_message(Message::new(header, Arc::from(&b"x"[..])));
     cluster.settle();
     assert_eq!(
         cluster.replies.last().expect("a reply").header.operation,
@@ -476,7 +476,7 @@ fn a_partitioned_old_primary_commits_nothing_and_rejoins() {
     cluster.request(1, 1, session, b"before");
     cluster.isolate(0);
     // The old primary still takes requests but can never reach a quorum.
-    cluster.replicas[0].on_message(&Cluster::request_message(2, 1, session, b"lost"));
+    cluster.replicas[0].on_message(Cluster::request_message(2, 1, session, b"lost"));
     cluster.tick(300);
     assert_eq!(
         cluster.replicas[0].commit_max(),

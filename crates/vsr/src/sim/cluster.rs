@@ -347,7 +347,7 @@ impl StateMachine for ChainMachine {
         _op: u64,
         _timestamp: u64,
         _operation: u8,
-        input: &Arc<[u8]>,
+        input: Arc<[u8]>,
         cursor: u128,
     ) -> (Arc<[u8]>, u128) {
         let count = 1 + (input.len() % 4) as u64;
@@ -355,7 +355,7 @@ impl StateMachine for ChainMachine {
         let cursor = cursor as u64;
         body.extend_from_slice(&cursor.to_le_bytes());
         body.extend_from_slice(&count.to_le_bytes());
-        body.extend_from_slice(input);
+        body.extend_from_slice(&input);
         (Arc::from(body), u128::from(cursor + count))
     }
 
@@ -1202,7 +1202,7 @@ impl<M: SimMachine> Sim<M> {
                 // A paused replica's messages are lost; a crashed one's socket is closed.
                 return Ok(());
             }
-            self.replicas[replica].on_message(&message);
+            self.replicas[replica].on_message(message);
             self.collect(replica);
             return Ok(());
         }
