@@ -408,6 +408,11 @@ impl Catalog {
                 self.unstage(&applied.effects, staged);
                 return Err(codes::INVALID_FORMAT);
             }
+            Err(error @ GroupError::NotTaken { .. }) => {
+                tracing::warn!(%error, op = ?op_name(op), "metadata change not taken by the metadata log; nothing of it was kept");
+                self.unstage(&applied.effects, staged);
+                return Err(codes::ERROR);
+            }
             Err(error) => {
                 // New partitions' files stay: if the entry did reach the disk, the next start
                 // applies it and they are its partitions; if not, they are orphans it removes.

@@ -144,8 +144,8 @@ pub struct PreparedSend {
     stream_id: u32,
     topic_id: u32,
     partition: Arc<catalog::Partition>,
-    /// The client's batch as received (a view of the request body, not a copy).
-    batch: bytes::Bytes,
+    /// The client's batch as received (in the request body's buffer, not a copy).
+    batch: batch::ReceivedBatch,
     received_at_us: u64,
 }
 
@@ -1051,7 +1051,7 @@ impl Server {
         topic: &Identifier,
         partitioning: &Partitioning,
         messages_count: u32,
-        batch: bytes::Bytes,
+        batch: batch::ReceivedBatch,
     ) -> Result<PreparedSend, u32> {
         batch::validate(&batch, messages_count, &self.limits).map_err(|e| e.status())?;
         let (stream_id, topic_id, partition) = {

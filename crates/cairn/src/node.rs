@@ -25,6 +25,7 @@
 //! one from its files, then ticks the replica until it has installed a view and applied every
 //! op its log holds.
 
+use bytes::Bytes;
 use cairn_storage::transfer::CheckpointId;
 use cairn_vsr::checkpoint::Checkpoint;
 use cairn_vsr::constants::{
@@ -32,7 +33,7 @@ use cairn_vsr::constants::{
 };
 use cairn_vsr::durable::{self, COPY_SIZE, COPY_SIZE_V1, Chosen, DurableState};
 use cairn_vsr::header::{Command, Header, Message};
-use cairn_vsr::journal::{SlotState, classify_slot, read_back, slot_of};
+use cairn_vsr::journal::{SlotState, classify_slot, plain_body, read_back, slot_of};
 use cairn_vsr::replica::{Bugs, Config, Destination, Output, Recovered, Replica, StateMachine, Status};
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -69,6 +70,9 @@ pub enum GroupError {
     Stopped { dir: PathBuf, reason: String },
     #[error("a request of {len} bytes exceeds the replicated log's limit of {max} bytes")]
     TooLarge { len: usize, max: usize },
+    /// The request was not taken (`reason`): nothing of it was written; later requests go on.
+    #[error("{}: the request was not taken ({reason}); nothing of it was stored", dir.display())]
+    NotTaken { dir: PathBuf, reason: String },
     /// Writing a prepare failed and the journal undid the write (no space left, say): the op
     /// was not taken, and the group restarted from its files, so later requests go on.
     #[error("{}: a write failed and was undone, the request was not taken: {reason}", dir.display())]
@@ -77,11 +81,16 @@ pub enum GroupError {
 
 impl GroupError {
     /// The same failure for another request of the same batch (the error is not `Clone`): an
-    /// undone write stays one (nothing was taken), a stop stays that stop, anything else
+    /// undone write or a request not taken stays one (nothing was taken), a stop stays that
+    /// stop, anything else
     /// becomes a stop of the group in `dir` saying what happened.
     pub fn like(&self, dir: &Path) -> GroupError {
         match self {
             GroupError::WriteUndone { dir, reason } => GroupError::WriteUndone {
+                dir: dir.clone(),
+                reason: reason.clone(),
+            },
+            GroupError::NotTaken { dir, reason } => GroupError::NotTaken {
                 dir: dir.clone(),
                 reason: reason.clone(),
             },
@@ -363,6 +372,9 @@ impl GroupJournal for RingJournal {
                 &header,
                 cluster,
                 group,
+                // The ring journal holds the metadata group, whose bodies carry the plain
+                // XXH3-128 (its machine keeps the default rule).
+                plain_body,
             ));
         }
         // Said up front: with no peer to repair them from, such slots keep the group down.
@@ -404,7 +416,7 @@ impl GroupJournal for RingJournal {
         let slot = slot_of(op, SHAPE.journal_slots);
         match self.read_prepare_slot(slot) {
             Ok(bytes) => {
-                let prepare = read_back(&bytes, op, checksum);
+                let prepare = read_back(&bytes, op, checksum, plain_body);
                 if prepare.is_none() {
                     tracing::error!(
                         dir = %self.dir.display(),
@@ -810,7 +822,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     /// Replicate one request and return the state machine's reply to it. When this returns
     /// `Ok`, the op is durable and applied.
     pub fn submit(&mut self, operation: u8, body: &[u8]) -> Result<Vec<u8>, GroupError> {
-        self.submit_batch(1, |_| (operation, Arc::from(body)))
+        self.submit_batch(vec![(operation, Bytes::copy_from_slice(body))])
             .pop()
             .expect("one result per request")
     }
@@ -820,115 +832,92 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     /// durable and applied) or why that request failed; a request whose op was durable before
     /// a later one's write failed still gets its reply.
     ///
-    /// `request(lane)` builds lane `lane`'s operation and body (`lane < count`). The body is
-    /// handed to the replica, which may stamp it into the prepare in place (no copy of a
-    /// megabyte append), so it is built again for a lane whose session was evicted before its
-    /// request was prepared (never within one process) and that must send it once more.
-    pub fn submit_batch(
-        &mut self,
-        count: usize,
-        request: impl Fn(usize) -> (u8, Arc<[u8]>),
-    ) -> Vec<Result<Vec<u8>, GroupError>> {
-        assert!(count <= LANES, "at most one request per lane");
+    /// Each body is handed to the replica, which may stamp it into the prepare in place (no
+    /// copy of a megabyte append). So a request is sent once: one whose lane's session was
+    /// evicted before it was prepared (never within one process: the core's client table
+    /// holds twice the lanes) fails as not taken, and the lane registers again next time.
+    pub fn submit_batch(&mut self, requests: Vec<(u8, Bytes)>) -> Vec<Result<Vec<u8>, GroupError>> {
+        assert!(requests.len() <= LANES, "at most one request per lane");
         debug_assert!(!self.files.read_only, "a read-only group takes no requests");
-        let mut requests: Vec<(u8, Option<Arc<[u8]>>)> = (0..count)
-            .map(|lane| {
-                let (operation, body) = request(lane);
-                (operation, Some(body))
-            })
-            .collect();
+        let count = requests.len();
         let mut results: Vec<Option<Result<Vec<u8>, GroupError>>> = (0..count).map(|_| None).collect();
         for (result, (_, body)) in results.iter_mut().zip(&requests) {
-            let len = body.as_ref().map_or(0, |body| body.len());
             if let Err(error) = self.check_not_stopped() {
                 *result = Some(Err(error));
-            } else if len > J::SHAPE.body_size_max() {
+            } else if body.len() > J::SHAPE.body_size_max() {
                 *result = Some(Err(GroupError::TooLarge {
-                    len,
+                    len: body.len(),
                     max: J::SHAPE.body_size_max(),
                 }));
             }
         }
-        // Every lane without a session registers first (all at once). An evicted session (only
-        // after the core's client table filled with other clients since: never within one
-        // process) registers again, once.
-        for _attempt in 0..2 {
-            if self.fail_rest_if_stopped(&mut results) {
-                break;
-            }
-            let unregistered: Vec<usize> = (0..requests.len())
-                .filter(|&lane| results[lane].is_none() && self.lanes[lane].session == 0)
-                .collect();
-            if !unregistered.is_empty() {
-                let calls = unregistered
-                    .iter()
-                    .map(|&lane| {
-                        (
-                            lane,
-                            self.request_on(lane, OPERATION_REGISTER, Arc::from(&[][..])),
-                        )
-                    })
-                    .collect();
-                let (outcomes, reopened) = self.call_round(calls);
-                for (lane, outcome) in unregistered.iter().zip(outcomes) {
-                    match outcome {
-                        // After a reopen the lanes are new: a session of the old group is
-                        // not theirs.
-                        Ok(reply) if !reopened => {
-                            debug_assert!(reply.header.op > 0);
-                            self.lanes[*lane].session = reply.header.op;
-                        }
-                        Ok(_) => {}
-                        Err(error) => results[*lane] = Some(Err(error)),
-                    }
-                }
-                if reopened {
-                    self.fail_rest_as_undone(&mut results);
-                    break;
-                }
-                if self.fail_rest_if_stopped(&mut results) {
-                    break;
-                }
-            }
-            let ready: Vec<usize> = (0..requests.len())
-                .filter(|&lane| results[lane].is_none() && self.lanes[lane].session != 0)
-                .collect();
-            if ready.is_empty() {
-                break;
-            }
-            let calls = ready
+        let mut requests: Vec<Option<(u8, Bytes)>> = requests.into_iter().map(Some).collect();
+        // Every lane without a session registers first (all at once).
+        let unregistered: Vec<usize> = (0..count)
+            .filter(|&lane| results[lane].is_none() && self.lanes[lane].session == 0)
+            .collect();
+        if !unregistered.is_empty() {
+            let calls = unregistered
                 .iter()
-                .map(|&lane| {
-                    let (operation, body) = &mut requests[lane];
-                    // Handed over; a second attempt builds it again.
-                    let body = body.take().unwrap_or_else(|| request(lane).1);
-                    (lane, self.request_on(lane, *operation, body))
-                })
+                .map(|&lane| (lane, self.request_on(lane, OPERATION_REGISTER, Bytes::new())))
                 .collect();
             let (outcomes, reopened) = self.call_round(calls);
-            for (lane, outcome) in ready.iter().zip(outcomes) {
+            for (lane, outcome) in unregistered.iter().zip(outcomes) {
                 match outcome {
-                    Ok(reply) if reply.header.operation == OPERATION_SESSION_EVICTED => {
-                        if !reopened {
-                            self.lanes[*lane].session = 0;
-                        }
+                    // After a reopen the lanes are new: a session of the old group is not
+                    // theirs.
+                    Ok(reply) if !reopened => {
+                        debug_assert!(reply.header.op > 0);
+                        self.lanes[*lane].session = reply.header.op;
                     }
-                    Ok(reply) => results[*lane] = Some(Ok(reply.body.to_vec())),
+                    Ok(_) => {}
                     Err(error) => results[*lane] = Some(Err(error)),
                 }
             }
             if reopened {
                 self.fail_rest_as_undone(&mut results);
-                break;
+            }
+        }
+        if !self.fail_rest_if_stopped(&mut results) {
+            let ready: Vec<usize> = (0..count)
+                .filter(|&lane| results[lane].is_none() && self.lanes[lane].session != 0)
+                .collect();
+            if !ready.is_empty() {
+                let calls = ready
+                    .iter()
+                    .map(|&lane| {
+                        let (operation, body) = requests[lane].take().expect("each request is sent once");
+                        (lane, self.request_on(lane, operation, body))
+                    })
+                    .collect();
+                let (outcomes, reopened) = self.call_round(calls);
+                for (lane, outcome) in ready.iter().zip(outcomes) {
+                    results[*lane] = Some(match outcome {
+                        Ok(reply) if reply.header.operation == OPERATION_SESSION_EVICTED => {
+                            if !reopened {
+                                self.lanes[*lane].session = 0;
+                            }
+                            Err(GroupError::NotTaken {
+                                dir: self.files.dir.clone(),
+                                reason: "its lane's session was evicted before it was prepared".into(),
+                            })
+                        }
+                        Ok(reply) => Ok(reply.body.to_vec()),
+                        Err(error) => Err(error),
+                    });
+                }
+                if reopened {
+                    self.fail_rest_as_undone(&mut results);
+                }
             }
         }
         results
             .into_iter()
             .map(|result| {
                 result.unwrap_or_else(|| {
-                    Err(GroupError::Stopped {
+                    Err(GroupError::NotTaken {
                         dir: self.files.dir.clone(),
-                        reason: "the lane's session was evicted twice in a row".into(),
+                        reason: "its lane got no session to send it on".into(),
                     })
                 })
             })
@@ -967,7 +956,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     }
 
     /// The next request of `lane` (a register restarts its request numbers).
-    fn request_on(&mut self, lane: usize, operation: u8, body: Arc<[u8]>) -> Message {
+    fn request_on(&mut self, lane: usize, operation: u8, body: Bytes) -> Message {
         let cluster = self.cluster;
         let group = self.replica.config().group;
         let lane = &mut self.lanes[lane];
@@ -1385,8 +1374,8 @@ mod tests {
             name: "retried".into(),
             created_at_us: 7,
         };
-        let body: Arc<[u8]> = Arc::from(op.encode());
-        let request = group.request_on(0, OPERATION_METADATA, Arc::clone(&body));
+        let body = Bytes::from(op.encode());
+        let request = group.request_on(0, OPERATION_METADATA, body.clone());
         let first = group.call_lanes(vec![(0, request.clone())]);
         let first = first.into_iter().next().expect("one").expect("applied");
         let (commit, streams) = (group.commit_op(), group.state_machine().clone());
@@ -1424,11 +1413,11 @@ mod tests {
         let batch = client_batch(2, 30, 1);
         let batches: Vec<&[u8]> = vec![&batch];
         let appends: Vec<(u64, &[&[u8]])> = (0..LANES as u64).map(|n| (100 + n, &batches[..])).collect();
-        assert!(group.append_batch(&appends).iter().all(Result::is_ok));
+        assert!(group.append_copies(&appends).iter().all(Result::is_ok));
         let before = group.log().fdatasyncs();
         let appends: Vec<(u64, &[&[u8]])> = (0..5).map(|n| (200 + n, &batches[..])).collect();
         let minted: Vec<u64> = group
-            .append_batch(&appends)
+            .append_copies(&appends)
             .into_iter()
             .map(|result| result.expect("appended")[0])
             .collect();

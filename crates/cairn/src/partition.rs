@@ -252,7 +252,10 @@ impl PartitionData {
 
     /// Several groups of sends, one op each, sharing one barrier (see
     /// `PartitionGroup::append_batch`).
-    pub fn append_batch(&mut self, appends: &[(u64, &[&[u8]])]) -> Vec<Result<Vec<u64>, PartitionError>> {
+    pub fn append_batch(
+        &mut self,
+        appends: Vec<crate::partition_group::Append>,
+    ) -> Vec<Result<Vec<u64>, PartitionError>> {
         self.group.append_batch(appends)
     }
 
@@ -479,8 +482,8 @@ impl PartitionData {
     fn op_status(&self, error: PartitionError, what: &str) -> u32 {
         match error {
             PartitionError::Status(status) => status,
-            PartitionError::Group(GroupError::WriteUndone { .. }) => {
-                tracing::warn!(partition_dir = %self.dir.display(), %error, "{what} failed and was undone: nothing of it was stored; the partition keeps serving");
+            PartitionError::Group(GroupError::WriteUndone { .. } | GroupError::NotTaken { .. }) => {
+                tracing::warn!(partition_dir = %self.dir.display(), %error, "{what} was not stored (the error says why): nothing of it was stored; the partition keeps serving");
                 WRITE_FAILED_STATUS
             }
             error => {

@@ -33,6 +33,7 @@
 //! The server runs every partition as such a group (`crate::partition::PartitionData`).
 
 use crate::node::{GroupError, GroupJournal, LocalGroup, NamedCheckpoint};
+use bytes::Bytes;
 use cairn_machine::partition::{self, OPERATION_APPEND, Owner, PartitionMachine};
 use cairn_storage::StorageError;
 use cairn_storage::check::{BootAction, Damage, LogSummary, PartitionReport};
@@ -43,8 +44,8 @@ use cairn_storage::record::Chain;
 use cairn_storage::transfer;
 use cairn_vsr::constants::{HEADER_SIZE, Shape};
 use cairn_vsr::header::{Command, Header, Message};
-use cairn_vsr::journal::{SlotState, read_back};
-use cairn_wire::batch;
+use cairn_vsr::journal::SlotState;
+use cairn_wire::batch::{self, ReceivedBatch};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -478,7 +479,7 @@ impl GroupJournal for LogJournal {
                 return None;
             }
         };
-        let prepare = read_back(&prepare_bytes(stored), op, checksum);
+        let prepare = verified_prepare(prepare_bytes(stored), op, checksum);
         if prepare.is_none() {
             tracing::error!(
                 dir = %self.dir.display(),
@@ -494,19 +495,61 @@ impl GroupJournal for LogJournal {
     }
 }
 
-/// The bytes of the prepare an op's records hold (its header, then its body: for an append,
-/// rebuilt from the stamped batches), or nothing when they cannot make one.
-/// An append request in the buffer its prepare will be stamped in: allocated at its final
-/// size and written once, without zero-filling it first (a group of sends is megabytes).
-fn append_request(timestamp_us: u64, batches: &[&[u8]]) -> Arc<[u8]> {
-    let mut body = Arc::<[u8]>::new_uninit_slice(partition::append_len(batches));
-    let out = Arc::get_mut(&mut body).expect("a new buffer has one owner");
-    partition::encode_append_into(timestamp_us, batches, out);
-    // SAFETY: `encode_append_into` writes every byte of `out` (it asserts so before it
-    // returns, and a panic there never reaches this line), so the whole slice is initialised.
-    unsafe { body.assume_init() }
+/// One append op's input: the batches of a group of sends (validated client batches) and
+/// the timestamp the op stamps them with.
+#[derive(Debug)]
+pub struct Append {
+    pub timestamp_us: u64,
+    pub batches: Vec<ReceivedBatch>,
 }
 
+/// An append request's body. A group of one send with room in front of its batch (a batch as
+/// the TCP shell received it) becomes the request in the buffer it arrived in: the request's
+/// prefix goes into that room and nothing is copied, so the prepare stamps the very bytes the
+/// client sent ([`cairn_vsr::replica::StateMachine::prepare`] stamps a buffer nothing else holds in place). Any
+/// other group is copied into one new buffer.
+fn append_request(append: Append) -> Bytes {
+    let Append {
+        timestamp_us,
+        mut batches,
+    } = append;
+    if batches.len() == 1 && batches[0].headroom() >= partition::APPEND_ONE_PREFIX_BYTES {
+        let batch = batches.pop().expect("one batch");
+        let batch_len = batch.len();
+        let (buffer, headroom) = batch.into_buffer();
+        match buffer.try_into_mut() {
+            Ok(mut owned) => {
+                let start = headroom - partition::APPEND_ONE_PREFIX_BYTES;
+                owned[start..headroom]
+                    .copy_from_slice(&partition::append_one_prefix(timestamp_us, batch_len));
+                return owned.freeze().slice(start..);
+            }
+            Err(shared) => {
+                return Bytes::from(partition::encode_append(timestamp_us, &[&shared[headroom..]]));
+            }
+        }
+    }
+    let batches: Vec<&[u8]> = batches.iter().map(|batch| &batch[..]).collect();
+    Bytes::from(partition::encode_append(timestamp_us, &batches))
+}
+
+/// The prepare `bytes` (from [`prepare_bytes`]) hold, if they are one whole prepare of op `op`
+/// with checksum `checksum` whose body verifies by the partition machine's rule
+/// ([`partition::body_verifies_over_records`]: an append's body checksum covers its batch headers,
+/// and the journal verified every batch's bytes against its record's checksum when it read
+/// them). The body is not copied.
+fn verified_prepare(bytes: Vec<u8>, op: u64, checksum: u128) -> Option<Message> {
+    let header = Header::decode(&bytes).ok()?;
+    if header.op != op || header.checksum != checksum || header.size as usize != bytes.len() {
+        return None;
+    }
+    let body = Bytes::from(bytes).slice(HEADER_SIZE..);
+    partition::body_verifies_over_records(header.operation, &body, header.checksum_body)
+        .then_some(Message { header, body })
+}
+
+/// The bytes of the prepare an op's records hold (its header, then its body: for an append,
+/// rebuilt from the stamped batches), or nothing when they cannot make one.
 fn prepare_bytes(stored: StoredOp) -> Vec<u8> {
     if stored.batches.is_empty() {
         stored.op_payload
@@ -532,7 +575,7 @@ pub(crate) fn prepare_from(stored: StoredOp) -> Result<Message, String> {
         .get(..HEADER_SIZE)
         .and_then(|bytes| Header::decode(bytes).ok())
         .ok_or_else(|| format!("op {op}'s record holds no prepare header"))?;
-    read_back(&prepare_bytes(stored), op, header.checksum)
+    verified_prepare(prepare_bytes(stored), op, header.checksum)
         .ok_or_else(|| format!("op {op}'s records do not make the prepare they name"))
 }
 
@@ -737,16 +780,39 @@ impl LocalGroup<PartitionMachine, LogJournal> {
     /// `timestamp_us`: the base offset each batch got, in order.
     #[cfg(test)]
     pub fn append(&mut self, timestamp_us: u64, batches: &[&[u8]]) -> Result<Vec<u64>, PartitionError> {
-        self.append_batch(&[(timestamp_us, batches)])
-            .pop()
-            .expect("one result per append")
+        let batches = batches
+            .iter()
+            .map(|batch| ReceivedBatch::from(batch.to_vec()))
+            .collect();
+        self.append_batch(vec![Append {
+            timestamp_us,
+            batches,
+        }])
+        .pop()
+        .expect("one result per append")
+    }
+
+    /// [`Self::append_batch`] of borrowed batches (copied): for tests.
+    #[cfg(test)]
+    pub fn append_copies(&mut self, appends: &[(u64, &[&[u8]])]) -> Vec<Result<Vec<u64>, PartitionError>> {
+        let appends = appends
+            .iter()
+            .map(|&(timestamp_us, batches)| Append {
+                timestamp_us,
+                batches: batches
+                    .iter()
+                    .map(|batch| ReceivedBatch::from(batch.to_vec()))
+                    .collect(),
+            })
+            .collect();
+        self.append_batch(appends)
     }
 
     /// Several appends (each a group of sends, stamped with its timestamp) as one op each, on
     /// the group's lanes (at most [`crate::node::LANES`]): prepared together, one barrier for
     /// all. Offsets follow the order given. Each result is as [`Self::append`]'s; an append
     /// whose op was durable before a later one's write failed keeps its offsets.
-    pub fn append_batch(&mut self, appends: &[(u64, &[&[u8]])]) -> Vec<Result<Vec<u64>, PartitionError>> {
+    pub fn append_batch(&mut self, appends: Vec<Append>) -> Vec<Result<Vec<u64>, PartitionError>> {
         // (After a reopen of the journal: the skip comes before anything is minted.)
         if let Err(error) = self.resume_minting() {
             return self.errors_like(error, appends.len());
@@ -758,10 +824,11 @@ impl LocalGroup<PartitionMachine, LogJournal> {
                 .map(|_| Err(PartitionError::Faulted(fault.clone())))
                 .collect();
         }
-        let replies = self.submit_batch(appends.len(), |index| {
-            let (timestamp_us, batches) = appends[index];
-            (OPERATION_APPEND, append_request(timestamp_us, batches))
-        });
+        let requests = appends
+            .into_iter()
+            .map(|append| (OPERATION_APPEND, append_request(append)))
+            .collect();
+        let replies = self.submit_batch(requests);
         let fault = self.state_machine().fault().map(str::to_string);
         // An op applied before the one that faulted keeps its offsets; the faulted one and
         // every later one (which the machine refuses) report the fault.
@@ -1352,12 +1419,12 @@ mod tests {
         let batches: Vec<&[u8]> = vec![&batch];
         // The lanes register first (their own writes).
         let appends: Vec<(u64, &[&[u8]])> = (0..4).map(|n| (100 + n, &batches[..])).collect();
-        assert!(group.append_batch(&appends).iter().all(Result::is_ok));
+        assert!(group.append_copies(&appends).iter().all(Result::is_ok));
         let next = group.next_offset();
         // The third op's write fails; the two before it are written.
         faults.log_writes_before_failing.store(2, Ordering::Relaxed);
         faults.log_writes_to_fail.store(1, Ordering::Relaxed);
-        let results = group.append_batch(&appends);
+        let results = group.append_copies(&appends);
         assert_eq!(
             results[0].as_ref().expect("durable before the failure"),
             &vec![next]
@@ -1375,7 +1442,7 @@ mod tests {
         assert_eq!(group.stopped_reason(), None);
         assert_eq!(group.next_offset(), next + 4);
         // It goes on where the taken ops ended, and everything taken survives a restart.
-        let after = group.append_batch(&appends[..1]);
+        let after = group.append_copies(&appends[..1]);
         assert_eq!(after[0].as_ref().expect("append"), &vec![next + 4]);
         let messages = poll_all(&group, 0).len();
         drop(group);
@@ -1437,6 +1504,74 @@ mod tests {
         assert_eq!(report.verdict(), Verdict::Damaged, "{report}");
     }
 
+    #[test]
+    fn a_lone_batch_with_room_in_front_becomes_the_request_in_its_own_buffer() {
+        let batch = client_batch(2, 40, 1);
+        let received = |headroom: usize| {
+            let mut frame = vec![0xEE; headroom];
+            frame.extend_from_slice(&batch);
+            ReceivedBatch::with_headroom(Bytes::from(frame), headroom)
+        };
+        let expected = partition::encode_append(7, &[&batch]);
+        // Alone in its buffer, with room: the prefix goes in front, nothing is copied.
+        let alone = received(20);
+        let batch_at = alone.as_ptr();
+        let request = append_request(Append {
+            timestamp_us: 7,
+            batches: vec![alone],
+        });
+        assert_eq!(&request[..], &expected[..]);
+        assert_eq!(
+            request[partition::APPEND_ONE_PREFIX_BYTES..].as_ptr(),
+            batch_at,
+            "not copied"
+        );
+        // As the TCP shell reads a frame (a `BytesMut`, frozen), through the machine's
+        // prepare: stamped where it arrived.
+        let mut read = bytes::BytesMut::with_capacity(20 + batch.len());
+        read.extend_from_slice(&[0xEE; 20]);
+        read.extend_from_slice(&batch);
+        let as_read = ReceivedBatch::with_headroom(read.freeze(), 20);
+        let batch_at = as_read.as_ptr();
+        let request = append_request(Append {
+            timestamp_us: 7,
+            batches: vec![as_read],
+        });
+        let machine = PartitionMachine::new(GROUP as u32);
+        let (prepared, _) =
+            cairn_vsr::replica::StateMachine::prepare(&machine, 1, 0, OPERATION_APPEND, request, 0);
+        assert_eq!(
+            prepared[partition::APPEND_ONE_PREFIX_BYTES..].as_ptr(),
+            batch_at,
+            "stamped in place"
+        );
+        let stamped = batch::header(&prepared[partition::APPEND_ONE_PREFIX_BYTES..]).expect("a header");
+        assert_eq!((stamped.base_offset, stamped.base_timestamp), (0, 7));
+        // Held elsewhere too, too little room, or two batches: copied, the same bytes.
+        let shared = received(20);
+        let (buffer, headroom) = shared.clone().into_buffer();
+        let held = ReceivedBatch::with_headroom(buffer, headroom);
+        let request = append_request(Append {
+            timestamp_us: 7,
+            batches: vec![held],
+        });
+        assert_eq!(&request[..], &expected[..]);
+        assert_ne!(
+            request[partition::APPEND_ONE_PREFIX_BYTES..].as_ptr(),
+            shared.as_ptr()
+        );
+        let request = append_request(Append {
+            timestamp_us: 7,
+            batches: vec![received(15)],
+        });
+        assert_eq!(&request[..], &expected[..]);
+        let request = append_request(Append {
+            timestamp_us: 7,
+            batches: vec![received(20), received(20)],
+        });
+        assert_eq!(&request[..], &partition::encode_append(7, &[&batch, &batch])[..]);
+    }
+
     /// An append prepare of op `op`, its batches stamped from `next_offset` as the primary's
     /// machine stamps them.
     fn append_prepare(op: u64, next_offset: u64, fill: u8) -> Message {
@@ -1453,7 +1588,7 @@ mod tests {
         header.op = op;
         header.view = 2;
         header.operation = OPERATION_APPEND;
-        Message::new(header, Arc::from(encode_append(timestamp_us, &parts)))
+        Message::new(header, Bytes::from(encode_append(timestamp_us, &parts)))
     }
 
     /// A view change replaced op 2 (an append) with another append: the rewrite cuts the

@@ -419,8 +419,15 @@ fn rebuild(
             partition::OPERATION_APPEND if stored_as_batches => {
                 let (timestamp_us, batches) = partition::append_parts(&message.body)
                     .ok_or_else(|| format!("op {op}'s append body does not decode"))?;
+                let append = crate::partition_group::Append {
+                    timestamp_us,
+                    batches: batches
+                        .iter()
+                        .map(|bytes| message.body.slice_ref(bytes).into())
+                        .collect(),
+                };
                 let offsets = group
-                    .append_batch(&[(timestamp_us, &batches)])
+                    .append_batch(vec![append])
                     .pop()
                     .ok_or("no reply to an append")?
                     .map_err(text)?;

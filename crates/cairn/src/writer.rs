@@ -41,7 +41,8 @@
 use crate::node::{GroupError, LANES};
 pub use crate::partition::{BARRIER_FAILED_STATUS, PARTITION_STOPPED_STATUS, WRITE_FAILED_STATUS};
 use crate::partition::{PartitionState, lock, serving};
-use crate::partition_group::PartitionError;
+use crate::partition_group::{Append, PartitionError};
+use cairn_wire::batch::ReceivedBatch;
 use cairn_wire::codes;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -325,7 +326,7 @@ impl CountersSnapshot {
 #[derive(Debug)]
 pub struct PendingSend {
     /// A validated client batch as received; the partition's op stamps it.
-    pub batch: bytes::Bytes,
+    pub batch: ReceivedBatch,
     /// When the server took the send in (the op's timestamp is its group's latest).
     pub received_at_us: u64,
     pub reply: oneshot::Sender<SendOutcome>,
@@ -395,7 +396,7 @@ impl WriterHandle {
 /// outcome. `None` means the writer is closed (clean stop in progress).
 pub async fn submit(
     queue: Option<mpsc::Sender<PendingSend>>,
-    batch: bytes::Bytes,
+    batch: ReceivedBatch,
     received_at_us: u64,
 ) -> SendOutcome {
     let Some(queue) = queue else {
@@ -482,41 +483,42 @@ async fn run(mut queue: mpsc::Receiver<PendingSend>, shared: Arc<WriterShared>) 
 fn commit_groups(shared: &WriterShared, groups: Vec<Vec<PendingSend>>) {
     assert!(!groups.is_empty() && groups.len() <= LANES);
     assert!(groups.iter().all(|group| !group.is_empty()));
+    // The batches go to the partition's op by value (the op may stamp a batch in the buffer
+    // it arrived in); the replies stay here.
+    let mut appends: Vec<Append> = Vec::with_capacity(groups.len());
+    let mut replies: Vec<Vec<oneshot::Sender<SendOutcome>>> = Vec::with_capacity(groups.len());
+    for group in groups {
+        let timestamp_us = group
+            .iter()
+            .map(|send| send.received_at_us)
+            .max()
+            .unwrap_or_default();
+        let (batches, group_replies) = group.into_iter().map(|send| (send.batch, send.reply)).unzip();
+        appends.push(Append {
+            timestamp_us,
+            batches,
+        });
+        replies.push(group_replies);
+    }
     let outcomes: Vec<Vec<SendOutcome>> = {
         let mut state = lock(&shared.state);
         match serving(&mut state) {
-            Err(status) => groups
+            Err(status) => replies
                 .iter()
                 .map(|group| vec![Err(status); group.len()])
                 .collect(),
             // Stopped earlier (logged then): refused without touching the log.
-            Ok(data) if data.stopped_reason().is_some() => groups
+            Ok(data) if data.stopped_reason().is_some() => replies
                 .iter()
                 .map(|group| vec![Err(PARTITION_STOPPED_STATUS); group.len()])
                 .collect(),
             Ok(data) => {
-                let batches: Vec<Vec<&[u8]>> = groups
-                    .iter()
-                    .map(|group| group.iter().map(|send| &send.batch[..]).collect())
-                    .collect();
-                let appends: Vec<(u64, &[&[u8]])> = groups
-                    .iter()
-                    .zip(&batches)
-                    .map(|(group, batches)| {
-                        let timestamp_us = group
-                            .iter()
-                            .map(|send| send.received_at_us)
-                            .max()
-                            .unwrap_or_default();
-                        (timestamp_us, &batches[..])
-                    })
-                    .collect();
                 let fdatasyncs_before = data.fdatasyncs();
                 let next_offset = data.purge_target();
                 let started = Instant::now();
-                let results = data.append_batch(&appends);
+                let results = data.append_batch(appends);
                 let latency = started.elapsed();
-                let acknowledged: usize = groups
+                let acknowledged: usize = replies
                     .iter()
                     .zip(&results)
                     .filter(|(group, result)| {
@@ -533,7 +535,7 @@ fn commit_groups(shared: &WriterShared, groups: Vec<Vec<PendingSend>>) {
                 }
                 let mut stop_cause: Option<String> = None;
                 let mut stopped_sends = 0usize;
-                let outcomes = groups
+                let outcomes = replies
                     .iter()
                     .zip(results)
                     .map(|(group, result)| {
@@ -565,11 +567,11 @@ fn commit_groups(shared: &WriterShared, groups: Vec<Vec<PendingSend>>) {
         }
     };
     // Completed after the lock is released, so woken submitters never wait on it.
-    for (group, outcomes) in groups.into_iter().zip(outcomes) {
+    for (group, outcomes) in replies.into_iter().zip(outcomes) {
         debug_assert_eq!(outcomes.len(), group.len());
-        for (send, outcome) in group.into_iter().zip(outcomes) {
+        for (reply, outcome) in group.into_iter().zip(outcomes) {
             // A submitter that went away (connection closed) just misses its reply.
-            let _ = send.reply.send(outcome);
+            let _ = reply.send(outcome);
         }
     }
 }
@@ -593,12 +595,14 @@ fn outcomes_of(
             );
             vec![Err(codes::ERROR); sends_count]
         }
-        Err(PartitionError::Group(error @ GroupError::WriteUndone { .. })) => {
+        Err(PartitionError::Group(
+            error @ (GroupError::WriteUndone { .. } | GroupError::NotTaken { .. }),
+        )) => {
             tracing::warn!(
                 partition_dir = %shared.dir.display(),
                 %error,
                 sends = sends_count,
-                "append failed and was undone: the sends were refused, nothing of them was stored; the partition keeps serving"
+                "append not stored (the error says why): the sends were refused, nothing of them was stored; the partition keeps serving"
             );
             vec![Err(WRITE_FAILED_STATUS); sends_count]
         }

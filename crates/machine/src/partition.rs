@@ -42,12 +42,11 @@
 //! `start_offset u64`, `purge_generation u64`, `last_timestamp_us u64`, `data_digest u128`,
 //! `count u32`, then `count` × (owner, `offset u64`) in owner order.
 
+use bytes::{Bytes, BytesMut};
 use cairn_vsr::replica::StateMachine;
 use cairn_wire::batch::{self, BATCH_HEADER_SIZE};
 use cairn_wire::codes;
 use std::collections::BTreeMap;
-use std::mem::MaybeUninit;
-use std::sync::Arc;
 use xxhash_rust::xxh3::Xxh3;
 
 /// Append batches (a group of sends: one prepare, one barrier, one acknowledgement round).
@@ -166,29 +165,19 @@ impl PartitionMachine {
     }
 }
 
-/// The length of [`encode_append`]'s body for `batches`.
-pub fn append_len(batches: &[&[u8]]) -> usize {
-    12 + batches.iter().map(|b| 4 + b.len()).sum::<usize>()
-}
+/// How many bytes an append request of exactly one batch puts in front of it.
+pub const APPEND_ONE_PREFIX_BYTES: usize = 16;
 
-/// [`encode_append`] into `out`, which must be exactly [`append_len`] bytes long, without
-/// zero-filling it first (a shell builds a megabyte append request this way, once). Every
-/// byte of `out` is written: it asserts so before it returns, so the caller may then treat
-/// `out` as initialised.
-pub fn encode_append_into(timestamp_us: u64, batches: &[&[u8]], out: &mut [MaybeUninit<u8>]) {
-    assert!(batches.len() <= APPEND_BATCHES_MAX);
-    assert_eq!(out.len(), append_len(batches), "the buffer is the append's size");
-    out[..8].write_copy_of_slice(&timestamp_us.to_le_bytes());
-    out[8..12].write_copy_of_slice(&(batches.len() as u32).to_le_bytes());
-    let mut at = 12;
-    for batch in batches {
-        let batch_len =
-            u32::try_from(batch.len()).expect("a batch is bounded by limits.batch_bytes_max (u32)");
-        out[at..at + 4].write_copy_of_slice(&batch_len.to_le_bytes());
-        out[at + 4..at + 4 + batch.len()].write_copy_of_slice(batch);
-        at += 4 + batch.len();
-    }
-    assert_eq!(at, out.len(), "every byte of the buffer is written");
+/// The bytes an append request of exactly one batch of `batch_len` bytes puts in front of it
+/// ([`encode_append`]'s layout): a shell with room in front of a received batch writes them
+/// there and hands the batch on without copying it.
+pub fn append_one_prefix(timestamp_us: u64, batch_len: usize) -> [u8; APPEND_ONE_PREFIX_BYTES] {
+    let batch_len = u32::try_from(batch_len).expect("a batch is bounded by limits.batch_bytes_max (u32)");
+    let mut prefix = [0u8; APPEND_ONE_PREFIX_BYTES];
+    prefix[..8].copy_from_slice(&timestamp_us.to_le_bytes());
+    prefix[8..12].copy_from_slice(&1u32.to_le_bytes());
+    prefix[12..].copy_from_slice(&batch_len.to_le_bytes());
+    prefix
 }
 
 /// An append request: the batches of several sends, as the node's session layer validated
@@ -361,6 +350,64 @@ pub fn append_parts(body: &[u8]) -> Option<(u64, Vec<&[u8]>)> {
     ))
 }
 
+/// What [`append_body_checksum`] hashes first, so its digest is never that of another rule.
+const APPEND_CHECKSUM_DOMAIN: &[u8; 16] = b"cairn-append-v1\0";
+
+/// The body checksum of an append prepare (`checksum_body`): XXH3-128 over a domain tag, the
+/// body's timestamp and batch count, and each batch's length and 256-byte header, not its
+/// messages. `None` when the body does not have that shape (such a prepare carries the plain
+/// XXH3-128 of its body).
+///
+/// Why the headers stand for the whole body: a batch header's `batch_checksum` covers the
+/// checksum of every message in it, and each message's checksum covers that message's bytes.
+/// On the primary the messages were verified against their checksums when the send was
+/// admitted (`cairn_wire::batch::validate`), so this costs no pass over them. Read back from
+/// a segment log, each batch's bytes are those written because its record's checksum
+/// verified; received from elsewhere, the messages must be verified against their checksums
+/// before the prepare is trusted.
+pub fn append_body_checksum(body: &[u8]) -> Option<u128> {
+    let batches = append_batch_slices(body)?;
+    let mut hasher = Xxh3::new();
+    hasher.update(APPEND_CHECKSUM_DOMAIN);
+    hasher.update(&body[..12]);
+    for batch in batches {
+        hasher.update(&(batch.len() as u32).to_le_bytes());
+        hasher.update(batch.get(..BATCH_HEADER_SIZE)?);
+    }
+    Some(hasher.digest128())
+}
+
+/// An append body's batches by its length fields only (no look inside them): the prefix,
+/// then exactly the batches it counts, each at least a header long, and nothing after them.
+fn append_batch_slices(body: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut reader = Reader::new(body);
+    let _timestamp_us = reader.u64()?;
+    let count = reader.u32()? as usize;
+    if count > APPEND_BATCHES_MAX || count > reader.bytes.len() / (4 + BATCH_HEADER_SIZE) {
+        return None;
+    }
+    let mut batches = Vec::with_capacity(count);
+    for _ in 0..count {
+        let len = reader.u32()? as usize;
+        let batch = reader.take(len)?;
+        if batch.len() < BATCH_HEADER_SIZE {
+            return None;
+        }
+        batches.push(batch);
+    }
+    reader.is_empty().then_some(batches)
+}
+
+/// [`StateMachine::body_verifies`] for a prepare read back from a segment log, whose batches'
+/// bytes the log already verified against their records' checksums: an append's derived
+/// checksum ([`append_body_checksum`]) is then checked without a second pass over the
+/// messages. Otherwise the plain XXH3-128 of the body (every other op, and appends prepared
+/// before the derived rule).
+pub fn body_verifies_over_records(operation: u8, body: &[u8], checksum_body: u128) -> bool {
+    (operation == OPERATION_APPEND && append_body_checksum(body) == Some(checksum_body))
+        || xxhash_rust::xxh3::xxh3_128(body) == checksum_body
+}
+
 fn decode_append(body: &[u8]) -> Option<Append<'_>> {
     let mut reader = Reader::new(body);
     let timestamp_us = reader.u64()?;
@@ -391,14 +438,25 @@ fn status_reply(status: u32) -> Vec<u8> {
 }
 
 impl StateMachine for PartitionMachine {
-    fn prepare(
-        &self,
-        _op: u64,
-        _timestamp: u64,
-        operation: u8,
-        input: Arc<[u8]>,
-        cursor: u128,
-    ) -> (Arc<[u8]>, u128) {
+    /// An append's is derived from its batch headers ([`append_body_checksum`]).
+    fn body_checksum(&self, operation: u8, body: &[u8]) -> u128 {
+        match operation {
+            OPERATION_APPEND => append_body_checksum(body),
+            _ => None,
+        }
+        .unwrap_or_else(|| xxhash_rust::xxh3::xxh3_128(body))
+    }
+
+    /// An append's derived checksum holds and every batch's messages verify against their
+    /// checksums (which the derived checksum covers); or the plain XXH3-128 of the body.
+    fn body_verifies(operation: u8, body: &[u8], checksum_body: u128) -> bool {
+        let derived = operation == OPERATION_APPEND
+            && append_body_checksum(body) == Some(checksum_body)
+            && append_batch_slices(body).is_some_and(|batches| batches.into_iter().all(batch::frames_verify));
+        derived || xxhash_rust::xxh3::xxh3_128(body) == checksum_body
+    }
+
+    fn prepare(&self, _op: u64, _timestamp: u64, operation: u8, input: Bytes, cursor: u128) -> (Bytes, u128) {
         if operation == OPERATION_SKIP {
             // Minting continues from the target; apply moves the committed end the same way.
             let (next_offset, last_timestamp_us) = cursor_parts(cursor);
@@ -442,16 +500,14 @@ impl StateMachine for PartitionMachine {
         }
         debug_assert_eq!(at, input.len());
         drop(append);
-        let mut prepared = input;
-        if Arc::get_mut(&mut prepared).is_none() {
-            prepared = Arc::from(&prepared[..]);
-        }
-        let body = Arc::get_mut(&mut prepared).expect("a new buffer has one owner");
+        let mut body = input
+            .try_into_mut()
+            .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
         body[..8].copy_from_slice(&timestamp_us.to_le_bytes());
         for (at, stamped) in stamped_headers {
             body[at..at + BATCH_HEADER_SIZE].copy_from_slice(&stamped);
         }
-        (prepared, self::cursor(next, timestamp_us))
+        (body.freeze(), self::cursor(next, timestamp_us))
     }
 
     fn apply(&mut self, op: u64, _timestamp: u64, operation: u8, input: &[u8]) -> Vec<u8> {
@@ -674,7 +730,7 @@ mod tests {
         now_us: u64,
         batches: &[&[u8]],
     ) -> (Vec<u8>, u128) {
-        let request: Arc<[u8]> = Arc::from(encode_append(now_us, batches));
+        let request = Bytes::from(encode_append(now_us, batches));
         let (prepared, cursor) = machine.prepare(op, 0, OPERATION_APPEND, request, cursor);
         (machine.apply(op, 0, OPERATION_APPEND, &prepared), cursor)
     }
@@ -684,19 +740,61 @@ mod tests {
     }
 
     #[test]
-    fn an_append_encoded_into_a_buffer_is_the_same_bytes() {
+    fn an_append_prepare_carries_a_checksum_of_its_batch_headers() {
+        let machine = PartitionMachine::new(3);
         let (three, two) = (client_batch(3), client_batch(2));
-        let batches: [&[u8]; 2] = [&three, &two];
-        let mut out = vec![MaybeUninit::new(0xAA); append_len(&batches)];
-        encode_append_into(77, &batches, &mut out);
-        let written: Vec<u8> = out.iter().map(|byte| initialised(*byte)).collect();
-        assert_eq!(written, encode_append(77, &batches));
+        let request = Bytes::from(encode_append(1_000, &[&three, &two]));
+        let (prepared, _) = machine.prepare(1, 0, OPERATION_APPEND, request, 0);
+        let checksum = machine.body_checksum(OPERATION_APPEND, &prepared);
+        assert_eq!(Some(checksum), append_body_checksum(&prepared));
+        assert_ne!(checksum, xxhash_rust::xxh3::xxh3_128(&prepared));
+        assert!(PartitionMachine::body_verifies(
+            OPERATION_APPEND,
+            &prepared,
+            checksum
+        ));
+        assert!(body_verifies_over_records(OPERATION_APPEND, &prepared, checksum));
+        // Checking every byte: a flipped message byte, prefix byte or header byte is caught.
+        for at in [prepared.len() - 1, 3, 16 + 30] {
+            let mut flipped = prepared.to_vec();
+            flipped[at] ^= 1;
+            assert!(
+                !PartitionMachine::body_verifies(OPERATION_APPEND, &flipped, checksum),
+                "byte {at}"
+            );
+        }
+        // Other ops, and appends sealed before the derived rule: the plain XXH3-128.
+        let plain = xxhash_rust::xxh3::xxh3_128(&prepared);
+        assert!(PartitionMachine::body_verifies(
+            OPERATION_APPEND,
+            &prepared,
+            plain
+        ));
+        assert!(body_verifies_over_records(OPERATION_APPEND, &prepared, plain));
+        let trim = encode_trim(5);
+        let trim_checksum = machine.body_checksum(OPERATION_TRIM, &trim);
+        assert_eq!(trim_checksum, xxhash_rust::xxh3::xxh3_128(&trim));
+        assert!(PartitionMachine::body_verifies(
+            OPERATION_TRIM,
+            &trim,
+            trim_checksum
+        ));
+        // A body the lengths do not describe gets the plain checksum.
+        let mut cut = prepared.to_vec();
+        cut.pop();
+        assert_eq!(append_body_checksum(&cut), None);
+        assert_eq!(
+            machine.body_checksum(OPERATION_APPEND, &cut),
+            xxhash_rust::xxh3::xxh3_128(&cut)
+        );
     }
 
-    /// A byte the test initialised itself (0xAA) and the encoder then overwrote.
-    fn initialised(byte: MaybeUninit<u8>) -> u8 {
-        // SAFETY: every element of the buffer was initialised by `MaybeUninit::new` above.
-        unsafe { byte.assume_init() }
+    #[test]
+    fn the_prefix_of_a_one_batch_append_is_the_encoding_in_front_of_it() {
+        let two = client_batch(2);
+        let mut request = append_one_prefix(77, two.len()).to_vec();
+        request.extend_from_slice(&two);
+        assert_eq!(request, encode_append(77, &[&two]));
     }
 
     #[test]
@@ -712,8 +810,8 @@ mod tests {
         assert_eq!(machine.state().next_offset, 7);
         assert_eq!(machine.fault(), None);
         // The prepared body carries stamped batches: partition, base offset, timestamp.
-        let request: Arc<[u8]> = Arc::from(encode_append(2_000, &[&two]));
-        let held = Arc::clone(&request);
+        let request = Bytes::from(encode_append(2_000, &[&two]));
+        let held = request.clone();
         let (prepared, _) = machine.prepare(3, 0, OPERATION_APPEND, request, next);
         let stamped = batch::header(&prepared[16..]).expect("a header");
         assert_eq!(
@@ -724,7 +822,7 @@ mod tests {
         // A request someone else still holds is left as it was: the prepare is a copy.
         assert_eq!(&held[..], &encode_append(2_000, &[&two])[..]);
         // One nobody else holds is stamped in place, to the same bytes.
-        let alone: Arc<[u8]> = Arc::from(encode_append(2_000, &[&two]));
+        let alone = Bytes::from(encode_append(2_000, &[&two]));
         let alone_at = alone.as_ptr();
         let (in_place, _) = machine.prepare(3, 0, OPERATION_APPEND, alone, next);
         assert_eq!(in_place.as_ptr(), alone_at, "stamped without a copy");
@@ -737,7 +835,7 @@ mod tests {
         let two = client_batch(2);
         let (_, next) = append(&mut machine, 1, 0, &[&two]);
         let skip = |machine: &mut PartitionMachine, op: u64, cursor: u128, to: u64| {
-            let request: Arc<[u8]> = Arc::from(encode_skip(to));
+            let request = Bytes::from(encode_skip(to));
             let (prepared, cursor) = machine.prepare(op, 0, OPERATION_SKIP, request, cursor);
             (
                 reply_status(&machine.apply(op, 0, OPERATION_SKIP, &prepared)),
@@ -801,7 +899,7 @@ mod tests {
     fn malformed_ops_are_refused_identically_and_change_nothing() {
         let mut machine = PartitionMachine::new(0);
         let before = machine.state().clone();
-        let garbage: Arc<[u8]> = Arc::from(&[1u8, 2, 3][..]);
+        let garbage = Bytes::from_static(&[1u8, 2, 3]);
         for operation in [
             OPERATION_APPEND,
             OPERATION_STORE_OFFSET,
@@ -810,7 +908,7 @@ mod tests {
             OPERATION_TRIM,
             99,
         ] {
-            let (prepared, cursor) = machine.prepare(1, 0, operation, Arc::clone(&garbage), 4);
+            let (prepared, cursor) = machine.prepare(1, 0, operation, garbage.clone(), 4);
             assert_eq!((&prepared[..], cursor), (&garbage[..], 4), "nothing minted");
             assert_ne!(
                 reply_status(&machine.apply(1, 0, operation, &prepared)),
@@ -838,9 +936,9 @@ mod tests {
     #[test]
     fn appends_that_would_pass_the_offset_limit_mint_nothing() {
         let machine = PartitionMachine::new(0);
-        let request: Arc<[u8]> = Arc::from(encode_append(1, &[&client_batch(3)]));
+        let request = Bytes::from(encode_append(1, &[&client_batch(3)]));
         let near_limit = cursor(OFFSET_LIMIT - 2, 0);
-        let (prepared, after) = machine.prepare(1, 0, OPERATION_APPEND, Arc::clone(&request), near_limit);
+        let (prepared, after) = machine.prepare(1, 0, OPERATION_APPEND, request.clone(), near_limit);
         assert_eq!((&prepared[..], after), (&request[..], near_limit));
     }
 

@@ -496,7 +496,7 @@ mod tests {
             topic: id(1),
             partitioning: Partitioning::Balanced,
             messages_count: 1,
-            batch: bytes::Bytes::new(),
+            batch: bytes::Bytes::new().into(),
         }
     }
 

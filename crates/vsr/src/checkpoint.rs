@@ -158,13 +158,13 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
     use crate::header::Message;
-    use std::sync::Arc;
+    use bytes::Bytes;
 
     fn checkpoint() -> Checkpoint {
         let mut header = Header::new(Command::Prepare, 7);
         header.group = 3;
         header.op = 40;
-        let prepare = Message::new(header, Arc::from(&b"body"[..]));
+        let prepare = Message::new(header, Bytes::from_static(b"body"));
         Checkpoint {
             header: prepare.header,
             state_machine: b"state".to_vec(),

@@ -388,7 +388,7 @@ mod tests {
     fn reply(op: u64) -> crate::header::Message {
         let mut header = crate::header::Header::new(crate::header::Command::Reply, 1);
         header.op = op;
-        crate::header::Message::new(header, std::sync::Arc::from(&op.to_le_bytes()[..]))
+        crate::header::Message::new(header, bytes::Bytes::copy_from_slice(&op.to_le_bytes()))
     }
 
     fn sample_table() -> ClientTable<crate::header::Message> {

@@ -35,7 +35,7 @@
 //! replica's to check: `Shape::message_size_max`).
 
 use crate::constants::{HEADER_SIZE, MESSAGE_SIZE_LIMIT, PROTOCOL_VERSION, RELEASE, RELEASE_MIN};
-use std::sync::Arc;
+use bytes::Bytes;
 use xxhash_rust::xxh3::xxh3_128;
 
 const OFFSET_CHECKSUM: usize = 0;
@@ -225,16 +225,16 @@ impl Header {
         debug_assert!(Header::decode(&self.encode()).is_ok());
     }
 
-    /// [`Header::seal`] without hashing the body: `checksum_body` is 0. Only for a message
-    /// that stays in this process ([`Message::in_memory`]).
-    fn seal_in_memory(&mut self, body_len: usize) {
+    /// [`Header::seal`] with `checksum_body` given rather than hashed from the body.
+    fn seal_with(&mut self, body_len: usize, checksum_body: u128) {
         assert!(
             HEADER_SIZE + body_len <= MESSAGE_SIZE_LIMIT,
             "a body of {body_len} bytes does not fit a message"
         );
         self.size = (HEADER_SIZE + body_len) as u32;
-        self.checksum_body = 0;
+        self.checksum_body = checksum_body;
         self.checksum = header_checksum(&self.encode());
+        debug_assert!(Header::decode(&self.encode()).is_ok());
     }
 
     /// The 256 header bytes, `checksum` as it stands.
@@ -356,12 +356,12 @@ impl Header {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     pub header: Header,
-    pub body: Arc<[u8]>,
+    pub body: Bytes,
 }
 
 impl Message {
     /// Seal `header` over `body` and pair them.
-    pub fn new(mut header: Header, body: Arc<[u8]>) -> Message {
+    pub fn new(mut header: Header, body: Bytes) -> Message {
         header.seal(&body);
         Message { header, body }
     }
@@ -372,8 +372,17 @@ impl Message {
     /// replica this way: nothing reads a request's body checksum (a prepare's is computed when
     /// it is made), and hashing a megabyte append only to drop the hash is a pass over every
     /// byte of every send.
-    pub fn in_memory(mut header: Header, body: Arc<[u8]>) -> Message {
-        header.seal_in_memory(body.len());
+    pub fn in_memory(mut header: Header, body: Bytes) -> Message {
+        header.seal_with(body.len(), 0);
+        Message { header, body }
+    }
+
+    /// Seal `header` over `body` with `checksum_body` as the body's checksum, computed by the
+    /// caller ([`crate::replica::StateMachine::body_checksum`]: a state machine may derive a
+    /// prepare's from fewer bytes than the body). Such a message verifies only where that
+    /// machine's rule is known: [`Message::decode`] checks the plain XXH3-128 of the body.
+    pub fn with_body_checksum(mut header: Header, body: Bytes, checksum_body: u128) -> Message {
+        header.seal_with(body.len(), checksum_body);
         Message { header, body }
     }
 
@@ -392,7 +401,7 @@ impl Message {
         header.verify_body(body)?;
         Ok(Message {
             header,
-            body: Arc::from(body),
+            body: Bytes::copy_from_slice(body),
         })
     }
 }
@@ -463,13 +472,13 @@ mod tests {
         header.context = 0xCD;
         header.nonce = 0xEF;
         header.cursor = 0x1234_5678 << 64 | 9;
-        Message::new(header, Arc::from(&b"an operation's input"[..]))
+        Message::new(header, Bytes::from_static(b"an operation's input"))
     }
 
     #[test]
     fn an_in_memory_message_never_decodes_from_bytes() {
         let sealed = sample();
-        let in_memory = Message::in_memory(sealed.header, Arc::clone(&sealed.body));
+        let in_memory = Message::in_memory(sealed.header, sealed.body.clone());
         assert_eq!(in_memory.header.size, sealed.header.size);
         assert_eq!(in_memory.header.checksum_body, 0);
         // Its header is whole, but another process would refuse the body.
@@ -543,7 +552,7 @@ mod tests {
             Message::decode(&bytes),
             Err(HeaderFault::BodyLength { .. })
         ));
-        let other = Message::new(message.header, Arc::from(&b"another operation's inp"[..]));
+        let other = Message::new(message.header, Bytes::from_static(b"another operation's inp"));
         assert_ne!(other.header.checksum, message.header.checksum);
         assert_eq!(
             message.header.verify_body(&other.body),
@@ -553,7 +562,7 @@ mod tests {
             })
         );
         // Same length, different bytes: the body checksum differs, and so does the identity.
-        let same_len = Message::new(message.header, Arc::from(&b"an operation's INPUT"[..]));
+        let same_len = Message::new(message.header, Bytes::from_static(b"an operation's INPUT"));
         assert_ne!(same_len.header.checksum, message.header.checksum);
         assert_eq!(
             message.header.verify_body(&same_len.body),

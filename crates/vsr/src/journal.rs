@@ -58,6 +58,7 @@ pub fn classify_slot(
     header_bytes: &[u8],
     cluster: u128,
     group: u64,
+    body_rule: BodyRule,
 ) -> SlotState {
     assert!(slot < journal_slots, "slot {slot} outside the journal");
     let prepare_blank = is_blank(prepare_bytes);
@@ -74,7 +75,7 @@ pub fn classify_slot(
     let redundant = Header::decode(header_bytes)
         .ok()
         .filter(|header| belongs(header) && header.size as usize >= HEADER_SIZE);
-    let prepare = decode_prepare(prepare_bytes).filter(|message| belongs(&message.header));
+    let prepare = decode_prepare(prepare_bytes, body_rule).filter(|message| belongs(&message.header));
     match (prepare, redundant) {
         (Some(prepare), None) => SlotState::Clean(prepare),
         (Some(prepare), Some(redundant)) => {
@@ -105,19 +106,34 @@ fn is_newer(a: &Header, b: &Header) -> bool {
     (a.op, a.view) > (b.op, b.view)
 }
 
-/// What a prepare slot's `bytes` give back for a read of op `op` (`Output::ReadPrepare`):
-/// the whole prepare there if it verifies and is that op with that checksum; `None` if the
-/// slot holds anything else (damage, or a later lap or view reused it).
-pub fn read_back(bytes: &[u8], op: u64, checksum: u128) -> Option<Message> {
-    decode_prepare(bytes).filter(|prepare| prepare.header.op == op && prepare.header.checksum == checksum)
+/// How a prepare's body is checked against its header's `checksum_body`: `(operation, body,
+/// checksum_body)`, checking every byte of the body (a slot has no checksum of its own). The
+/// group's state machine's rule ([`crate::replica::StateMachine::body_verifies`]).
+pub type BodyRule = fn(u8, &[u8], u128) -> bool;
+
+/// The default rule: `checksum_body` is the XXH3-128 of the body.
+pub fn plain_body(_operation: u8, body: &[u8], checksum_body: u128) -> bool {
+    xxhash_rust::xxh3::xxh3_128(body) == checksum_body
 }
 
-/// A whole prepare at the start of `bytes`, if it verifies. The slot may be longer than the
-/// message; the header's size (bounded by decoding) says where the message ends.
-fn decode_prepare(bytes: &[u8]) -> Option<Message> {
+/// What a prepare slot's `bytes` give back for a read of op `op` (`Output::ReadPrepare`):
+/// the whole prepare there if it verifies (its body by `body_rule`) and is that op with that
+/// checksum; `None` if the slot holds anything else (damage, or a later lap or view reused it).
+pub fn read_back(bytes: &[u8], op: u64, checksum: u128, body_rule: BodyRule) -> Option<Message> {
+    decode_prepare(bytes, body_rule)
+        .filter(|prepare| prepare.header.op == op && prepare.header.checksum == checksum)
+}
+
+/// A whole prepare at the start of `bytes`, if its header decodes and its body verifies by
+/// `body_rule`. The slot may be longer than the message; the header's size (bounded by
+/// decoding) says where the message ends.
+fn decode_prepare(bytes: &[u8], body_rule: BodyRule) -> Option<Message> {
     let header = Header::decode(bytes).ok()?;
-    let message_bytes = bytes.get(..header.size as usize)?;
-    Message::decode(message_bytes).ok()
+    let body = bytes.get(HEADER_SIZE..header.size as usize)?;
+    body_rule(header.operation, body, header.checksum_body).then(|| Message {
+        header,
+        body: bytes::Bytes::copy_from_slice(body),
+    })
 }
 
 fn is_blank(bytes: &[u8]) -> bool {
@@ -127,7 +143,7 @@ fn is_blank(bytes: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
+    use bytes::Bytes;
 
     const CLUSTER: u128 = 0xC0FFEE;
     const GROUP: u64 = 4;
@@ -138,7 +154,7 @@ mod tests {
         header.group = GROUP;
         header.op = op;
         header.view = view;
-        Message::new(header, Arc::from(body))
+        Message::new(header, Bytes::copy_from_slice(body))
     }
 
     /// The prepare slot's bytes (the message, zero-padded) and the redundant header's.
@@ -156,6 +172,7 @@ mod tests {
             header,
             CLUSTER,
             GROUP,
+            plain_body,
         )
     }
 
@@ -248,12 +265,21 @@ mod tests {
                 &p,
                 &h,
                 CLUSTER,
-                GROUP + 1
+                GROUP + 1,
+                plain_body
             ),
             SlotState::Faulty { header: None }
         );
         assert_eq!(
-            classify_slot(slot_of(71, JOURNAL_SLOTS), JOURNAL_SLOTS, &p, &h, CLUSTER, GROUP),
+            classify_slot(
+                slot_of(71, JOURNAL_SLOTS),
+                JOURNAL_SLOTS,
+                &p,
+                &h,
+                CLUSTER,
+                GROUP,
+                plain_body
+            ),
             SlotState::Faulty { header: None }
         );
         // Garbage that is not zeros, under a header slot never written: no prepare there was

@@ -21,8 +21,8 @@ use crate::constants::{HEADER_SIZE, MESSAGE_SIZE_MAX};
 use crate::durable::DurableState;
 use crate::header::{Command, Header, Message};
 use crate::replica::{Destination, Output, Replica, StateMachine, TransferredLog};
+use bytes::Bytes;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 /// Bytes of one heartbeat entry: group u64, view u32, commit u64, context u128, 4 reserved.
 pub const HEARTBEAT_ENTRY_SIZE: usize = 40;
@@ -171,7 +171,7 @@ impl<S: StateMachine> Node<S> {
             commit.view = u32::from_le_bytes(entry[8..12].try_into().expect("4 bytes"));
             commit.commit = u64::from_le_bytes(entry[12..20].try_into().expect("8 bytes"));
             commit.context = u128::from_le_bytes(entry[20..36].try_into().expect("16 bytes"));
-            replica.on_message(Message::new(commit, Arc::from(&[][..])));
+            replica.on_message(Message::new(commit, Bytes::new()));
         }
     }
 
@@ -208,9 +208,10 @@ impl<S: StateMachine> Node<S> {
             for batch in body.chunks(HEARTBEAT_ENTRIES_MAX * HEARTBEAT_ENTRY_SIZE) {
                 let mut header = Header::new(Command::Heartbeats, self.cluster);
                 header.replica = self.replica;
-                outputs
-                    .sends
-                    .push((Destination::Replica(to), Message::new(header, Arc::from(batch))));
+                outputs.sends.push((
+                    Destination::Replica(to),
+                    Message::new(header, Bytes::copy_from_slice(batch)),
+                ));
             }
         }
         outputs

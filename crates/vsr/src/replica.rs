@@ -27,6 +27,7 @@ use crate::constants::{
 use crate::durable::{DurableState, LOG_SUFFIX_MAX};
 use crate::header::{Command, Header, Message, root_checksum};
 use crate::journal::{SlotState, slot_of};
+use bytes::Bytes;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -45,16 +46,32 @@ pub trait StateMachine {
     /// else holds it (`Arc::get_mut`), the machine may turn it into the prepare's body in
     /// place rather than copy it; the bytes it returns must not depend on which it did. The
     /// default keeps the request's body and the cursor.
-    fn prepare(
-        &self,
-        op: u64,
-        timestamp: u64,
-        operation: u8,
-        input: Arc<[u8]>,
-        cursor: u128,
-    ) -> (Arc<[u8]>, u128) {
+    fn prepare(&self, op: u64, timestamp: u64, operation: u8, input: Bytes, cursor: u128) -> (Bytes, u128) {
         let _ = (op, timestamp, operation);
         (input, cursor)
+    }
+
+    /// The checksum a prepare of `operation` carries for its prepared `body`
+    /// ([`crate::header::Header::checksum_body`]). By default the XXH3-128 of the body, which
+    /// [`Message::decode`] verifies. A machine whose bodies commit to their own bytes (a
+    /// partition's stamped batch headers cover every message's checksum) may derive it from
+    /// fewer bytes, saving a pass over megabytes; it must then verify its prepares itself
+    /// wherever they are read back or received (the frames against their checksums, or the
+    /// storage's record checksums).
+    fn body_checksum(&self, operation: u8, body: &[u8]) -> u128 {
+        let _ = operation;
+        xxhash_rust::xxh3::xxh3_128(body)
+    }
+
+    /// Whether `body` is the body of a prepare of `operation` sealed with `checksum_body` by
+    /// [`StateMachine::body_checksum`], checking every byte of it: what a shell reading a
+    /// prepare back from storage without checksums of its own (a ring journal's slot) passes
+    /// to [`crate::journal::read_back`]. Must accept what `body_checksum` produced for it.
+    fn body_verifies(operation: u8, body: &[u8], checksum_body: u128) -> bool
+    where
+        Self: Sized,
+    {
+        crate::journal::plain_body(operation, body, checksum_body)
     }
 
     /// Apply committed op `op` (`operation`, `input`, prepared at `timestamp`); the reply body.
@@ -1476,7 +1493,8 @@ impl<S: StateMachine> Replica<S> {
             prepare.cursor = cursor_after;
             body
         };
-        let prepare = Message::new(prepare, body);
+        let checksum_body = self.state_machine.body_checksum(prepare.operation, &body);
+        let prepare = Message::with_body_checksum(prepare, body, checksum_body);
         self.append(prepare.clone());
         self.pipeline.push_back(Prepared {
             op: prepare.header.op,
@@ -1749,7 +1767,7 @@ impl<S: StateMachine> Replica<S> {
         reply.op = header.op;
         reply.commit = header.op;
         reply.timestamp = header.timestamp;
-        let reply = Message::new(reply, Arc::from(reply_body));
+        let reply = Message::new(reply, Bytes::from(reply_body));
         if header.operation == OPERATION_REGISTER {
             // The session is the op the register committed at.
             self.client_table
@@ -1918,7 +1936,7 @@ impl<S: StateMachine> Replica<S> {
             response.nonce = header.nonce;
             self.send(
                 Destination::Replica(header.replica),
-                Message::new(response, Arc::from(&[][..])),
+                Message::new(response, Bytes::new()),
             );
         }
     }
@@ -2510,7 +2528,7 @@ impl<S: StateMachine> Replica<S> {
         let mut request = self.control(Command::RequestPrepare).header;
         request.op = op;
         request.context = checksum;
-        let request = Message::new(request, Arc::from(&[][..]));
+        let request = Message::new(request, Bytes::new());
         let target = if self.status == Status::Normal && !self.is_primary() {
             self.config.primary_of(self.view)
         } else {
@@ -2607,7 +2625,7 @@ impl<S: StateMachine> Replica<S> {
         header.log_view = self.log_view;
         header.op = self.op;
         header.commit = self.commit_max;
-        Message::new(header, Arc::from(&[][..]))
+        Message::new(header, Bytes::new())
     }
 
     fn do_view_change_message(&self) -> Message {
@@ -2640,7 +2658,7 @@ impl<S: StateMachine> Replica<S> {
             u8::from(nack) | kind
         }));
         header.log_view = self.log_view;
-        Message::new(header, Arc::from(body))
+        Message::new(header, Bytes::from(body))
     }
 
     /// Per suffix entry: whether this replica nacks it (see [`DoViewChange::nacks`]).
@@ -2701,7 +2719,7 @@ impl<S: StateMachine> Replica<S> {
         let mut header = self.control(Command::StartView).header;
         header.nonce = nonce;
         let body = encode_headers(&self.suffix_headers());
-        Message::new(header, Arc::from(body))
+        Message::new(header, Bytes::from(body))
     }
 
     /// Headers from the head down, contiguous along the hash chain, at most
@@ -2734,19 +2752,13 @@ impl<S: StateMachine> Replica<S> {
         ok.op = op;
         ok.context = checksum;
         let primary = self.config.primary_of(self.view);
-        self.send(
-            Destination::Replica(primary),
-            Message::new(ok, Arc::from(&[][..])),
-        );
+        self.send(Destination::Replica(primary), Message::new(ok, Bytes::new()));
     }
 
     fn send_request_start_view(&mut self, primary: u8) {
         let mut request = self.control(Command::RequestStartView).header;
         request.nonce = self.recovery.map_or(0, |recovery| recovery.nonce);
-        self.send(
-            Destination::Replica(primary),
-            Message::new(request, Arc::from(&[][..])),
-        );
+        self.send(Destination::Replica(primary), Message::new(request, Bytes::new()));
     }
 
     /// A recovering replica asks every replica for the current view (only that view's
@@ -2774,7 +2786,7 @@ impl<S: StateMachine> Replica<S> {
     fn send_commit_heartbeat(&mut self) {
         let mut commit = self.control(Command::Commit).header;
         commit.context = self.commit_min_checksum;
-        let commit = Message::new(commit, Arc::from(&[][..]));
+        let commit = Message::new(commit, Bytes::new());
         self.broadcast(&commit);
         self.heartbeat_sent_tick = self.ticks;
     }
@@ -2815,7 +2827,7 @@ impl<S: StateMachine> Replica<S> {
         );
         self.send(
             Destination::Client(request.client),
-            Message::new(reply, Arc::from(&[][..])),
+            Message::new(reply, Bytes::new()),
         );
     }
 

@@ -42,7 +42,15 @@ fn slot_state(sim: &Simulation, replica: usize, slot: usize) -> SlotState {
     let storage = sim.storage(replica);
     let prepare = storage.read(Zone::Prepares, slot as u32);
     let header = storage.read(Zone::Headers, slot as u32);
-    classify_slot(slot, JOURNAL_SLOTS, &prepare, &header, SIM_CLUSTER, SIM_GROUP)
+    classify_slot(
+        slot,
+        JOURNAL_SLOTS,
+        &prepare,
+        &header,
+        SIM_CLUSTER,
+        SIM_GROUP,
+        cairn_vsr::journal::plain_body,
+    )
 }
 
 #[test]
@@ -124,8 +132,15 @@ fn a_corrupt_journal_entry_is_repaired_from_a_peer() {
             let storage = sim.storage(backup);
             let prepare = storage.read_durable(Zone::Prepares, slot as u32);
             let header = storage.read_durable(Zone::Headers, slot as u32);
-            classify_slot(slot, JOURNAL_SLOTS, &prepare, &header, SIM_CLUSTER, SIM_GROUP)
-                == SlotState::Clean(original.clone())
+            classify_slot(
+                slot,
+                JOURNAL_SLOTS,
+                &prepare,
+                &header,
+                SIM_CLUSTER,
+                SIM_GROUP,
+                cairn_vsr::journal::plain_body,
+            ) == SlotState::Clean(original.clone())
         })
         .expect("no violation");
     assert!(

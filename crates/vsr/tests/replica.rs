@@ -3,11 +3,11 @@
 //! lacks the newest committed op, and a partitioned old primary. Writes (journal and durable
 //! state) complete when the test delivers them, so "durable" means what the replica was told.
 
+use bytes::Bytes;
 use cairn_vsr::constants::{OPERATION_REGISTER, OPERATION_SESSION_EVICTED};
 use cairn_vsr::header::{Command, Header, Message};
 use cairn_vsr::replica::{Bugs, Config, Destination, Output, Replica, StateMachine, Status};
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 const CLUSTER: u128 = 0xC1;
 const GROUP: u64 = 3;
@@ -262,7 +262,7 @@ impl Cluster {
         header.request = request;
         header.operation = operation;
         header.context = u128::from(session);
-        Message::new(header, Arc::from(body))
+        Message::new(header, Bytes::copy_from_slice(body))
     }
 
     /// Send the request to every live replica (only the primary acts on it).
@@ -361,7 +361,7 @@ fn normal_operation(replica_count: u8) {
     header.operation = 1;
     header.context = 77;
     let replies = cluster.replies.len();
-    cluster.replicas[0].on_message(Message::new(header, Arc::from(&b"x"[..])));
+    cluster.replicas[0].on_message(Message::new(header, Bytes::from_static(b"x")));
     cluster.settle();
     assert_eq!(
         cluster.replies.len(),
@@ -369,7 +369,7 @@ fn normal_operation(replica_count: u8) {
         "no answer from a primary that may be behind"
     );
     header.context = 5;
-    cluster.replicas[0].on_message(Message::new(header, Arc::from(&b"x"[..])));
+    cluster.replicas[0].on_message(Message::new(header, Bytes::from_static(b"x")));
     cluster.settle();
     assert_eq!(
         cluster.replies.last().expect("a reply").header.operation,

@@ -7,7 +7,58 @@
 //! [`cut_in_place`]). Frames are never modified.
 
 use crate::codes;
+use bytes::Bytes;
 use xxhash_rust::xxh3;
+
+/// A client batch in the buffer it arrived in, with the number of bytes in front of it in
+/// that same buffer that the server may overwrite (`headroom`: the request's metadata,
+/// already decoded). A shell can put an append request's prefix there and hand the batch on
+/// without copying it. Dereferences to the batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceivedBatch {
+    /// Invariant: `headroom <= buffer.len()`.
+    buffer: Bytes,
+    headroom: usize,
+}
+
+impl ReceivedBatch {
+    /// `buffer[headroom..]` is the batch; the bytes before it are free to overwrite.
+    pub fn with_headroom(buffer: Bytes, headroom: usize) -> ReceivedBatch {
+        assert!(headroom <= buffer.len(), "the headroom lies inside the buffer");
+        ReceivedBatch { buffer, headroom }
+    }
+
+    /// How many bytes in front of the batch may be overwritten.
+    pub fn headroom(&self) -> usize {
+        self.headroom
+    }
+
+    /// The whole buffer and the headroom (the batch starts there).
+    pub fn into_buffer(self) -> (Bytes, usize) {
+        (self.buffer, self.headroom)
+    }
+}
+
+impl From<Bytes> for ReceivedBatch {
+    /// A batch with no room in front of it.
+    fn from(batch: Bytes) -> ReceivedBatch {
+        ReceivedBatch::with_headroom(batch, 0)
+    }
+}
+
+impl From<Vec<u8>> for ReceivedBatch {
+    fn from(batch: Vec<u8>) -> ReceivedBatch {
+        ReceivedBatch::from(Bytes::from(batch))
+    }
+}
+
+impl std::ops::Deref for ReceivedBatch {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.buffer[self.headroom..]
+    }
+}
 
 pub const BATCH_HEADER_SIZE: usize = 256;
 pub const FRAME_HEADER_SIZE: usize = 48;
@@ -228,6 +279,34 @@ pub fn validate(batch: &[u8], expected_count: u32, limits: &BatchLimits) -> Resu
         return Err(BatchError::InvalidBatchChecksum);
     }
     Ok(head)
+}
+
+/// Whether a stored batch is whole: a header whose `batch_length` is its size, frames that
+/// tile it `message_count` times, each frame's checksum that of its bytes, and the header's
+/// batch checksum that of its fields and the frames' checksums. What ties a batch header to
+/// every byte of its batch (a prepare's body checksum derived from batch headers relies on
+/// it wherever the bytes have no checksum of their own).
+pub fn frames_verify(batch: &[u8]) -> bool {
+    let Some(head) = header(batch) else {
+        return false;
+    };
+    if head.batch_length != batch.len() as u64 {
+        return false;
+    }
+    let mut hasher = BatchChecksum::new(batch);
+    let mut walker = FrameWalker::new(batch);
+    let mut frames = 0u64;
+    for frame in walker.by_ref() {
+        let computed = batch
+            .get(frame.start + FRAME_CHECKSUM_LEN..frame.end)
+            .map(xxh3::xxh3_64);
+        if computed.is_none() || computed != read_u64(batch, frame.start) {
+            return false;
+        }
+        hasher.add_frame(batch, &frame);
+        frames += 1;
+    }
+    !walker.overran && frames == u64::from(head.message_count) && hasher.digest() == head.batch_checksum
 }
 
 /// One message to encode into a client-format batch with [`encode`].

@@ -245,9 +245,9 @@ pub enum Command {
         partitioning: Partitioning,
         /// messages_count from the metadata section (must equal the batch header's count).
         messages_count: u32,
-        /// The raw batch: 256-byte header + frames, exactly as sent. Validate with
-        /// [`crate::batch::validate`] before use.
-        batch: bytes::Bytes,
+        /// The raw batch: 256-byte header + frames, exactly as sent, in the buffer it came
+        /// in. Validate with [`crate::batch::validate`] before use.
+        batch: crate::batch::ReceivedBatch,
     },
     StoreConsumerOffset {
         consumer: Consumer,
@@ -670,8 +670,10 @@ fn ack_level(r: &mut Reader<'_>) -> Result<(), DecodeError> {
 }
 
 /// SendMessages (§7.1): `[metadata_len u32][stream Id][topic Id][Partitioning]
-/// [messages_count u32]` then one batch, kept as a zero-copy slice of the body. The batch
-/// itself is checked by [`crate::batch::validate`].
+/// [messages_count u32]` then one batch, kept in the body without a copy, the decoded bytes
+/// in front of it as its headroom (at least 16: four for the length, three per identifier,
+/// two for the partitioning, four for the count). The batch itself is checked by
+/// [`crate::batch::validate`].
 fn decode_send_messages(body: bytes::Bytes) -> Result<Command, DecodeError> {
     let mut r = Reader::new(&body);
     let metadata_len = r.u32("metadata length")?;
@@ -686,7 +688,7 @@ fn decode_send_messages(body: bytes::Bytes) -> Result<Command, DecodeError> {
             "metadata length does not match its fields",
         ));
     }
-    let batch = body.slice(metadata_end..);
+    let batch = crate::batch::ReceivedBatch::with_headroom(body, metadata_end);
     Ok(Command::SendMessages {
         stream,
         topic,

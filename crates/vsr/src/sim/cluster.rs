@@ -47,8 +47,8 @@ use crate::durable::{self, COPY_SIZE, Chosen, DurableState};
 use crate::header::{Command, Header, Message};
 use crate::journal::{SlotState, classify_slot, read_back, slot_of};
 use crate::replica::{Bugs, Config, Destination, Output, Recovered, Replica, StateMachine, TransferredLog};
+use bytes::Bytes;
 use std::collections::{BTreeMap, BinaryHeap};
-use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// The cluster id of simulated runs.
@@ -347,16 +347,16 @@ impl StateMachine for ChainMachine {
         _op: u64,
         _timestamp: u64,
         _operation: u8,
-        input: Arc<[u8]>,
+        input: Bytes,
         cursor: u128,
-    ) -> (Arc<[u8]>, u128) {
+    ) -> (Bytes, u128) {
         let count = 1 + (input.len() % 4) as u64;
         let mut body = Vec::with_capacity(MINTED_RANGE_SIZE + input.len());
         let cursor = cursor as u64;
         body.extend_from_slice(&cursor.to_le_bytes());
         body.extend_from_slice(&count.to_le_bytes());
         body.extend_from_slice(&input);
-        (Arc::from(body), u128::from(cursor + count))
+        (Bytes::from(body), u128::from(cursor + count))
     }
 
     fn apply(&mut self, op: u64, _timestamp: u64, operation: u8, input: &[u8]) -> Vec<u8> {
@@ -1067,7 +1067,15 @@ impl<M: SimMachine> Sim<M> {
                 .map(|slot| {
                     let prepare = host.storage.read(Zone::Prepares, slot as u32);
                     let header = host.storage.read(Zone::Headers, slot as u32);
-                    classify_slot(slot, journal_slots, &prepare, &header, SIM_CLUSTER, SIM_GROUP)
+                    classify_slot(
+                        slot,
+                        journal_slots,
+                        &prepare,
+                        &header,
+                        SIM_CLUSTER,
+                        SIM_GROUP,
+                        M::body_verifies,
+                    )
                 })
                 .collect()
         } else {
@@ -1181,7 +1189,7 @@ impl<M: SimMachine> Sim<M> {
                 OPERATION_REGISTER
             };
             header.context = u128::from(client.session.unwrap_or(0));
-            let message = Message::new(header, Arc::from(body));
+            let message = Message::new(header, Bytes::from(body));
             // Clients do not know the primary: they send to every replica.
             let from = self.client_endpoint(index);
             for replica in 0..self.replicas.len() {
@@ -1559,6 +1567,7 @@ impl<M: SimMachine> Sim<M> {
                         &self.hosts[replica].storage.read(Zone::Prepares, slot),
                         op,
                         checksum,
+                        M::body_verifies,
                     ),
                 };
                 self.replicas[replica].on_prepare_read(op, checksum, prepare, for_replica);

@@ -84,6 +84,28 @@ fn stamped_header_is_the_header_stamp_writes_and_leaves_the_batch_alone() {
 }
 
 #[test]
+fn frames_verify_ties_a_stamped_header_to_every_byte() {
+    let mut stamped = golden_batch();
+    batch::stamp(&mut stamped, 3, 10, 2_000_000);
+    assert!(batch::frames_verify(&stamped));
+    assert!(batch::frames_verify(&golden_batch()));
+    // Any byte after the header, the batch checksum, a count or a cut: refused.
+    for at in [256 + 8, stamped.len() - 1] {
+        let mut flipped = stamped.clone();
+        flipped[at] ^= 1;
+        assert!(!batch::frames_verify(&flipped), "byte {at}");
+    }
+    let mut flipped = stamped.clone();
+    flipped[40] ^= 1;
+    assert!(!batch::frames_verify(&flipped));
+    let mut flipped = stamped.clone();
+    flipped[48] ^= 1;
+    assert!(!batch::frames_verify(&flipped));
+    assert!(!batch::frames_verify(&stamped[..stamped.len() - 1]));
+    assert!(!batch::frames_verify(&stamped[..100]));
+}
+
+#[test]
 fn golden_hashes() {
     assert_eq!(xxh3_64(&[]), 0x2d06_8005_38d3_94c2);
     assert_eq!(xxh32(b"key", 0), 3_017_358_048);

@@ -871,6 +871,16 @@ fn send_messages_partitioning_kinds() {
     assert_eq!(partitioning, Partitioning::Balanced);
     assert_eq!(messages_count, 1);
     assert_eq!(kept.len(), 256);
+    // The decoded metadata in front of the batch is its headroom: 4 + 6 + 6 + 2 + 4 bytes.
+    assert_eq!(kept.headroom(), 22);
+    // The least there can be: one-byte names and balanced partitioning.
+    let metadata = B::new().id_str("s").id_str("t").u8(1).u8(0);
+    let Ok(Command::SendMessages { batch: least, .. }) =
+        Command::decode(160, 0, super::send_body(metadata, 1, &batch).into())
+    else {
+        panic!()
+    };
+    assert_eq!((least.headroom(), least.len()), (16, 256));
     let Ok(Command::SendMessages { partitioning, .. }) = decode(B::new().u8(3).name("key")) else {
         panic!()
     };
