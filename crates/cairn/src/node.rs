@@ -33,7 +33,7 @@ use cairn_vsr::constants::{
 };
 use cairn_vsr::durable::{self, COPY_SIZE, COPY_SIZE_V1, Chosen, DurableState};
 use cairn_vsr::header::{Command, Header, Message};
-use cairn_vsr::journal::{SlotState, classify_slot, plain_body, read_back, slot_of};
+use cairn_vsr::journal::{BodyRule, SlotState, classify_slot, read_back, slot_of};
 use cairn_vsr::replica::{Bugs, Config, Destination, Output, Recovered, Replica, StateMachine, Status};
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -300,6 +300,9 @@ pub struct RingJournal {
     headers: File,
     prepares: File,
     read_only: bool,
+    /// How a slot's prepare body is verified: the group's state machine's rule
+    /// (`StateMachine::body_verifies`), every byte checked (a slot has no checksum of its own).
+    body_rule: BodyRule,
 }
 
 impl RingJournal {
@@ -327,9 +330,10 @@ impl RingJournal {
 
 impl GroupJournal for RingJournal {
     const SHAPE: Shape = SHAPE;
-    type Params = ();
+    /// The group's state machine's body rule.
+    type Params = BodyRule;
 
-    fn create(dir: &Path, _params: &()) -> Result<RingJournal, GroupError> {
+    fn create(dir: &Path, body_rule: &BodyRule) -> Result<RingJournal, GroupError> {
         // Empty: nothing of an interrupted earlier format was ever used.
         for name in [HEADERS_FILE, PREPARES_FILE] {
             let path = dir.join(name);
@@ -342,12 +346,13 @@ impl GroupJournal for RingJournal {
             headers: open_file(&dir.join(HEADERS_FILE), false)?,
             prepares: open_file(&dir.join(PREPARES_FILE), false)?,
             read_only: false,
+            body_rule: *body_rule,
         })
     }
 
     fn open(
         dir: &Path,
-        _params: &(),
+        body_rule: &BodyRule,
         read_only: bool,
         (cluster, group): (u128, u64),
         _checkpoint: NamedCheckpoint,
@@ -357,6 +362,7 @@ impl GroupJournal for RingJournal {
             headers: open_file(&dir.join(HEADERS_FILE), read_only)?,
             prepares: open_file(&dir.join(PREPARES_FILE), read_only)?,
             read_only,
+            body_rule: *body_rule,
         };
         let mut slots = Vec::with_capacity(SHAPE.journal_slots);
         for slot in 0..SHAPE.journal_slots {
@@ -372,9 +378,7 @@ impl GroupJournal for RingJournal {
                 &header,
                 cluster,
                 group,
-                // The ring journal holds the metadata group, whose bodies carry the plain
-                // XXH3-128 (its machine keeps the default rule).
-                plain_body,
+                journal.body_rule,
             ));
         }
         // Said up front: with no peer to repair them from, such slots keep the group down.
@@ -416,7 +420,7 @@ impl GroupJournal for RingJournal {
         let slot = slot_of(op, SHAPE.journal_slots);
         match self.read_prepare_slot(slot) {
             Ok(bytes) => {
-                let prepare = read_back(&bytes, op, checksum, plain_body);
+                let prepare = read_back(&bytes, op, checksum, self.body_rule);
                 if prepare.is_none() {
                     tracing::error!(
                         dir = %self.dir.display(),
@@ -559,7 +563,7 @@ impl<S: StateMachine> LocalGroup<S, RingJournal> {
         group: u64,
         fresh: impl Fn() -> S + Clone + Send + Sync + 'static,
     ) -> Result<LocalGroup<S>, GroupError> {
-        LocalGroup::open_with(dir, group, &(), fresh)
+        LocalGroup::open_with(dir, group, &(S::body_verifies as BodyRule), fresh)
     }
 
     /// Recover the group in `dir` in memory as [`LocalGroup::open`] would, writing nothing
@@ -569,7 +573,7 @@ impl<S: StateMachine> LocalGroup<S, RingJournal> {
         group: u64,
         fresh: impl FnOnce() -> S,
     ) -> Result<Option<LocalGroup<S>>, GroupError> {
-        LocalGroup::open_read_only_with(dir, group, &(), fresh)
+        LocalGroup::open_read_only_with(dir, group, &(S::body_verifies as BodyRule), fresh)
     }
 }
 

@@ -1560,6 +1560,8 @@ mod tests {
             request[partition::APPEND_ONE_PREFIX_BYTES..].as_ptr(),
             shared.as_ptr()
         );
+        let (untouched, _) = shared.into_buffer();
+        assert_eq!(&untouched[..20], &[0xEE; 20], "a shared buffer is left as it was");
         let request = append_request(Append {
             timestamp_us: 7,
             batches: vec![received(15)],
@@ -1588,7 +1590,10 @@ mod tests {
         header.op = op;
         header.view = 2;
         header.operation = OPERATION_APPEND;
-        Message::new(header, Bytes::from(encode_append(timestamp_us, &parts)))
+        // Sealed as the primary seals an append: the checksum of its batch headers.
+        let body = Bytes::from(encode_append(timestamp_us, &parts));
+        let checksum_body = partition::append_body_checksum(&body).expect("an append body");
+        Message::with_body_checksum(header, body, checksum_body)
     }
 
     /// A view change replaced op 2 (an append) with another append: the rewrite cuts the

@@ -438,13 +438,25 @@ fn status_reply(status: u32) -> Vec<u8> {
 }
 
 impl StateMachine for PartitionMachine {
-    /// An append's is derived from its batch headers ([`append_body_checksum`]).
+    /// An append's is derived from its batch headers ([`append_body_checksum`]) when it is
+    /// an append `prepare` stamps (the layout `decode_append` accepts), whose messages the
+    /// shell verified on admission (`cairn_wire::batch::validate`; asserted in debug builds,
+    /// so a simulator sending unverified batches finds out). Anything else: the plain rule.
     fn body_checksum(&self, operation: u8, body: &[u8]) -> u128 {
-        match operation {
-            OPERATION_APPEND => append_body_checksum(body),
-            _ => None,
+        let derived = (operation == OPERATION_APPEND && decode_append(body).is_some())
+            .then(|| append_body_checksum(body))
+            .flatten();
+        match derived {
+            Some(checksum) => {
+                debug_assert!(
+                    append_batch_slices(body)
+                        .is_some_and(|batches| batches.into_iter().all(batch::frames_verify)),
+                    "an append reached prepare with messages that do not match their checksums"
+                );
+                checksum
+            }
+            None => xxhash_rust::xxh3::xxh3_128(body),
         }
-        .unwrap_or_else(|| xxhash_rust::xxh3::xxh3_128(body))
     }
 
     /// An append's derived checksum holds and every batch's messages verify against their
@@ -763,6 +775,24 @@ mod tests {
                 "byte {at}"
             );
         }
+        // A message rewritten together with its own checksum: the batch checksum in the
+        // stamped header (which the derived checksum covers) no longer matches.
+        let mut rewritten = prepared.to_vec();
+        let last_frame = rewritten.len() - (batch::FRAME_HEADER_SIZE + 10);
+        let last = rewritten.len() - 1;
+        rewritten[last] ^= 1;
+        let frame_checksum = xxhash_rust::xxh3::xxh3_64(&rewritten[last_frame + 8..]);
+        rewritten[last_frame..last_frame + 8].copy_from_slice(&frame_checksum.to_le_bytes());
+        assert_eq!(
+            append_body_checksum(&rewritten),
+            Some(checksum),
+            "the headers are as sealed"
+        );
+        assert!(!PartitionMachine::body_verifies(
+            OPERATION_APPEND,
+            &rewritten,
+            checksum
+        ));
         // Other ops, and appends sealed before the derived rule: the plain XXH3-128.
         let plain = xxhash_rust::xxh3::xxh3_128(&prepared);
         assert!(PartitionMachine::body_verifies(

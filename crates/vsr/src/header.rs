@@ -5,7 +5,7 @@
 //! | off | size | field |
 //! |---:|---:|---|
 //! | 0 | 16 | `checksum`: XXH3-128 of bytes 16..256; it covers `checksum_body`, so the body too |
-//! | 16 | 16 | `checksum_body`: XXH3-128 of the body |
+//! | 16 | 16 | `checksum_body`: XXH3-128 of the body, or a prepare's by its state machine's rule ([`Message::with_body_checksum`]); 0 for a request kept in memory ([`Message::in_memory`]) |
 //! | 32 | 16 | `cluster` |
 //! | 48 | 4 | `size`: header + body bytes |
 //! | 52 | 4 | `release` |
@@ -30,7 +30,10 @@
 //!
 //! Decoding checks before it trusts: the header checksum first (a flipped bit anywhere in
 //! bytes 16..256 is caught before any field is used), then every field with a fixed legal
-//! range, then the body against `checksum_body`. Nothing is allocated from a size that was not
+//! range, then the body against `checksum_body` as the XXH3-128 of the body ([`Message::decode`]
+//! knows no other rule: a prepare sealed by a state machine's own rule, such as a partition's
+//! append, is verified by that machine's `body_verifies` instead, and `decode` refuses it).
+//! Nothing is allocated from a size that was not
 //! bounded by [`MESSAGE_SIZE_LIMIT`] (a group's own, smaller bound is its
 //! replica's to check: `Shape::message_size_max`).
 

@@ -43,7 +43,7 @@ pub trait StateMachine {
     /// point: offsets of uncommitted ops it keeps are never minted again. The cursor's 16
     /// bytes are the machine's to define (a partition: next offset and last timestamp). The
     /// body must fit the group's messages. The request's body is handed over: when nothing
-    /// else holds it (`Arc::get_mut`), the machine may turn it into the prepare's body in
+    /// else holds it (`Bytes::try_into_mut`), the machine may turn it into the prepare's body in
     /// place rather than copy it; the bytes it returns must not depend on which it did. The
     /// default keeps the request's body and the cursor.
     fn prepare(&self, op: u64, timestamp: u64, operation: u8, input: Bytes, cursor: u128) -> (Bytes, u128) {

@@ -18,7 +18,9 @@
 //!   reason about than a check at each end.
 //!
 //! Not modelled: corruption (a corrupt message fails its checksum and is dropped, which the drop
-//! fault already covers), and misdelivery to another endpoint. Why these are safe to exclude is
+//! fault already covers; a replica network must then check a prepare sealed by its state
+//! machine's own rule with that machine's `body_verifies`, as `Message::decode` refuses it),
+//! and misdelivery to another endpoint. Why these are safe to exclude is
 //! in `docs/replication.md`, "What the fault model excludes".
 //!
 //! Determinism: every draw comes from the network's own [`Prng`] (the "network" stream) in
