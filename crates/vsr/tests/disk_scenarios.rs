@@ -42,11 +42,17 @@ fn slot_state(sim: &Simulation, replica: usize, slot: usize) -> SlotState {
     let storage = sim.storage(replica);
     let prepare = storage.read(Zone::Prepares, slot as u32);
     let header = storage.read(Zone::Headers, slot as u32);
+    classify(slot, &prepare, &header)
+}
+
+/// What a slot's prepare and header bytes prove (the simulator's machine keeps the plain
+/// body rule).
+fn classify(slot: usize, prepare: &[u8], header: &[u8]) -> SlotState {
     classify_slot(
         slot,
         JOURNAL_SLOTS,
-        &prepare,
-        &header,
+        prepare,
+        header,
         SIM_CLUSTER,
         SIM_GROUP,
         cairn_vsr::journal::plain_body,
@@ -132,15 +138,7 @@ fn a_corrupt_journal_entry_is_repaired_from_a_peer() {
             let storage = sim.storage(backup);
             let prepare = storage.read_durable(Zone::Prepares, slot as u32);
             let header = storage.read_durable(Zone::Headers, slot as u32);
-            classify_slot(
-                slot,
-                JOURNAL_SLOTS,
-                &prepare,
-                &header,
-                SIM_CLUSTER,
-                SIM_GROUP,
-                cairn_vsr::journal::plain_body,
-            ) == SlotState::Clean(original.clone())
+            classify(slot, &prepare, &header) == SlotState::Clean(original.clone())
         })
         .expect("no violation");
     assert!(
