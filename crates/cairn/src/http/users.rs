@@ -102,39 +102,44 @@ struct TokenInfoJson {
 
 // ---- from the handler's values ----
 
-fn user_json(user: cairn_wire::reply::UserRecord, permissions: Option<Option<PermissionsJson>>) -> UserJson {
-    UserJson {
+/// A user's JSON; a status the SDK does not know is a server bug (as the SDK would refuse it).
+fn user_json(
+    user: cairn_wire::reply::UserRecord,
+    permissions: Option<Option<PermissionsJson>>,
+) -> Result<UserJson, ApiError> {
+    let status = match user.status {
+        1 => "active",
+        2 => "inactive",
+        _ => return Err(unexpected_reply()),
+    };
+    Ok(UserJson {
         id: user.id,
         created_at: user.created_at,
-        status: match user.status {
-            2 => "inactive",
-            _ => "active",
-        },
+        status,
         username: user.username,
         permissions,
-    }
+    })
 }
 
-fn user_details_json(details: UserDetails) -> UserJson {
+fn user_details_json(details: UserDetails) -> Result<UserJson, ApiError> {
     let permissions = details.permissions.as_ref().map(PermissionsJson::from_wire);
     user_json(details.user, Some(permissions))
 }
 
-fn transport_name(transport: u8) -> &'static str {
-    match transport {
+/// A client's JSON; a transport the SDK does not know is a server bug.
+fn client_json(client: cairn_wire::reply::ClientRecord, with_groups: bool) -> Result<ClientJson, ApiError> {
+    let transport = match client.transport {
+        1 => "TCP",
         2 => "QUIC",
         3 => "HTTP",
         4 => "WebSocket",
-        _ => "TCP",
-    }
-}
-
-fn client_json(client: cairn_wire::reply::ClientRecord, with_groups: bool) -> ClientJson {
-    ClientJson {
+        _ => return Err(unexpected_reply()),
+    };
+    Ok(ClientJson {
         client_id: client.client_id,
         user_id: client.user_id,
         address: client.address,
-        transport: transport_name(client.transport),
+        transport,
         consumer_groups_count: u32::try_from(client.consumer_groups.len()).unwrap_or(u32::MAX),
         consumer_groups: with_groups.then(|| {
             client
@@ -147,7 +152,7 @@ fn client_json(client: cairn_wire::reply::ClientRecord, with_groups: bool) -> Cl
                 })
                 .collect()
         }),
-    }
+    })
 }
 
 fn not_found(what: &str) -> ApiError {
@@ -169,7 +174,10 @@ async fn get_users(State(state): State<Shared>, ConnectInfo(peer): Peer, headers
     let Typed::Users(users) = state.run(&headers, peer, Command::GetUsers).await? else {
         return Err(unexpected_reply());
     };
-    let users: Vec<UserJson> = users.into_iter().map(|user| user_json(user, None)).collect();
+    let users = users
+        .into_iter()
+        .map(|user| user_json(user, None))
+        .collect::<Result<Vec<UserJson>, ApiError>>()?;
     Ok(json(StatusCode::OK, &users))
 }
 
@@ -183,7 +191,7 @@ async fn get_user(
         user: identifier(&user)?,
     };
     match state.run(&headers, peer, command).await? {
-        Typed::User(Some(details)) => Ok(json(StatusCode::OK, &user_details_json(*details))),
+        Typed::User(Some(details)) => Ok(json(StatusCode::OK, &user_details_json(*details)?)),
         Typed::User(None) => Err(not_found("user")),
         _ => Err(unexpected_reply()),
     }
@@ -219,7 +227,7 @@ async fn create_user(
     let Typed::User(Some(details)) = state.run(&headers, peer, command).await? else {
         return Err(unexpected_reply());
     };
-    Ok(json(StatusCode::CREATED, &user_details_json(*details)))
+    Ok(json(StatusCode::CREATED, &user_details_json(*details)?))
 }
 
 #[derive(Deserialize)]
@@ -397,7 +405,10 @@ async fn get_clients(State(state): State<Shared>, ConnectInfo(peer): Peer, heade
     let Typed::Clients(clients) = state.run(&headers, peer, Command::GetClients).await? else {
         return Err(unexpected_reply());
     };
-    let clients: Vec<ClientJson> = clients.into_iter().map(|c| client_json(c, false)).collect();
+    let clients = clients
+        .into_iter()
+        .map(|c| client_json(c, false))
+        .collect::<Result<Vec<ClientJson>, ApiError>>()?;
     Ok(json(StatusCode::OK, &clients))
 }
 
@@ -414,7 +425,7 @@ async fn get_client(
         .run(&headers, peer, Command::GetClient { client_id })
         .await?
     {
-        Typed::Client(Some(client)) => Ok(json(StatusCode::OK, &client_json(client, true))),
+        Typed::Client(Some(client)) => Ok(json(StatusCode::OK, &client_json(client, true)?)),
         Typed::Client(None) => Err(not_found("client")),
         _ => Err(unexpected_reply()),
     }
