@@ -679,23 +679,8 @@ async fn a_batch_of_almost_64_mib_is_one_op_and_comes_back_whole() {
         .send_messages(&sid, &tid, &Partitioning::partition_id(0), &mut batch)
         .await
         .expect("a 60 MiB batch is acknowledged");
-    let mut got: Vec<IggyMessage> = Vec::new();
-    while got.len() < MESSAGES {
-        let polled = client
-            .poll_messages(
-                &sid,
-                &tid,
-                Some(0),
-                &Consumer::new(id_num(1)),
-                &PollingStrategy::offset(got.len() as u64),
-                10,
-                false,
-            )
-            .await
-            .expect("poll");
-        assert!(!polled.messages.is_empty(), "stopped at {}", got.len());
-        got.extend(polled.messages);
-    }
+    let got = poll_all(&client, s, t, 0, 10, MESSAGES).await;
+    assert_eq!(got.len(), MESSAGES, "every message polled back");
     for (i, message) in got.iter().enumerate() {
         assert_eq!(message.header.offset, i as u64);
         assert!(message.payload.as_ref() == payload(i).as_slice(), "message {i}");
