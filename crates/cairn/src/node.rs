@@ -82,8 +82,7 @@ pub enum GroupError {
 impl GroupError {
     /// The same failure for another request of the same batch (the error is not `Clone`): an
     /// undone write or a request not taken stays one (nothing was taken), a stop stays that
-    /// stop, anything else
-    /// becomes a stop of the group in `dir` saying what happened.
+    /// stop, anything else becomes a stop of the group in `dir` saying what happened.
     pub fn like(&self, dir: &Path) -> GroupError {
         match self {
             GroupError::WriteUndone { dir, reason } => GroupError::WriteUndone {
