@@ -612,8 +612,11 @@ impl Catalog {
                     lock(&runtime.members).remove(&group_id);
                     let owner = Owner::Group(group_id);
                     for partition in &runtime.partitions {
-                        if let PartitionState::Serving(data) = &mut *lock(&partition.state)
-                            && data.stored_offset(&owner).is_some()
+                        let mut state = lock(&partition.state);
+                        // Only a partition holding the group's offset is verified (`serving`)
+                        // and written.
+                        if matches!(&*state, PartitionState::Serving(data) if data.stored_offset(&owner).is_some())
+                            && let Ok(data) = crate::partition::serving(&mut state)
                             && let Err(status) = data.delete_offset(&owner)
                             && status != codes::CONSUMER_OFFSET_NOT_FOUND
                         {

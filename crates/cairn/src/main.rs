@@ -307,6 +307,14 @@ async fn serve(config: config::Config) -> Result<(), String> {
             shutdown_rx.clone(),
         ))
     });
+    let verifying = {
+        let (server, stop) = (server.clone(), shutdown_rx.clone());
+        tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
+            let totals = scrub::verify_prefixes(&server.catalog, &|| *stop.borrow());
+            scrub::log_prefixes_verified(totals, started.elapsed());
+        })
+    };
     let serving = tokio::spawn(tcp::serve(server.clone(), listener, shutdown_rx));
     wait_for_stop_signal().await;
     tracing::info!("stop requested: finishing in-flight requests");
@@ -326,6 +334,9 @@ async fn serve(config: config::Config) -> Result<(), String> {
     }
     if let Err(error) = scrubbing.await {
         tracing::error!(%error, "the scrub task ended abnormally");
+    }
+    if let Err(error) = verifying.await {
+        tracing::error!(%error, "the verification of the log prefixes taken unread ended abnormally");
     }
     if let Some(flushing) = flushing
         && let Err(error) = flushing.await

@@ -160,11 +160,10 @@ impl PartitionData {
             });
         }
         // After an unclean stop in relaxed mode, offsets up to the reservation may have been
-        // acknowledged and lost: none is handed out again.
-        data.group.resume_minting().map_err(|source| OpenError::Resume {
-            dir: dir.to_path_buf(),
-            source,
-        })?;
+        // acknowledged and lost: none is handed out again. The skip to it is the first op of
+        // the partition's first append (`PartitionGroup::append_batch`), not written here: a
+        // start writes nothing before the log prefix it took unread is verified, and a clean
+        // stop before then keeps the reservation (`JournalLog::sync_for_stop`).
         data.finish_purge(purge_target)?;
         Ok(data)
     }
@@ -195,6 +194,15 @@ impl PartitionData {
         let start_offset = self.group.start_offset();
         if start_offset >= purge_target {
             return Ok(());
+        }
+        // In `relaxed` mode the target may lie among offsets acknowledged and then lost with a
+        // power loss: the skip past the reservation comes first, as the first append's would
+        // (a write, so the log prefix the start took unread is verified first).
+        if self.group.next_offset() < purge_target && self.group.log().resume_offset().is_some() {
+            self.group.resume_minting().map_err(|source| OpenError::Resume {
+                dir: self.dir.clone(),
+                source,
+            })?;
         }
         let next_offset = self.group.next_offset();
         if next_offset < purge_target {
@@ -433,6 +441,20 @@ impl PartitionData {
         self.found_damage.take()
     }
 
+    /// After a commit's replies went out: summarise the log's progress if it has grown
+    /// enough (`PartitionGroup::summarise_log_progress`).
+    pub fn summarise_log_progress(&mut self) {
+        self.group.summarise_log_progress();
+    }
+
+    /// Bytes of the log prefix its start took from a summary unread, while unverified.
+    pub fn unverified_prefix_bytes(&self) -> Option<u64> {
+        self.group
+            .log()
+            .unverified_prefix()
+            .map(|prefix| prefix.len_bytes)
+    }
+
     /// Whether `segment` is still one of the log's sealed segments, as it was.
     pub fn holds_sealed(&self, segment: &SealedSegment) -> bool {
         self.group.log().sealed_segments().contains(segment)
@@ -444,8 +466,19 @@ impl PartitionData {
     }
 
     /// The clean stop: a checkpoint at the last op, so the next start has no op to apply.
+    /// A partition whose log prefix is still unverified (it answered nothing, so wrote
+    /// nothing, since its start) is left as its start left it: nothing is written to a log
+    /// before it is verified, and the next start opens it as this one did.
     pub fn close(mut self) -> Result<(), GroupError> {
         if self.stopped_reason().is_some() {
+            return Ok(());
+        }
+        if self.unverified_prefix_bytes().is_some() {
+            tracing::info!(
+                partition_dir = %self.dir.display(),
+                "partition left as its start left it: its log prefix taken from a summary was never verified (it \
+                 answered no request), so nothing is written to it"
+            );
             return Ok(());
         }
         self.group.close()
@@ -523,9 +556,10 @@ pub fn check(dir: &Path, ids @ (_, _, partition_id): (u32, u32, u32)) -> Partiti
 }
 
 /// Refuse the partition whose state is `state` for `damage` found in its files by `finder`
-/// (a poll, the scrub), as a start refuses it: every request then gets the refusal status,
-/// its segment files are left as they are, and the damaged segment's summary (if any) is
-/// removed, so every later start reads that segment and refuses the partition too.
+/// (a poll, the scrub, the check of a prefix a start took unread), as a start refuses it:
+/// every request then gets the refusal status, its segment files are left as they are, and
+/// the damaged segment's summary (if any) is removed, so every later start reads that
+/// segment and refuses the partition too.
 pub fn refuse_for_damage(state: &mut PartitionState, dir: &Path, damage: &StorageError, finder: &str) {
     let later_starts = match damage {
         StorageError::Damaged { path, .. } => {
@@ -541,8 +575,8 @@ pub fn refuse_for_damage(state: &mut PartitionState, dir: &Path, damage: &Storag
     tracing::error!(
         partition_dir = %dir.display(),
         error = %damage,
-        "partition refused: {finder} found damage in a sealed segment; it will not serve reads or writes; its \
-         segment files are left untouched ({later_starts})"
+        "partition refused: {finder} found damage in its log; it will not serve reads or writes; its segment \
+         files are left untouched ({later_starts})"
     );
     *state = PartitionState::Refused {
         reason: damage.to_string(),
@@ -568,7 +602,40 @@ pub fn storage_status(dir: &Path, error: StorageError) -> u32 {
 }
 
 /// The data of a serving partition, or the status for one that is not.
+///
+/// A partition whose start took a prefix of its log from a summary without reading it (the
+/// segment written at the last clean stop: `JournalLog::unverified_prefix`) has that prefix
+/// verified here first, once, under the partition's lock: damage there refuses the partition
+/// as a start that read it would have; so does an error reading it (an IO error), as a
+/// start that met it would have (the next start tries again). So no request is answered
+/// from, and no op is added to, a log with damage below its frontier. A background pass
+/// started at boot (`scrub::verify_prefixes`) usually gets there before the first request.
 pub fn serving(state: &mut PartitionState) -> Result<&mut PartitionData, u32> {
+    if let PartitionState::Serving(data) = state
+        && let Err(error) = data.group.verify_log_prefix()
+    {
+        let dir = data.dir.clone();
+        match error {
+            StorageError::Damaged { .. } => refuse_for_damage(
+                state,
+                &dir,
+                &error,
+                "the check of the log prefix its start took from a summary unread",
+            ),
+            error => {
+                tracing::error!(
+                    partition_dir = %dir.display(),
+                    %error,
+                    "partition refused: reading the log prefix its start took from a summary unread failed; it \
+                     will not serve reads or writes until a restart, which reads it again; its files are left untouched"
+                );
+                *state = PartitionState::Refused {
+                    reason: error.to_string(),
+                };
+            }
+        }
+        return Err(PARTITION_REFUSED_STATUS);
+    }
     match state {
         PartitionState::Serving(data) => Ok(data),
         PartitionState::Refused { reason } => {
@@ -581,6 +648,18 @@ pub fn serving(state: &mut PartitionState) -> Result<&mut PartitionData, u32> {
     }
 }
 
+/// The data of a serving partition whose log holds nothing unverified, for the timers
+/// (retention, the scrub's listing, the `relaxed` flush): they leave a partition whose
+/// prefix is still unverified to the boot pass and its first request ([`serving`]) rather
+/// than read it under the lock themselves. Such a partition has written nothing since its
+/// start, so it has nothing to flush.
+pub fn serving_verified(state: &mut PartitionState) -> Option<&mut PartitionData> {
+    match state {
+        PartitionState::Serving(data) if data.unverified_prefix_bytes().is_none() => Some(data),
+        _ => None,
+    }
+}
+
 /// The `relaxed` mode's flush of one partition (on `storage.flush_interval_ms`): the bulk of
 /// the barrier, the active segment's dirty pages, is synced on a handle of its own without
 /// the partition's lock, so sends are not held up by it; then, under the lock, the journal's
@@ -589,8 +668,8 @@ pub fn serving(state: &mut PartitionState) -> Result<&mut PartitionData, u32> {
 /// the first sync meets is reported to the journal's handle too (Linux reports it to every
 /// descriptor open before it, since 4.13), so the second one fails and the partition stops.
 pub fn flush_relaxed(state: &Mutex<PartitionState>) {
-    let (disk, path) = match serving(&mut lock(state)) {
-        Ok(data) if data.group.log().durable_op() < data.group.log().last_op() => {
+    let (disk, path) = match serving_verified(&mut lock(state)) {
+        Some(data) if data.group.log().durable_op() < data.group.log().last_op() => {
             (data.group.log().disk(), data.group.log().active_segment_path())
         }
         _ => return,
@@ -598,7 +677,7 @@ pub fn flush_relaxed(state: &Mutex<PartitionState>) {
     if let Ok(mut file) = disk.open_write(&path) {
         let _ = file.sync_data();
     }
-    if let Ok(data) = serving(&mut lock(state)) {
+    if let Some(data) = serving_verified(&mut lock(state)) {
         // A failure is logged by `flush` and stops the partition.
         let _ = data.flush();
     }

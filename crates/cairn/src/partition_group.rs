@@ -735,6 +735,35 @@ impl LocalGroup<PartitionMachine, LogJournal> {
         &self.journal().log
     }
 
+    /// Verify the log prefix the journal's open took from a summary unread, if it has one
+    /// (`JournalLog::verify_unverified_prefix`): damage there is an `Err`, and stops the log.
+    pub fn verify_log_prefix(&mut self) -> Result<(), StorageError> {
+        if self.log().unverified_prefix().is_none() {
+            return Ok(());
+        }
+        let dir = self.journal().dir.clone();
+        let started = std::time::Instant::now();
+        let verified = self.journal_mut().log.verify_unverified_prefix();
+        if verified.is_ok() {
+            tracing::debug!(dir = %dir.display(), took_ms = started.elapsed().as_millis() as u64, "verified the log prefix the start took from a summary");
+        }
+        verified
+    }
+
+    /// Summarise the durable part of the segment being written once it has grown enough
+    /// (`JournalLog::summarise_progress`, every `PREFIX_SUMMARY_STEP_BYTES`), so that a start
+    /// after a crash reads only what follows the summary. Off the acknowledgement path.
+    pub fn summarise_log_progress(&mut self) {
+        use cairn_storage::journal::{PREFIX_SUMMARY_GROWTH_PER_BYTE, PREFIX_SUMMARY_STEP_BYTES};
+        if self
+            .journal_mut()
+            .log
+            .summarise_progress(PREFIX_SUMMARY_STEP_BYTES, PREFIX_SUMMARY_GROWTH_PER_BYTE)
+        {
+            tracing::debug!(dir = %self.journal().dir.display(), "summarised the segment being written");
+        }
+    }
+
     fn state(&self) -> &partition::PartitionState {
         self.state_machine().state()
     }

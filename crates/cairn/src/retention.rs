@@ -18,7 +18,7 @@
 //!   never deleted, so a topic can stay above its limit by up to their size.
 
 use crate::catalog::{Catalog, Partition};
-use crate::partition::{lock, serving};
+use crate::partition::{lock, serving, serving_verified};
 use cairn_storage::journal::JournalSegment;
 use std::sync::{Arc, RwLock};
 
@@ -136,7 +136,7 @@ pub fn enforce(catalog: &RwLock<Catalog>, now_us: u64) {
 fn expire(partition: &Partition, cutoff_us: u64) {
     let expired_through = {
         let mut state = lock(&partition.state);
-        let Ok(data) = serving(&mut state) else {
+        let Some(data) = serving_verified(&mut state) else {
             return;
         };
         data.sealed_retained_segments()
@@ -161,7 +161,7 @@ fn shrink(partitions: &[Arc<Partition>], max_size_bytes: u64) {
         let mut oldest: Option<(usize, u64, u64)> = None;
         for (position, partition) in partitions.iter().enumerate() {
             let mut state = lock(&partition.state);
-            let Ok(data) = serving(&mut state) else {
+            let Some(data) = serving_verified(&mut state) else {
                 continue;
             };
             size_bytes = size_bytes.saturating_add(data.stats().size_bytes);

@@ -8,15 +8,21 @@
 //! the damaged segment's summary is removed, so every later start reads that segment again
 //! and refuses the partition too, until an operator acts.
 //!
-//! A segment is read without the partition's lock (a sealed segment's bytes do not change);
-//! the lock is taken only to list the segments and, on a finding, to check the segment is
-//! still the one that was read before refusing.
+//! The same module holds the pass started at boot over the log prefixes a start took from
+//! the summaries written at the last clean stop ([`verify_prefixes`]).
+//!
+//! The scrub reads a segment without the partition's lock (a sealed segment's bytes do not
+//! change); the lock is taken only to list the segments and, on a finding, to check the
+//! segment is still the one that was read before refusing. A partition whose log prefix is
+//! still unverified is left to the boot pass. The boot pass reads under the lock (see
+//! [`verify_prefixes`]).
 
 use crate::catalog::{Catalog, Partition};
-use crate::partition::{PartitionState, lock, serving};
+use crate::partition::{PartitionState, lock, serving, serving_verified};
 use cairn_storage::StorageError;
 use cairn_storage::journal::{self, SealedSegment};
 use std::sync::RwLock;
+use std::time::Duration;
 
 /// What one pass did, for the log line and the tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +54,7 @@ pub fn scrub(catalog: &RwLock<Catalog>, stopping: &dyn Fn() -> bool) -> ScrubTot
 fn scrub_partition(partition: &Partition, totals: &mut ScrubTotals, stopping: &dyn Fn() -> bool) {
     let (disk, segments) = {
         let mut state = lock(&partition.state);
-        let Ok(data) = serving(&mut state) else {
+        let Some(data) = serving_verified(&mut state) else {
             return;
         };
         data.sealed_segments()
@@ -88,4 +94,63 @@ fn refuse(partition: &Partition, segment: &SealedSegment, error: &StorageError) 
         crate::partition::refuse_for_damage(&mut state, &partition.dir, error, "the scrub");
     }
     still_held
+}
+
+/// What the boot pass over unverified log prefixes did, for its log line.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixTotals {
+    pub partitions_verified: u64,
+    pub bytes_verified: u64,
+    pub partitions_refused: u64,
+    /// The pass stopped early (the server is stopping).
+    pub interrupted: bool,
+}
+
+/// The pass started at boot: a start takes the prefix of the segment each partition is
+/// writing from the summary last written of it (at a clean stop, or as it grew), without
+/// reading it, and a partition verifies that prefix before it serves its first request
+/// ([`serving`]). This pass verifies them all
+/// in the background, one partition at a time under its lock (a request meanwhile would have
+/// to verify the same bytes), so that damage there is refused soon after the start whatever
+/// requests come, and the first requests find the work done. `stopping` is asked between
+/// partitions.
+pub fn verify_prefixes(catalog: &RwLock<Catalog>, stopping: &dyn Fn() -> bool) -> PrefixTotals {
+    let mut totals = PrefixTotals::default();
+    for partition in crate::catalog::all_partitions(catalog) {
+        if stopping() {
+            totals.interrupted = true;
+            break;
+        }
+        let mut state = lock(&partition.state);
+        let Some(bytes) = (match &*state {
+            PartitionState::Serving(data) => data.unverified_prefix_bytes(),
+            _ => None,
+        }) else {
+            continue;
+        };
+        let verified = serving(&mut state).is_ok();
+        if verified {
+            totals.partitions_verified += 1;
+            totals.bytes_verified += bytes;
+        } else if matches!(&*state, PartitionState::Refused { .. }) {
+            // Damage, or an error reading the prefix: logged by `serving`.
+            totals.partitions_refused += 1;
+        }
+    }
+    totals
+}
+
+/// The log line of [`verify_prefixes`].
+pub fn log_prefixes_verified(totals: PrefixTotals, took: Duration) {
+    if totals == PrefixTotals::default() {
+        return;
+    }
+    tracing::info!(
+        partitions_verified = totals.partitions_verified,
+        bytes_verified = totals.bytes_verified,
+        partitions_refused = totals.partitions_refused,
+        interrupted = totals.interrupted,
+        took_ms = took.as_millis() as u64,
+        "verified the log prefixes the start took from segment summaries"
+    );
 }

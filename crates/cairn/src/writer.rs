@@ -40,7 +40,7 @@
 
 use crate::node::{GroupError, LANES};
 pub use crate::partition::{BARRIER_FAILED_STATUS, PARTITION_STOPPED_STATUS, WRITE_FAILED_STATUS};
-use crate::partition::{PartitionState, lock, serving};
+use crate::partition::{PartitionState, lock, serving, serving_verified};
 use crate::partition_group::{Append, PartitionError};
 use cairn_wire::batch::ReceivedBatch;
 use cairn_wire::codes;
@@ -573,6 +573,11 @@ fn commit_groups(shared: &WriterShared, groups: Vec<Vec<PendingSend>>) {
             // A submitter that went away (connection closed) just misses its reply.
             let _ = reply.send(outcome);
         }
+    }
+    // Off the acknowledgement path: once the segment being written has grown enough since its
+    // last summary, summarise it, so that a start after a crash reads only what follows.
+    if let Some(data) = serving_verified(&mut lock(&shared.state)) {
+        data.summarise_log_progress();
     }
 }
 

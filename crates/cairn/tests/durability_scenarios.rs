@@ -484,6 +484,13 @@ fn flip_mid_segment(pdir: &Path) -> (std::path::PathBuf, DiskRecord, u64) {
 /// it: the partition is refused (3003 on poll and send), its files stay byte-identical, the
 /// other partition of the topic serves, the refusal is logged with file and position, and it
 /// repeats on the next boot.
+///
+/// The segment is the one being written, summarised at the clean stop: the first start takes
+/// it from its summary unread, and a pass at boot verifies it and refuses the partition
+/// before any request comes (a request would verify it first too). That start changes two
+/// files before the refusal, neither holding data: the group's superblock (the view it came
+/// up in) and the segment's summary, which the refusal removes. So the next start reads the
+/// segment and refuses the partition at once, changing nothing at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenario_07_mid_segment_bit_flip_is_refused() {
     let dir = temp_dir();
@@ -494,16 +501,38 @@ async fn scenario_07_mid_segment_bit_flip_is_refused() {
 
     let pdir = partition_dir(dir.path(), l0.stream, l0.topic, 0);
     let (log, victim, flip_at) = flip_mid_segment(&pdir);
-    let tampered = hash_tree(&pdir);
+    let summary = log.with_extension("summary");
+    assert!(
+        summary.exists(),
+        "a clean stop summarises the segment being written"
+    );
+    let tampered = hash_data(&pdir);
     eprintln!(
         "scenario 7: flipped byte {flip_at} of {} (record at {})",
         log.display(),
         victim.pos
     );
 
+    let mut after_first_boot = None;
     for boot_no in 1..=2 {
         let (server, client) = boot(dir.path(), &[]).await;
+        if boot_no == 1 {
+            assert!(
+                server
+                    .wait_for_log(
+                        "the check of the log prefix its start took from a summary unread found damage",
+                        Duration::from_secs(30)
+                    )
+                    .await,
+                "the boot pass did not refuse the partition:\n{}",
+                server.logs()
+            );
+        }
         assert_refused(&client, &l0).await;
+        assert!(
+            !summary.exists(),
+            "boot {boot_no}: the damaged segment has no summary for a start to take"
+        );
         assert!(
             serves(&client, &l1).await,
             "boot {boot_no}: the healthy partition was refused"
@@ -518,7 +547,7 @@ async fn scenario_07_mid_segment_bit_flip_is_refused() {
             victim.end()
         );
         assert_eq!(
-            hash_tree(&pdir),
+            hash_data(&pdir),
             tampered,
             "boot {boot_no}: refused files changed while serving"
         );
@@ -532,10 +561,18 @@ async fn scenario_07_mid_segment_bit_flip_is_refused() {
             log.display()
         );
         assert_eq!(
-            hash_tree(&pdir),
+            hash_data(&pdir),
             tampered,
             "boot {boot_no}: refused files changed by the stop or by `cairn check`"
         );
+        match &after_first_boot {
+            None => after_first_boot = Some(hash_tree(&pdir)),
+            Some(before) => assert_eq!(
+                &hash_tree(&pdir),
+                before,
+                "a start that refuses the partition at open changes no file"
+            ),
+        }
     }
 }
 
@@ -699,7 +736,7 @@ async fn scenario_08_offset_field_bit_flip_same_verdict_never_adopted() {
         let (byte, mask) = flip_for(last.base_offset, dir_flip);
         let at = last.pos + RECORD_BASE_OFFSET_AT as u64 + byte;
         flip_byte(&log, at, mask);
-        let tampered = hash_tree(&pdir);
+        let tampered = hash_data(&pdir);
         let (server, client) = boot(dir.path(), &[]).await;
         let serving = serves(&client, &l0).await;
         eprintln!(
@@ -720,7 +757,7 @@ async fn scenario_08_offset_field_bit_flip_same_verdict_never_adopted() {
         );
         drop(client);
         server.stop_with_damage();
-        assert_eq!(hash_tree(&pdir), tampered, "{dir_flip:?}: refused files changed");
+        assert_eq!(hash_data(&pdir), tampered, "{dir_flip:?}: refused files changed");
         // The operator repairs the byte.
         flip_byte(&log, at, mask);
     }
@@ -1371,10 +1408,7 @@ async fn damage_in_a_sealed_segment_is_refused_by_the_scrub_and_when_read() {
     let (server, client) = boot(dir.path(), &scrub).await;
     assert!(
         server
-            .wait_for_log(
-                "the scrub found damage in a sealed segment",
-                Duration::from_secs(30)
-            )
+            .wait_for_log("the scrub found damage in its log", Duration::from_secs(30))
             .await,
         "the scrub found nothing within 30 s:\n{}",
         server.logs()
@@ -1424,7 +1458,7 @@ async fn damage_in_a_sealed_segment_is_refused_by_the_scrub_and_when_read() {
     );
     assert!(
         server
-            .wait_for_log("a poll found damage in a sealed segment", Duration::from_secs(10))
+            .wait_for_log("a poll found damage in its log", Duration::from_secs(10))
             .await,
         "{}",
         server.logs()

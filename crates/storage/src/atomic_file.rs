@@ -13,7 +13,9 @@
 //!
 //! A crash before the rename leaves the old file intact (the torn `.tmp` is removed on the next
 //! read); a crash after it leaves the new one. So a reader sees the last whole write, and any
-//! verification failure of the file itself is damage, never a torn write.
+//! verification failure of the file itself is damage, never a torn write. The exception is a
+//! file written with [`write_unsynced_on`] (no barrier, for files whose loss is harmless): a
+//! power loss may leave it torn, and its reader takes a file that fails verification as none.
 
 use crate::StorageError;
 use crate::io::{Disk, RealDisk, parent_dir};
@@ -42,6 +44,27 @@ pub fn write(path: &Path, contents: &[u8]) -> Result<(), StorageError> {
 /// `Err(Damaged)` if it exists but fails verification.
 pub fn read(path: &Path) -> Result<Option<Vec<u8>>, StorageError> {
     read_on(&RealDisk, path)
+}
+
+/// Replace `path` with `contents`, framed as [`write_on`] frames them, with no barrier: the
+/// staging file is written and renamed over `path`, nothing synced. For a file whose loss is
+/// harmless (an index a reader can do without, such as a segment summary): after a crash
+/// `path` may hold the old contents, the new ones, or contents that fail verification, which
+/// a reader takes as no file. Never for a file whose loss would lose anything.
+pub fn write_unsynced_on(disk: &dyn Disk, path: &Path, contents: &[u8]) -> Result<(), StorageError> {
+    if contents.len() as u64 > ATOMIC_FILE_CONTENTS_BYTES_MAX {
+        return Err(StorageError::Invalid(format!(
+            "atomic file contents of {} bytes exceed {ATOMIC_FILE_CONTENTS_BYTES_MAX}",
+            contents.len()
+        )));
+    }
+    let framed = frame(contents);
+    let tmp = tmp_path(path);
+    disk.remove_file(&tmp)?;
+    let mut file = disk.create_new(&tmp)?;
+    file.write_all_at(0, &framed)?;
+    drop(file);
+    disk.rename(&tmp, path)
 }
 
 /// [`write()`] through `disk`.

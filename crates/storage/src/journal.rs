@@ -48,7 +48,10 @@
 //! only then may the core count those ops durable (and acknowledge them). At open, everything
 //! below the frontier must verify (damage is refused, never cut), and everything above it is
 //! dropped: it was never reported durable, and it may hold an op only partly written (its
-//! records are one write, and a crash can keep a prefix of it). A failed write is cut back
+//! records are one write, and a crash can keep a prefix of it). What the open takes from
+//! segment summaries instead of reading it is verified later: a sealed segment when read (and
+//! by the caller's scrub), the summarised prefix of the frontier's segment before the journal
+//! writes anything ([`JournalLog::unverified_prefix`]). A failed write is cut back
 //! (and a segment it left empty removed), and the journal goes on; if that undo fails, or a
 //! barrier fails, the journal stops until it is reopened.
 //!
@@ -112,6 +115,17 @@ pub const OFFSET_LEASE_MESSAGES: u64 = 65_536;
 
 /// Writeback pacing granularity of a `relaxed` journal (see `JournalLog::pace_writeback`).
 pub const WRITEBACK_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
+
+/// How far the durable part of the segment being written grows past its last summary before
+/// [`JournalLog::summarise_progress`] writes another (the caller passes it; tests pass less):
+/// what a start after a crash reads at most of that segment.
+pub const PREFIX_SUMMARY_STEP_BYTES: u64 = 64 * 1024 * 1024;
+
+/// A summary of the segment being written is written only once the segment has grown by at
+/// least this many times the summary's size since the last one (the caller passes it), so
+/// summaries never add more than a sixteenth to the bytes a segment costs (segments of many
+/// small ops have large summaries).
+pub const PREFIX_SUMMARY_GROWTH_PER_BYTE: u64 = 16;
 
 /// The most bytes one state-transfer chunk carries ([`JournalLog::read_segment_range`]).
 pub const TRANSFER_CHUNK_BYTES_MAX: u64 = 8 * 1024 * 1024;
@@ -295,22 +309,36 @@ pub fn forget_summary(disk: &dyn Disk, segment_path: &Path) -> Result<(), Storag
 /// segment begins with. Reads the file in pieces (no lock needed: a sealed segment's bytes do
 /// not change; the caller checks it is still in the journal before acting on a verdict).
 pub fn verify_sealed(disk: &dyn Disk, segment: &SealedSegment) -> Result<(), StorageError> {
+    verify_extent(disk, segment, true)
+}
+
+/// [`verify_sealed`] (`sealed`: the file holds exactly the segment), or the verification of
+/// an unverified prefix ([`JournalLog::verify_unverified_prefix`]: the file may be longer).
+fn verify_extent(disk: &dyn Disk, segment: &SealedSegment, sealed: bool) -> Result<(), StorageError> {
     let damaged = |position: u64, reason: String| StorageError::Damaged {
         path: segment.path.clone(),
         position,
         reason,
     };
     let len = disk.file_len(&segment.path)?.unwrap_or(0);
-    if len != segment.len_bytes {
+    if len < segment.len_bytes || (sealed && len != segment.len_bytes) {
         return Err(damaged(
             len.min(segment.len_bytes),
             format!(
-                "the sealed segment holds {len} bytes, the journal {}",
+                "the {} holds {len} bytes, the journal {}",
+                if sealed { "sealed segment" } else { "segment" },
                 segment.len_bytes
             ),
         ));
     }
-    let scanned = scan_durable(disk, &segment.path, segment.start, len, OPEN_CHUNK_BYTES)?;
+    let scanned = scan_durable(
+        disk,
+        &segment.path,
+        segment.start,
+        0,
+        segment.len_bytes,
+        OPEN_CHUNK_BYTES,
+    )?;
     match scanned.tail {
         Tail::Clean => {}
         Tail::Torn { fault } => {
@@ -332,8 +360,12 @@ pub fn verify_sealed(disk: &dyn Disk, segment: &SealedSegment) -> Result<(), Sto
     }
     if scanned.end != segment.end {
         return Err(damaged(
-            len,
-            "the sealed segment does not end with the chain the next segment begins with".into(),
+            segment.len_bytes,
+            if sealed {
+                "the sealed segment does not end with the chain the next segment begins with".into()
+            } else {
+                "the segment's summarised prefix does not end with the chain its summary says".into()
+            },
         ));
     }
     Ok(())
@@ -406,6 +438,18 @@ pub struct JournalLog {
     frontier: Frontier,
     /// Set by a failed write or barrier: nothing more is written until a reopen.
     stopped: Option<String>,
+    /// The prefix of the frontier's segment the open took from the segment's summary without
+    /// reading it (see [`JournalLog::unverified_prefix`]), until it is verified. Nothing is
+    /// written to the journal while it is set: a write verifies it first.
+    unverified_prefix: Option<SealedSegment>,
+    /// Bytes of the segment being written that the summary beside it describes (0: none).
+    summarised_len: u64,
+    /// Whether that summary was written with a barrier (a clean stop's is; a progress
+    /// summary, or one an open found, may not be durable).
+    summary_synced: bool,
+    /// [`JournalLog::summarise_progress`] writes nothing before the frontier's length in the
+    /// segment being written reaches this (a failed write, or a summary too large to write).
+    summary_retry_len: u64,
     /// fdatasync calls [`JournalLog::sync`] issued (statistics).
     fdatasyncs: u64,
     /// The durable offset reservation (last published or loaded): no batch reaching past it
@@ -524,6 +568,10 @@ impl JournalLog {
             state: Some(state),
             frontier,
             stopped: None,
+            unverified_prefix: None,
+            summarised_len: 0,
+            summary_synced: false,
+            summary_retry_len: 0,
             fdatasyncs: 0,
             offset_reserved: start.next_offset,
             unsynced_acknowledged: false,
@@ -532,8 +580,9 @@ impl JournalLog {
         })
     }
 
-    /// Open the journal in `dir`: verify everything below the durable frontier (damage there
-    /// is refused before a byte changes), drop everything above it (but the whole ops that
+    /// Open the journal in `dir`: verify everything below the durable frontier that it reads
+    /// (damage there is refused before a byte changes; what it takes from summaries unread is
+    /// verified later, see the module doc), drop everything above it (but the whole ops that
     /// may have been acknowledged, see the module doc), and index every op.
     pub fn open_on(
         disk: Arc<dyn Disk>,
@@ -543,8 +592,10 @@ impl JournalLog {
     ) -> Result<(JournalLog, JournalRecovery), StorageError> {
         check_config(&config)?;
         let plan = plan_open(disk.as_ref(), dir, partition_id, true)?;
-        // Only now, with everything kept verified: finish a removal of the oldest segments
-        // that a crash interrupted, and drop what lies above the frontier.
+        // Only now, with everything read verified: finish a removal of the oldest segments
+        // that a crash interrupted, and drop what lies above the frontier. (Neither touches
+        // a byte below the frontier, so they may come before a prefix taken unread is
+        // verified.)
         for &first_op in &plan.below_start {
             disk.remove_file(&dir.join(segment_log_name(first_op)))?;
         }
@@ -560,8 +611,19 @@ impl JournalLog {
         for &first_op in &plan.summaries {
             // Kept only for a sealed segment this open took from it: one that did not match
             // would make every open read the segment anyway.
-            let kept_sealed = first_op >= plan.start.next_op && first_op < frontier_first_op;
-            if !kept_sealed || !plan.adopted.contains(&first_op) {
+            // The segment written next keeps the summary of a prefix the open took from it:
+            // it still describes that prefix (nothing below the frontier changes, and
+            // whatever changes or removes the prefix removes the summary first), so a later
+            // open takes it again, until a rotation replaces it with the whole segment's.
+            let kept_sealed = first_op >= plan.start.next_op
+                && first_op < frontier_first_op
+                && plan.adopted.contains(&first_op);
+            let kept_prefix = first_op == frontier_first_op
+                && plan
+                    .unverified_prefix
+                    .as_ref()
+                    .is_some_and(|prefix| prefix.first_op == first_op);
+            if !(kept_sealed || kept_prefix) {
                 summaries_removed |= disk.remove_file(&dir.join(summary_name(first_op)))?;
             }
         }
@@ -774,6 +836,7 @@ impl JournalLog {
             dropped_bytes: 0,
             summaries: BTreeSet::new(),
             adopted: BTreeSet::new(),
+            unverified_prefix: None,
             summary_staging: Vec::new(),
         };
         let journal = JournalLog::from_plan(disk, dir, partition_id, config, plan, None);
@@ -798,6 +861,13 @@ impl JournalLog {
         writable: Option<(Box<dyn WriteFile>, StateFile)>,
     ) -> JournalLog {
         let stopped = writable.is_none().then(|| "opened read-only".to_string());
+        // The summary of a prefix stays only while its segment is the one written (see
+        // `open_on`).
+        let summarised_len = plan
+            .unverified_prefix
+            .as_ref()
+            .filter(|prefix| Some(prefix.first_op) == plan.segments.last().map(Segment::first_op))
+            .map_or(0, |prefix| prefix.len_bytes);
         let (active, state) = writable.unzip();
         let loaded = plan.loaded;
         let journal = JournalLog {
@@ -815,6 +885,12 @@ impl JournalLog {
             state,
             frontier: loaded.frontier,
             stopped,
+            // The summary of a prefix stays only while its segment is the one written (see
+            // `open_on`).
+            summarised_len,
+            summary_synced: false,
+            summary_retry_len: 0,
+            unverified_prefix: plan.unverified_prefix,
             fdatasyncs: 0,
             offset_reserved: loaded.offset_reserved,
             unsynced_acknowledged: loaded.unsynced_acknowledged,
@@ -1119,6 +1195,7 @@ impl JournalLog {
         if count == 0 {
             return Ok(Vec::new());
         }
+        self.verify_unverified_prefix()?;
         let removed: Vec<JournalSegment> = self.segments().into_iter().take(count).collect();
         let new_start = self.segments[count].start;
         if let Err(error) = atomic_file::write_on(
@@ -1188,6 +1265,8 @@ impl JournalLog {
         skip_to: Option<u64>,
     ) -> Result<(), StorageError> {
         self.check_not_stopped()?;
+        // Nothing is added to a log before what lies below its frontier is verified.
+        self.verify_unverified_prefix()?;
         if op < self.start.next_op || op > self.chain.next_op {
             return Err(StorageError::Invalid(format!(
                 "op {op} is outside the journal's next writable range {}..={}",
@@ -1458,6 +1537,21 @@ impl JournalLog {
     /// durable, so a clean restart skips nothing. Returns the last op it covers.
     pub fn sync_for_stop(&mut self) -> Result<u64, StorageError> {
         let last_op = self.sync()?;
+        // The summary of the segment being written, now all below the frontier, so that the
+        // next open takes it without reading it (best effort, as at a rotation: without one
+        // the open reads it). Not while a prefix is unverified: the summary the open took
+        // it from is still there (nothing was written since), and no summary is written
+        // from bytes nobody verified.
+        let active = self.segments.len() - 1;
+        let len_bytes = self.segments[active].len_bytes;
+        let summarised = len_bytes == self.summarised_len && self.summary_synced;
+        if self.unverified_prefix.is_none() && len_bytes > 0 && !summarised {
+            debug_assert_eq!(self.frontier.segment_len_bytes, len_bytes);
+            if self.write_summary(active).is_ok() {
+                self.summarised_len = len_bytes;
+                self.summary_synced = true;
+            }
+        }
         let collapsed = self.chain.next_offset.max(self.resume_floor);
         if self.offset_reserved > collapsed {
             let frontier = self.frontier;
@@ -1578,6 +1672,40 @@ impl JournalLog {
         Ok(())
     }
 
+    /// The prefix of the segment being written that the open took from the segment's summary
+    /// (written at the last clean stop) without reading it, while it is unverified. Polls
+    /// verify every record they read; the caller verifies the prefix
+    /// ([`JournalLog::verify_unverified_prefix`]) before it trusts the partition to serve,
+    /// and the journal verifies it before it writes anything, so that nothing is added to a
+    /// log with damage below its frontier.
+    pub fn unverified_prefix(&self) -> Option<&SealedSegment> {
+        self.unverified_prefix.as_ref()
+    }
+
+    /// Read and verify the unverified prefix, if there is one, as an open that read it would
+    /// have (records verify and continue the chain; it ends with its summary's chain). Damage
+    /// there stops the journal and removes the summary, so every later open reads the prefix
+    /// and refuses it; the error says where. Any other error (an IO error) leaves the prefix
+    /// unverified, for a later try.
+    pub fn verify_unverified_prefix(&mut self) -> Result<(), StorageError> {
+        let Some(prefix) = self.unverified_prefix.clone() else {
+            return Ok(());
+        };
+        match verify_extent(self.disk.as_ref(), &prefix, false) {
+            Ok(()) => {
+                self.unverified_prefix = None;
+                Ok(())
+            }
+            Err(damage @ StorageError::Damaged { .. }) => {
+                self.stopped = Some(format!("damage below the frontier: {damage}"));
+                // Best effort: the caller refusing the partition removes it too.
+                let _ = forget_summary(self.disk.as_ref(), &prefix.path);
+                Err(damage)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
     /// The sealed segments (every one but the active), oldest first, for a scrub.
     pub fn sealed_segments(&self) -> Vec<SealedSegment> {
         self.segments
@@ -1607,6 +1735,7 @@ impl JournalLog {
     /// Remove op `op` and every op after it (see the module doc for the order of the steps).
     pub fn cut(&mut self, op: u64) -> Result<(), StorageError> {
         self.check_not_stopped()?;
+        self.verify_unverified_prefix()?;
         let Some(extent) = self.ops.get(&op).copied() else {
             return Err(StorageError::Invalid(format!(
                 "no op {op} to cut at (the journal holds {}..={})",
@@ -1640,6 +1769,7 @@ impl JournalLog {
         };
         // 0. No summary may describe a segment the cut changes or removes.
         self.remove_summaries_from(cut_segment.first_op())?;
+        self.forget_active_summary();
         // Polls stop seeing the cut batches before any file changes (on a failure the
         // journal stops, and what it holds is then settled by a reopen).
         let kept = self
@@ -1799,6 +1929,7 @@ impl JournalLog {
         let previous = self.segments[self.segments.len() - 2];
         // The previous segment is written again: its summary goes first.
         self.remove_summaries_from(previous.first_op())?;
+        self.forget_active_summary();
         self.active = Some(self.disk.open_write(&previous.path(&self.dir))?);
         let empty = self.segments.pop().expect("more than one segment");
         // Its name is started again by the next rotation.
@@ -1822,12 +1953,27 @@ impl JournalLog {
         Ok(())
     }
 
-    /// Write the summary of segment `index`: sealed, or the active one being sealed (its
-    /// bytes durable, its end the chain's).
+    /// Write the summary of segment `index`: sealed, or the active one being sealed or at a
+    /// clean stop (its bytes durable, its end the chain's).
     fn write_summary(&self, index: usize) -> Result<(), StorageError> {
         let segment = self.segments[index];
         let next = self.segments.get(index + 1);
         let end = next.map_or(self.chain, |next| next.start);
+        let encoded = self.summary_of(index, end, segment.len_bytes);
+        atomic_file::write_on(
+            self.disk.as_ref(),
+            &self.dir.join(summary_name(segment.first_op())),
+            &encoded,
+        )
+    }
+
+    /// The encoded summary of the first `len_bytes` of segment `index`, which end with the
+    /// chain `end` (at an op boundary).
+    fn summary_of(&self, index: usize, end: Chain, len_bytes: u64) -> Vec<u8> {
+        let segment = Segment {
+            len_bytes,
+            ..self.segments[index]
+        };
         let first_batch = self
             .batches
             .partition_point(|entry| entry.base_offset < segment.start.next_offset);
@@ -1851,11 +1997,72 @@ impl JournalLog {
             Some(&summary),
             "a summary decodes to what it was written from"
         );
-        atomic_file::write_on(
+        encoded
+    }
+
+    /// The segment being written has no summary (started, or its summary removed).
+    fn forget_active_summary(&mut self) {
+        self.summarised_len = 0;
+        self.summary_synced = false;
+        self.summary_retry_len = 0;
+    }
+
+    /// Write a summary of the durable part of the segment being written once it has grown
+    /// by `step_bytes`, and by `growth_per_summary_byte` times the summary's size, since the
+    /// segment's last summary ([`PREFIX_SUMMARY_STEP_BYTES`] and
+    /// [`PREFIX_SUMMARY_GROWTH_PER_BYTE`] in the server), so that a start after a crash takes that part from it and reads only what
+    /// follows. Returns whether it wrote one. The summary is written with no barrier
+    /// ([`atomic_file::write_unsynced_on`]): it describes only bytes the frontier already
+    /// covers, and one lost or torn in a crash is no summary, so the start reads more. Not
+    /// while the journal holds a prefix unverified (no summary is written from bytes nobody
+    /// verified). Best effort: a failure to write it costs only that read.
+    pub fn summarise_progress(&mut self, step_bytes: u64, growth_per_summary_byte: u64) -> bool {
+        if self.stopped.is_some() || self.unverified_prefix.is_some() {
+            return false;
+        }
+        let index = self.segments.len() - 1;
+        let active = self.segments[index];
+        let end = self.frontier.chain;
+        // The frontier lies in the segment being written once it covers an op there.
+        if end.next_op <= active.first_op() {
+            return false;
+        }
+        let len_bytes = self.frontier.segment_len_bytes;
+        debug_assert!(len_bytes <= active.len_bytes && len_bytes >= self.summarised_len);
+        if len_bytes < self.summary_retry_len {
+            return false;
+        }
+        let grown = len_bytes.saturating_sub(self.summarised_len);
+        let ops = end.next_op - active.first_op();
+        let batches = self
+            .batches
+            .partition_point(|entry| entry.base_offset < end.next_offset)
+            - self
+                .batches
+                .partition_point(|entry| entry.base_offset < active.start.next_offset);
+        let summary_bytes = (ops as usize * SUMMARY_OP_BYTES + batches * SUMMARY_BATCH_BYTES) as u64;
+        if grown == 0 || grown < step_bytes.max(summary_bytes.saturating_mul(growth_per_summary_byte)) {
+            return false;
+        }
+        if SUMMARY_HEAD_BYTES as u64 + summary_bytes > atomic_file::ATOMIC_FILE_CONTENTS_BYTES_MAX {
+            // Summaries only grow with the segment: none is tried again in this one.
+            self.summary_retry_len = u64::MAX;
+            return false;
+        }
+        let encoded = self.summary_of(index, end, len_bytes);
+        let written = atomic_file::write_unsynced_on(
             self.disk.as_ref(),
-            &self.dir.join(summary_name(segment.first_op())),
+            &self.dir.join(summary_name(active.first_op())),
             &encoded,
-        )
+        );
+        match written {
+            Ok(()) => {
+                self.summarised_len = len_bytes;
+                self.summary_synced = false;
+            }
+            Err(_) => self.summary_retry_len = len_bytes.saturating_add(step_bytes.max(1)),
+        }
+        written.is_ok()
     }
 
     /// Remove the summaries of the segments from `first_op` on (they are about to change or
@@ -1924,6 +2131,7 @@ impl JournalLog {
             Ok(file) => {
                 self.active = Some(file);
                 self.segments.push(segment);
+                self.forget_active_summary();
                 Ok(())
             }
             Err(error) => {
@@ -2099,11 +2307,14 @@ struct OpenPlan {
     summaries: BTreeSet<u64>,
     /// Sealed segments taken from their summaries.
     adopted: BTreeSet<u64>,
+    /// The prefix of the frontier's segment taken from its summary, unread.
+    unverified_prefix: Option<SealedSegment>,
     summary_staging: Vec<String>,
 }
 
-/// The read-only half of an open: read and verify everything below the frontier, and list
-/// what lies above it. Damage below the frontier is an `Err`.
+/// The read-only half of an open: read and verify everything below the frontier (but what it
+/// takes from summaries when `trust_summaries`), and list what lies above it. Damage below
+/// the frontier is an `Err`.
 fn plan_open(
     disk: &dyn Disk,
     dir: &Path,
@@ -2201,6 +2412,7 @@ fn plan_open(
         .collect();
     let mut chain = start;
     let mut adopted: BTreeSet<u64> = BTreeSet::new();
+    let mut unverified_prefix: Option<SealedSegment> = None;
     let mut segments = Vec::with_capacity(kept.len());
     let mut ops: BTreeMap<u64, OpExtent> = BTreeMap::new();
     let mut batches: Vec<BatchEntry> = Vec::new();
@@ -2264,26 +2476,39 @@ fn plan_open(
             && summary_ends_hold(disk, &path, &summary)
         {
             adopted.insert(first_op);
-            for extent in summary.ops {
-                ops.insert(extent.op, extent);
-            }
-            for entry in summary.batches {
-                let timestamp_us = batches.last().map_or(entry.timestamp_us, |last| {
-                    entry.timestamp_us.max(last.timestamp_us)
-                });
-                batches.push(BatchEntry {
-                    timestamp_us,
-                    ..entry
-                });
-            }
-            chain = summary.end;
+            chain = summary.adopt_into(&mut ops, &mut batches);
             segments.push(Segment {
                 start: segment_start,
                 len_bytes: len,
             });
             continue;
         }
-        let scanned = scan_durable(disk, &path, chain, durable_len, OPEN_CHUNK_BYTES)?;
+        // The frontier's segment, when a summary (written at a clean stop) covers a prefix of
+        // its durable bytes: that prefix is taken from the summary without reading it, and
+        // stays unverified until the journal reads it (before its first write, or when the
+        // caller verifies it: `JournalLog::unverified_prefix`). Only the bytes from there to
+        // the frontier are read now.
+        let mut scan_from = 0;
+        if trust_summaries
+            && first_op == frontier_name
+            && summaries.contains(&first_op)
+            && let Some(summary) = read_summary(disk, dir, partition_id, first_op)
+            && summary.start == chain
+            && summary.len_bytes > 0
+            && summary.len_bytes <= durable_len
+            && summary_ends_hold(disk, &path, &summary)
+        {
+            scan_from = summary.len_bytes;
+            unverified_prefix = Some(SealedSegment {
+                first_op,
+                path: path.clone(),
+                start: summary.start,
+                end: summary.end,
+                len_bytes: summary.len_bytes,
+            });
+            chain = summary.adopt_into(&mut ops, &mut batches);
+        }
+        let scanned = scan_durable(disk, &path, chain, scan_from, durable_len, OPEN_CHUNK_BYTES)?;
         match &scanned.tail {
             Tail::Clean => {}
             Tail::Torn { fault } => {
@@ -2439,6 +2664,7 @@ fn plan_open(
         dropped_bytes,
         summaries,
         adopted,
+        unverified_prefix,
         summary_staging,
     })
 }
@@ -2615,17 +2841,20 @@ fn scan_whole_ops(
     Ok((kept, kept_end, kept_chain))
 }
 
-// ---- sealed-segment summaries ----
+// ---- segment summaries ----
 
-/// What a sealed segment holds, written beside it when it is sealed
-/// (`<first op>.summary`, an atomic file): its start and end chains, its length, and the
-/// extents of its ops and batches, so that an open can take a sealed segment below the
-/// frontier without reading it. The segment's bytes are verified when read (every poll and
-/// op read verifies its records) and by `cairn check`, which never trusts a summary.
+/// What a segment holds, written beside it when it is sealed, and for the segment being
+/// written at a clean stop (`<first op>.summary`, an atomic file): its start and end chains,
+/// its length, and the extents of its ops and batches, so that an open can take the segment
+/// (or, for the frontier's segment, that prefix of it) without reading it. The segment's
+/// bytes are verified when read (every poll and op read verifies its records) and by
+/// `cairn check`, which never trusts a summary; a sealed segment's by the scrub, and the
+/// frontier segment's prefix before the journal writes anything (`unverified_prefix`).
 ///
-/// A summary describes exactly one sealed file: a cut into the segment, or reopening it for
-/// writes, removes the summary before the file changes; an open uses it only for a segment
-/// below the frontier's whose length it matches, and scans otherwise.
+/// A summary describes the first `len_bytes` of one file, all below the frontier: a cut into
+/// them, or reopening a sealed segment for writes, removes the summary before the file
+/// changes. An open uses it for a segment below the frontier's whose length it matches, or
+/// for a prefix of the frontier's segment, and scans otherwise.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct SegmentSummary {
     start: Chain,
@@ -2652,6 +2881,25 @@ fn summary_first_op(name: &str) -> Option<u64> {
 }
 
 impl SegmentSummary {
+    /// Put the summarised ops and batches in an open's index (after those of the segments
+    /// before it; a batch's timestamp is kept at least its predecessor's, as a scan keeps
+    /// it). Returns the chain at the summary's end.
+    fn adopt_into(self, ops: &mut BTreeMap<u64, OpExtent>, batches: &mut Vec<BatchEntry>) -> Chain {
+        for extent in self.ops {
+            ops.insert(extent.op, extent);
+        }
+        for entry in self.batches {
+            let timestamp_us = batches.last().map_or(entry.timestamp_us, |last| {
+                entry.timestamp_us.max(last.timestamp_us)
+            });
+            batches.push(BatchEntry {
+                timestamp_us,
+                ..entry
+            });
+        }
+        self.end
+    }
+
     fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(
             SUMMARY_HEAD_BYTES + self.ops.len() * SUMMARY_OP_BYTES + self.batches.len() * SUMMARY_BATCH_BYTES,
@@ -2856,19 +3104,22 @@ impl SummaryReader<'_> {
 /// for a record larger than this): what bounds an open's memory, whatever the segment size.
 const OPEN_CHUNK_BYTES: u64 = 16 * 1024 * 1024;
 
-/// [`record::scan_with`] over the first `durable_len` bytes of the segment at `path` (all
-/// below the frontier, so any fault is damage), read in pieces of whole records of about
-/// [`OPEN_CHUNK_BYTES`]: the same verdict as one scan of the whole prefix, positions in the
-/// file, without holding the segment in memory.
+/// [`record::scan_with`] over bytes `from..durable_len` of the segment at `path` (all below
+/// the frontier, so any fault is damage; `from` is where a record continuing `start`
+/// begins), read in pieces of whole records of about [`OPEN_CHUNK_BYTES`]: the same verdict
+/// as one scan of the whole range, positions in the file, without holding the segment in
+/// memory.
 fn scan_durable(
     disk: &dyn Disk,
     path: &Path,
     start: Chain,
+    from: u64,
     durable_len: u64,
     chunk_bytes: u64,
 ) -> Result<ScanResult, StorageError> {
+    debug_assert!(from <= durable_len);
     let mut result = ScanResult {
-        valid_len_bytes: 0,
+        valid_len_bytes: from,
         records: Vec::new(),
         op_records: Vec::new(),
         gap: None,
@@ -2876,13 +3127,13 @@ fn scan_durable(
         durable_end: None,
         tail: Tail::Clean,
     };
-    if durable_len == 0 {
+    if durable_len == from {
         result.durable_end = Some(start);
         return Ok(result);
     }
     let file = disk.open_read(path)?;
     let mut buffer: Vec<u8> = Vec::new();
-    let mut position = 0u64;
+    let mut position = from;
     while position < durable_len {
         let available = durable_len - position;
         // At least a record header, so the first record's size can be read.
@@ -3087,7 +3338,7 @@ mod tests {
             }
             let whole = record::scan_with(&bytes, genesis, len, OpRule::PerPrepare);
             for chunk in [1, 64, 100, 333, 1_000, 4_096, len, 1 << 24] {
-                let pieces = scan_durable(disk.as_ref(), &path, genesis, len, chunk).expect("scan");
+                let pieces = scan_durable(disk.as_ref(), &path, genesis, 0, len, chunk).expect("scan");
                 assert_eq!(pieces, whole, "damage {damage:?}, pieces of {chunk} bytes");
             }
             if let Some(at) = damage {

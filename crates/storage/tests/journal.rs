@@ -265,6 +265,14 @@ struct Sim {
     removals: u64,
     /// Reopens that found segments a removal left below the start.
     leftovers: u64,
+    /// Reopens that took a prefix of the frontier's segment from its summary, unread.
+    prefixes_unread: u64,
+    /// Summaries of the segment being written, written between clean stops.
+    progress_summaries: u64,
+    /// Reopens after a power loss (not a process kill) that took a prefix unread.
+    prefixes_unread_after_power_loss: u64,
+    /// Whether the last crash was a power loss.
+    last_crash_power_loss: bool,
     /// Failed writes the journal undid and went on from.
     undone_writes: u64,
     /// The end of the offsets handed out since the last clean stop (`relaxed` mode: they may
@@ -319,6 +327,10 @@ impl Sim {
             start_floor: 1,
             removals: 0,
             leftovers: 0,
+            prefixes_unread: 0,
+            progress_summaries: 0,
+            prefixes_unread_after_power_loss: 0,
+            last_crash_power_loss: false,
             undone_writes: 0,
             handed_out: 0,
             handed_out_at_reopen: 0,
@@ -397,6 +409,12 @@ impl Sim {
                 let synced = self.journal().sync()?;
                 assert_eq!(synced, last, "seed {}: sync covers every op written", self.seed);
                 self.guaranteed = synced;
+                if self.rng.chance(1, 2) {
+                    // As the server does after a commit (its step is 64 MiB, and at least
+                    // sixteen times the summary's size).
+                    let step_bytes = self.rng.below(400);
+                    self.progress_summaries += u64::from(self.journal().summarise_progress(step_bytes, 0));
+                }
                 Ok(())
             }
         }
@@ -538,6 +556,7 @@ impl Sim {
         } else {
             self.disk.crash(self.rng.next_u64());
         }
+        self.last_crash_power_loss = !killed;
         self.crashes += 1;
         let seed = self.seed;
         // The read-only inspection sees what the open then does, and changes nothing.
@@ -671,6 +690,9 @@ impl Sim {
             self.cut_floor_op = journal.last_op() + 1;
         }
         self.drops += u64::from(recovery.dropped_bytes > 0);
+        self.prefixes_unread += u64::from(journal.unverified_prefix().is_some());
+        self.prefixes_unread_after_power_loss +=
+            u64::from(journal.unverified_prefix().is_some() && self.last_crash_power_loss);
         check_reads(&journal, &self.current, &mut self.rng, seed);
         self.journal = Some(journal);
     }
@@ -711,7 +733,8 @@ fn seeds() -> Vec<u64> {
 fn synced_ops_survive_power_losses_cuts_and_rewrites() {
     let (mut crashes, mut cuts, mut ops, mut drops, mut removals, mut leftovers, mut undone) =
         (0, 0, 0, 0, 0, 0, 0);
-    let (mut kills, mut kept_unsynced, mut skips, mut clean_stops) = (0, 0, 0, 0);
+    let (mut kills, mut kept_unsynced, mut skips, mut clean_stops, mut prefixes_unread) = (0, 0, 0, 0, 0);
+    let (mut progress_summaries, mut prefixes_after_power_loss) = (0, 0);
     for seed in seeds() {
         let mut sim = Sim::new(seed);
         sim.run(120);
@@ -726,6 +749,9 @@ fn synced_ops_survive_power_losses_cuts_and_rewrites() {
         kept_unsynced += sim.kept_unsynced;
         skips += sim.skips;
         clean_stops += sim.clean_stops;
+        prefixes_unread += sim.prefixes_unread;
+        progress_summaries += sim.progress_summaries;
+        prefixes_after_power_loss += sim.prefixes_unread_after_power_loss;
     }
     // The workload reaches what it claims to test.
     if seeds().len() >= 100 {
@@ -740,8 +766,14 @@ fn synced_ops_survive_power_losses_cuts_and_rewrites() {
             "crashes {crashes}, cuts {cuts}, ops {ops}, reopens that dropped unsynced bytes {drops}, removals {removals}, reopens finishing a removal {leftovers}, undone writes {undone}"
         );
         assert!(
-            kills > 300 && kept_unsynced > 300 && skips > 300 && clean_stops > 300,
-            "process kills {kills}, reopens keeping unsynced ops {kept_unsynced}, skips {skips}, clean stops {clean_stops}"
+            kills > 300
+                && kept_unsynced > 300
+                && skips > 300
+                && clean_stops > 300
+                && prefixes_unread > 300
+                && progress_summaries > 300
+                && prefixes_after_power_loss > 100,
+            "process kills {kills}, reopens keeping unsynced ops {kept_unsynced}, skips {skips}, clean stops {clean_stops}, reopens taking a prefix unread {prefixes_unread} ({prefixes_after_power_loss} after a power loss), summaries of the segment being written {progress_summaries}"
         );
     }
 }
@@ -1291,5 +1323,344 @@ fn a_summary_that_does_not_match_its_segment_is_not_taken() {
     assert!(
         !listing.contains(&name),
         "the summary that did not match was removed: {listing:?}"
+    );
+}
+
+fn open_sized(disk: &SimDisk, dir: &Path, segment_size_bytes: u64) -> Result<JournalLog, StorageError> {
+    JournalLog::open_on(
+        Arc::new(disk.clone()),
+        dir,
+        PARTITION,
+        JournalConfig {
+            segment_size_bytes,
+            relaxed: false,
+        },
+    )
+    .map(|(journal, _)| journal)
+}
+
+fn has_summary(disk: &SimDisk, dir: &Path, first_op: u64) -> bool {
+    cairn_storage::io::Disk::list_dir(disk, dir)
+        .expect("list")
+        .contains(&format!("{first_op:020}.summary"))
+}
+
+/// The segment being written is summarised at a clean stop, and the next open takes that
+/// prefix from the summary without reading it (a byte flipped in it does not stop the open),
+/// marks it unverified, and verifies it before anything is written: the write is refused
+/// with the damage, the journal stops, the summary goes, and every later open reads the
+/// prefix and refuses it, as does the checker.
+#[test]
+fn a_clean_stop_summary_spares_the_open_a_read_and_damage_is_found_before_a_write() {
+    let mut rng = SimRng::new(21);
+    let (disk, dir, mut journal) = created(1 << 20);
+    let writtens: Vec<Written> = (1..=20).map(|op| random_written(&mut rng, op)).collect();
+    for (index, written) in writtens.iter().enumerate() {
+        write(&mut journal, index as u64 + 1, written).expect("write");
+    }
+    journal.sync_for_stop().expect("clean stop");
+    let victim = *journal.extent(5).expect("op 5");
+    assert_eq!(journal.segments().len(), 1, "one segment, being written");
+    let chain_at_stop = journal.chain();
+    drop(journal);
+    assert!(
+        has_summary(&disk, &dir, 1),
+        "a clean stop summarises the active segment"
+    );
+
+    // Undamaged: the open takes the whole segment from its summary, unread, and a write
+    // verifies it first.
+    let mut journal = open_sized(&disk, &dir, 1 << 20).expect("open");
+    let prefix = journal
+        .unverified_prefix()
+        .cloned()
+        .expect("the prefix is unverified");
+    assert_eq!(
+        (prefix.first_op, prefix.start.next_op, prefix.end),
+        (1, 1, chain_at_stop)
+    );
+    assert_eq!(journal.chain(), chain_at_stop);
+    write(&mut journal, 21, &random_written(&mut rng, 21)).expect("a write after the prefix verified");
+    assert!(
+        journal.unverified_prefix().is_none(),
+        "the write verified the prefix"
+    );
+    journal.sync_for_stop().expect("clean stop");
+    drop(journal);
+
+    // A flip inside op 5: the open still succeeds, the op is refused when read.
+    let path = dir.join(cairn_storage::journal::segment_log_name(1));
+    let mut bytes = disk.read_volatile(&path).expect("segment");
+    bytes[(victim.position_bytes + victim.len_bytes - 1) as usize] ^= 1;
+    assert!(disk.overwrite_durable(&path, bytes.clone()));
+    let mut journal = open_sized(&disk, &dir, 1 << 20).expect("the open takes the prefix from its summary");
+    assert!(journal.unverified_prefix().is_some());
+    assert!(matches!(journal.read_op(5), Err(StorageError::Damaged { .. })));
+    assert!(holds(&journal, 6, &writtens[5]).expect("op 6 reads"));
+    let in_op_5 = victim.position_bytes..victim.position_bytes + victim.len_bytes;
+    let refused = write(&mut journal, 22, &random_written(&mut rng, 22));
+    assert!(
+        matches!(&refused, Err(StorageError::Damaged { position, .. }) if in_op_5.contains(position)),
+        "the write is refused with the damage in op 5 ({in_op_5:?}): {refused:?}"
+    );
+    assert!(
+        matches!(
+            write(&mut journal, 22, &random_written(&mut rng, 22)),
+            Err(StorageError::Invalid(_))
+        ),
+        "the journal stopped"
+    );
+    drop(journal);
+    assert_eq!(
+        disk.read_volatile(&path),
+        Some(bytes.clone()),
+        "nothing was written to the segment"
+    );
+    assert!(
+        !has_summary(&disk, &dir, 1),
+        "the damaged prefix's summary is removed"
+    );
+    assert!(matches!(
+        open_sized(&disk, &dir, 1 << 20),
+        Err(StorageError::Damaged { .. })
+    ));
+    assert!(matches!(
+        JournalLog::inspect_on(&disk, &dir, PARTITION),
+        Err(StorageError::Damaged { .. })
+    ));
+
+    // The same with the summary written again, and a cut (a rewrite of op 3) as the first
+    // write.
+    let mut restored = bytes.clone();
+    restored[(victim.position_bytes + victim.len_bytes - 1) as usize] ^= 1;
+    assert!(disk.overwrite_durable(&path, restored));
+    let mut journal = open_sized(&disk, &dir, 1 << 20).expect("the open reads the restored segment");
+    journal.sync_for_stop().expect("clean stop");
+    drop(journal);
+    assert!(has_summary(&disk, &dir, 1));
+    assert!(disk.overwrite_durable(&path, bytes.clone()));
+    let mut journal = open_sized(&disk, &dir, 1 << 20).expect("the open takes the prefix from its summary");
+    let refused = write(&mut journal, 3, &random_written(&mut rng, 3));
+    assert!(
+        matches!(&refused, Err(StorageError::Damaged { position, .. }) if in_op_5.contains(position)),
+        "the cut is refused with the damage: {refused:?}"
+    );
+    drop(journal);
+    assert_eq!(disk.read_volatile(&path), Some(bytes), "the cut changed nothing");
+}
+
+/// The summary written at a clean stop stays while the segment is written on (it still
+/// describes that prefix): after a crash the open takes the prefix from it and reads only
+/// the bytes after it, and builds the index a read of everything builds. A cut into the
+/// prefix removes the summary.
+#[test]
+fn a_prefix_summary_outlives_later_writes_and_goes_with_a_cut_into_it() {
+    let mut rng = SimRng::new(22);
+    let (disk, dir, mut journal) = created(1 << 20);
+    let mut writtens: BTreeMap<u64, Written> = BTreeMap::new();
+    for op in 1..=10 {
+        let written = random_written(&mut rng, op);
+        write(&mut journal, op, &written).expect("write");
+        writtens.insert(op, written);
+    }
+    journal.sync_for_stop().expect("clean stop");
+    let summarised_len = journal.segments()[0].size_bytes;
+    drop(journal);
+
+    let mut journal = open_sized(&disk, &dir, 1 << 20).expect("open");
+    for op in 11..=20 {
+        let written = random_written(&mut rng, op);
+        write(&mut journal, op, &written).expect("write");
+        writtens.insert(op, written);
+        journal.sync().expect("sync");
+    }
+    drop(journal);
+    disk.kill_process();
+    assert!(
+        has_summary(&disk, &dir, 1),
+        "the prefix's summary outlives the writes after it"
+    );
+
+    let journal = open_sized(&disk, &dir, 1 << 20).expect("open after the crash");
+    let prefix = journal
+        .unverified_prefix()
+        .cloned()
+        .expect("the prefix is taken from the summary");
+    assert_eq!(prefix.len_bytes, summarised_len);
+    assert_eq!((journal.first_op(), journal.last_op()), (1, 20));
+    for (&op, written) in &writtens {
+        assert!(holds(&journal, op, written).expect("read"), "op {op}");
+    }
+    let (read_only, _) = JournalLog::open_read_only_on(
+        Arc::new(disk.clone()),
+        &dir,
+        PARTITION,
+        JournalConfig {
+            segment_size_bytes: 1 << 20,
+            relaxed: false,
+        },
+    )
+    .expect("read-only open");
+    assert_eq!(
+        read_only.extents().copied().collect::<Vec<_>>(),
+        journal.extents().copied().collect::<Vec<_>>(),
+        "the ops the summary gave are the ones a scan finds"
+    );
+    assert_eq!(
+        (read_only.segments(), read_only.batch_count(), read_only.chain()),
+        (journal.segments(), journal.batch_count(), journal.chain())
+    );
+    drop(read_only);
+
+    // A rewrite of op 4 cuts into the prefix: the summary goes first.
+    let mut journal = journal;
+    write(&mut journal, 4, &random_written(&mut rng, 4)).expect("rewrite op 4");
+    assert!(
+        !has_summary(&disk, &dir, 1),
+        "a cut into the prefix removes its summary"
+    );
+    journal.sync().expect("sync");
+    drop(journal);
+    let journal = open_sized(&disk, &dir, 1 << 20).expect("open after the cut");
+    assert!(journal.unverified_prefix().is_none(), "nothing taken unread");
+    assert_eq!(journal.last_op(), 4);
+}
+
+/// Between clean stops, the durable part of the segment being written is summarised once it
+/// has grown by the step given (and by the growth factor times the summary's size): a start
+/// after a process crash takes that prefix from the summary and reads only what follows,
+/// building the index a read of everything builds. A summary written without a barrier and
+/// lost or torn by a power loss is no summary: the start reads the segment.
+#[test]
+fn progress_summaries_bound_what_a_start_after_a_crash_reads() {
+    let mut rng = SimRng::new(23);
+    let (disk, dir, mut journal) = created(1 << 20);
+    let mut writtens: BTreeMap<u64, Written> = BTreeMap::new();
+    let write_synced =
+        |journal: &mut JournalLog, op: u64, rng: &mut SimRng, writtens: &mut BTreeMap<u64, Written>| {
+            let written = random_written(rng, op);
+            write(journal, op, &written).expect("write");
+            journal.sync().expect("sync");
+            writtens.insert(op, written);
+        };
+    for op in 1..=10 {
+        write_synced(&mut journal, op, &mut rng, &mut writtens);
+    }
+    let len_at = |journal: &JournalLog| journal.segments()[0].size_bytes;
+    assert!(
+        !journal.summarise_progress(len_at(&journal) + 1, 0),
+        "not grown by the step yet"
+    );
+    assert!(
+        !journal.summarise_progress(1, 1 << 20),
+        "not grown by the factor times the summary's size yet"
+    );
+    disk.fail_next_writes(1);
+    assert!(!journal.summarise_progress(1, 0), "the write fails");
+    assert!(
+        !journal.summarise_progress(1, 0),
+        "not tried again before the segment grows by the step"
+    );
+    write_synced(&mut journal, 11, &mut rng, &mut writtens);
+    assert!(journal.summarise_progress(1, 0));
+    let summarised = len_at(&journal);
+    assert!(
+        !journal.summarise_progress(0, 0),
+        "nothing grew since the last summary"
+    );
+    for op in 12..=20 {
+        write_synced(&mut journal, op, &mut rng, &mut writtens);
+    }
+    // Written after the last summary, not yet synced: a process crash keeps it, but it lies
+    // above the frontier and is dropped (a durable journal).
+    write(&mut journal, 21, &random_written(&mut rng, 21)).expect("write");
+    drop(journal);
+    disk.kill_process();
+    assert!(has_summary(&disk, &dir, 1));
+
+    let journal = open_sized(&disk, &dir, 1 << 20).expect("open after a process crash");
+    let prefix = journal
+        .unverified_prefix()
+        .cloned()
+        .expect("the summarised prefix is taken unread");
+    assert_eq!(prefix.len_bytes, summarised);
+    assert_eq!(journal.last_op(), 20);
+    for (&op, written) in &writtens {
+        assert!(holds(&journal, op, written).expect("read"), "op {op}");
+    }
+    let (read_only, _) = JournalLog::open_read_only_on(
+        Arc::new(disk.clone()),
+        &dir,
+        PARTITION,
+        JournalConfig {
+            segment_size_bytes: 1 << 20,
+            relaxed: false,
+        },
+    )
+    .expect("read-only open");
+    assert_eq!(
+        read_only.extents().copied().collect::<Vec<_>>(),
+        journal.extents().copied().collect::<Vec<_>>()
+    );
+    assert_eq!(
+        (read_only.segments(), read_only.batch_count(), read_only.chain()),
+        (journal.segments(), journal.batch_count(), journal.chain())
+    );
+    drop(read_only);
+
+    // A power loss after a summary written without a barrier: whatever of it survived (the
+    // summary, nothing, or a torn file), the start opens with every synced op and builds
+    // what a read of everything builds. Each seed runs the scenario afresh.
+    drop(journal);
+    let (mut adopted, mut read_whole) = (0, 0);
+    for seed in 0..40 {
+        let mut rng = SimRng::new(seed);
+        let (disk, dir, mut journal) = created(1 << 20);
+        let mut writtens = BTreeMap::new();
+        for op in 1..=12 {
+            write_synced(&mut journal, op, &mut rng, &mut writtens);
+        }
+        assert!(journal.summarise_progress(1, 0));
+        for op in 13..=14 {
+            write_synced(&mut journal, op, &mut rng, &mut writtens);
+        }
+        drop(journal);
+        disk.crash(seed);
+        let journal = open_sized(&disk, &dir, 1 << 20).expect("open after a power loss");
+        assert_eq!(journal.last_op(), 14, "seed {seed}: every synced op is there");
+        for (&op, written) in &writtens {
+            assert!(
+                holds(&journal, op, written).expect("read"),
+                "seed {seed}: op {op}"
+            );
+        }
+        let (read_only, _) = JournalLog::open_read_only_on(
+            Arc::new(disk.clone()),
+            &dir,
+            PARTITION,
+            JournalConfig {
+                segment_size_bytes: 1 << 20,
+                relaxed: false,
+            },
+        )
+        .expect("read-only open");
+        assert_eq!(
+            read_only.extents().copied().collect::<Vec<_>>(),
+            journal.extents().copied().collect::<Vec<_>>(),
+            "seed {seed}"
+        );
+        assert_eq!(
+            (read_only.segments(), read_only.batch_count(), read_only.chain()),
+            (journal.segments(), journal.batch_count(), journal.chain()),
+            "seed {seed}"
+        );
+        match journal.unverified_prefix() {
+            Some(_) => adopted += 1,
+            None => read_whole += 1,
+        }
+    }
+    assert!(
+        adopted > 0 && read_whole > 0,
+        "both outcomes of a power loss occur: the summary taken {adopted} times, the segment read {read_whole} times"
     );
 }

@@ -209,7 +209,9 @@ impl JournalSimLog {
     }
 
     /// Open the log as a restart does, then run the scrub's pass over every sealed segment
-    /// (read and verified in full).
+    /// (read and verified in full), and verify the prefix of the frontier's segment the open
+    /// took from a summary unread, as the server does before a partition answers anything
+    /// (`partition::serving`).
     fn open_checked(
         &self,
         named: NamedCheckpoint,
@@ -230,6 +232,11 @@ impl JournalSimLog {
         for segment in journal.log.sealed_segments() {
             journal::verify_sealed(&self.disk, &segment).map_err(|error| error.to_string())?;
         }
+        let mut journal = journal;
+        journal
+            .log
+            .verify_unverified_prefix()
+            .map_err(|error| error.to_string())?;
         Ok((journal, slots))
     }
 

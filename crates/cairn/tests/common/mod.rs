@@ -1833,6 +1833,20 @@ pub fn hash_tree(dir: &Path) -> std::collections::BTreeMap<String, (u64, u64)> {
     out
 }
 
+/// [`hash_tree`] of a partition directory without its segment summaries (`*.summary`) and
+/// its group's `superblock`: the files a refusal keeps byte-identical (the segments, the
+/// journal's start and state files, the checkpoints). A refusal removes the damaged
+/// segment's summary, so that every later start reads the segment and refuses it too (a
+/// summary is an index, written again from a verified read: the contract's guarantee 7).
+/// A start that took the damaged bytes from a summary unread has brought the group up
+/// before they were verified, which records the group's new view in its superblock (no
+/// data; a repair builds a new group).
+pub fn hash_data(dir: &Path) -> std::collections::BTreeMap<String, (u64, u64)> {
+    let mut tree = hash_tree(dir);
+    tree.retain(|name, _| !name.ends_with(".summary") && name != "superblock");
+    tree
+}
+
 /// Flip `mask` bits of the byte at `pos` in `path`, in place.
 pub fn flip_byte(path: &Path, pos: u64, mask: u8) {
     let mut bytes = std::fs::read(path).unwrap();
