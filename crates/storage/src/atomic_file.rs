@@ -52,12 +52,7 @@ pub fn read(path: &Path) -> Result<Option<Vec<u8>>, StorageError> {
 /// `path` may hold the old contents, the new ones, or contents that fail verification, which
 /// a reader takes as no file. Never for a file whose loss would lose anything.
 pub fn write_unsynced_on(disk: &dyn Disk, path: &Path, contents: &[u8]) -> Result<(), StorageError> {
-    if contents.len() as u64 > ATOMIC_FILE_CONTENTS_BYTES_MAX {
-        return Err(StorageError::Invalid(format!(
-            "atomic file contents of {} bytes exceed {ATOMIC_FILE_CONTENTS_BYTES_MAX}",
-            contents.len()
-        )));
-    }
+    check_size(contents)?;
     let framed = frame(contents);
     let tmp = tmp_path(path);
     disk.remove_file(&tmp)?;
@@ -69,12 +64,7 @@ pub fn write_unsynced_on(disk: &dyn Disk, path: &Path, contents: &[u8]) -> Resul
 
 /// [`write()`] through `disk`.
 pub fn write_on(disk: &dyn Disk, path: &Path, contents: &[u8]) -> Result<(), StorageError> {
-    if contents.len() as u64 > ATOMIC_FILE_CONTENTS_BYTES_MAX {
-        return Err(StorageError::Invalid(format!(
-            "atomic file contents of {} bytes exceed {ATOMIC_FILE_CONTENTS_BYTES_MAX}",
-            contents.len()
-        )));
-    }
+    check_size(contents)?;
     let framed = frame(contents);
     debug_assert_eq!(unframe(&framed), Ok(contents));
     let tmp = tmp_path(path);
@@ -105,6 +95,17 @@ pub fn read_verified_on(disk: &dyn Disk, path: &Path) -> Result<Option<Vec<u8>>,
             reason,
         }),
     }
+}
+
+/// Contents larger than a reader would read are refused before anything is written.
+fn check_size(contents: &[u8]) -> Result<(), StorageError> {
+    if contents.len() as u64 > ATOMIC_FILE_CONTENTS_BYTES_MAX {
+        return Err(StorageError::Invalid(format!(
+            "atomic file contents of {} bytes exceed {ATOMIC_FILE_CONTENTS_BYTES_MAX}",
+            contents.len()
+        )));
+    }
+    Ok(())
 }
 
 fn frame(contents: &[u8]) -> Vec<u8> {

@@ -1491,26 +1491,7 @@ fn a_prefix_summary_outlives_later_writes_and_goes_with_a_cut_into_it() {
     for (&op, written) in &writtens {
         assert!(holds(&journal, op, written).expect("read"), "op {op}");
     }
-    let (read_only, _) = JournalLog::open_read_only_on(
-        Arc::new(disk.clone()),
-        &dir,
-        PARTITION,
-        JournalConfig {
-            segment_size_bytes: 1 << 20,
-            relaxed: false,
-        },
-    )
-    .expect("read-only open");
-    assert_eq!(
-        read_only.extents().copied().collect::<Vec<_>>(),
-        journal.extents().copied().collect::<Vec<_>>(),
-        "the ops the summary gave are the ones a scan finds"
-    );
-    assert_eq!(
-        (read_only.segments(), read_only.batch_count(), read_only.chain()),
-        (journal.segments(), journal.batch_count(), journal.chain())
-    );
-    drop(read_only);
+    assert_index_as_read(&disk, &dir, &journal, "");
 
     // A rewrite of op 4 cuts into the prefix: the summary goes first.
     let mut journal = journal;
@@ -1588,25 +1569,7 @@ fn progress_summaries_bound_what_a_start_after_a_crash_reads() {
     for (&op, written) in &writtens {
         assert!(holds(&journal, op, written).expect("read"), "op {op}");
     }
-    let (read_only, _) = JournalLog::open_read_only_on(
-        Arc::new(disk.clone()),
-        &dir,
-        PARTITION,
-        JournalConfig {
-            segment_size_bytes: 1 << 20,
-            relaxed: false,
-        },
-    )
-    .expect("read-only open");
-    assert_eq!(
-        read_only.extents().copied().collect::<Vec<_>>(),
-        journal.extents().copied().collect::<Vec<_>>()
-    );
-    assert_eq!(
-        (read_only.segments(), read_only.batch_count(), read_only.chain()),
-        (journal.segments(), journal.batch_count(), journal.chain())
-    );
-    drop(read_only);
+    assert_index_as_read(&disk, &dir, &journal, "");
 
     // A power loss after a summary written without a barrier: whatever of it survived (the
     // summary, nothing, or a torn file), the start opens with every synced op and builds
@@ -1634,26 +1597,7 @@ fn progress_summaries_bound_what_a_start_after_a_crash_reads() {
                 "seed {seed}: op {op}"
             );
         }
-        let (read_only, _) = JournalLog::open_read_only_on(
-            Arc::new(disk.clone()),
-            &dir,
-            PARTITION,
-            JournalConfig {
-                segment_size_bytes: 1 << 20,
-                relaxed: false,
-            },
-        )
-        .expect("read-only open");
-        assert_eq!(
-            read_only.extents().copied().collect::<Vec<_>>(),
-            journal.extents().copied().collect::<Vec<_>>(),
-            "seed {seed}"
-        );
-        assert_eq!(
-            (read_only.segments(), read_only.batch_count(), read_only.chain()),
-            (journal.segments(), journal.batch_count(), journal.chain()),
-            "seed {seed}"
-        );
+        assert_index_as_read(&disk, &dir, &journal, &format!("seed {seed}"));
         match journal.unverified_prefix() {
             Some(_) => adopted += 1,
             None => read_whole += 1,
@@ -1662,5 +1606,30 @@ fn progress_summaries_bound_what_a_start_after_a_crash_reads() {
     assert!(
         adopted > 0 && read_whole > 0,
         "both outcomes of a power loss occur: the summary taken {adopted} times, the segment read {read_whole} times"
+    );
+}
+
+/// The index `journal`'s open built (taking what it could from summaries) is the one a
+/// read-only open of `dir` builds by reading every segment.
+fn assert_index_as_read(disk: &SimDisk, dir: &Path, journal: &JournalLog, context: &str) {
+    let (read_only, _) = JournalLog::open_read_only_on(
+        Arc::new(disk.clone()),
+        dir,
+        PARTITION,
+        JournalConfig {
+            segment_size_bytes: 1 << 20,
+            relaxed: false,
+        },
+    )
+    .expect("read-only open");
+    assert_eq!(
+        read_only.extents().copied().collect::<Vec<_>>(),
+        journal.extents().copied().collect::<Vec<_>>(),
+        "{context}: the ops the summaries gave are the ones a read finds"
+    );
+    assert_eq!(
+        (read_only.segments(), read_only.batch_count(), read_only.chain()),
+        (journal.segments(), journal.batch_count(), journal.chain()),
+        "{context}: the segments and batches the summaries gave are the ones a read finds"
     );
 }
