@@ -466,8 +466,8 @@ impl PartitionData {
     }
 
     /// The clean stop: a checkpoint at the last op, so the next start has no op to apply.
-    /// A partition whose log prefix is still unverified (it answered nothing, so wrote
-    /// nothing, since its start) is left as its start left it: nothing is written to a log
+    /// A partition whose log prefix is still unverified (it served no message and wrote
+    /// nothing since its start) is left as its start left it: nothing is written to a log
     /// before it is verified, and the next start opens it as this one did.
     pub fn close(mut self) -> Result<(), GroupError> {
         if self.stopped_reason().is_some() {
@@ -477,7 +477,7 @@ impl PartitionData {
             tracing::info!(
                 partition_dir = %self.dir.display(),
                 "partition left as its start left it: its log prefix taken from a summary was never verified (it \
-                 answered no request), so nothing is written to it"
+                 served no message and took no write), so nothing is written to it"
             );
             return Ok(());
         }
@@ -604,7 +604,7 @@ pub fn storage_status(dir: &Path, error: StorageError) -> u32 {
 /// The data of a serving partition, or the status for one that is not.
 ///
 /// A partition whose start took a prefix of its log from a summary without reading it (the
-/// segment written at the last clean stop: `JournalLog::unverified_prefix`) has that prefix
+/// segment being written, up to its last summary: `JournalLog::unverified_prefix`) has that prefix
 /// verified here first, once, under the partition's lock: damage there refuses the partition
 /// as a start that read it would have; so does an error reading it (an IO error), as a
 /// start that met it would have (the next start tries again). So no request is answered

@@ -9,7 +9,7 @@
 //! and refuses the partition too, until an operator acts.
 //!
 //! The same module holds the pass started at boot over the log prefixes a start took from
-//! the summaries written at the last clean stop ([`verify_prefixes`]).
+//! segment summaries unread ([`verify_prefixes`]).
 //!
 //! The scrub reads a segment without the partition's lock (a sealed segment's bytes do not
 //! change); the lock is taken only to list the segments and, on a finding, to check the
@@ -109,11 +109,10 @@ pub struct PrefixTotals {
 /// The pass started at boot: a start takes the prefix of the segment each partition is
 /// writing from the summary last written of it (at a clean stop, or as it grew), without
 /// reading it, and a partition verifies that prefix before it serves its first request
-/// ([`serving`]). This pass verifies them all
-/// in the background, one partition at a time under its lock (a request meanwhile would have
-/// to verify the same bytes), so that damage there is refused soon after the start whatever
-/// requests come, and the first requests find the work done. `stopping` is asked between
-/// partitions.
+/// ([`serving`]). This pass verifies them all in the background, one partition at a time
+/// under its lock (a request meanwhile would have to verify the same bytes), so that damage
+/// there is refused soon after the start whatever requests come, and the first requests find
+/// the work done. `stopping` is asked between partitions.
 pub fn verify_prefixes(catalog: &RwLock<Catalog>, stopping: &dyn Fn() -> bool) -> PrefixTotals {
     let mut totals = PrefixTotals::default();
     for partition in crate::catalog::all_partitions(catalog) {

@@ -885,8 +885,6 @@ impl JournalLog {
             state,
             frontier: loaded.frontier,
             stopped,
-            // The summary of a prefix stays only while its segment is the one written (see
-            // `open_on`).
             summarised_len,
             summary_synced: false,
             summary_retry_len: 0,
@@ -2010,12 +2008,14 @@ impl JournalLog {
     /// Write a summary of the durable part of the segment being written once it has grown
     /// by `step_bytes`, and by `growth_per_summary_byte` times the summary's size, since the
     /// segment's last summary ([`PREFIX_SUMMARY_STEP_BYTES`] and
-    /// [`PREFIX_SUMMARY_GROWTH_PER_BYTE`] in the server), so that a start after a crash takes that part from it and reads only what
-    /// follows. Returns whether it wrote one. The summary is written with no barrier
-    /// ([`atomic_file::write_unsynced_on`]): it describes only bytes the frontier already
-    /// covers, and one lost or torn in a crash is no summary, so the start reads more. Not
-    /// while the journal holds a prefix unverified (no summary is written from bytes nobody
-    /// verified). Best effort: a failure to write it costs only that read.
+    /// [`PREFIX_SUMMARY_GROWTH_PER_BYTE`] in the server), so that a start after a crash takes
+    /// that part from it and reads only what follows. Returns whether it wrote one. Called
+    /// after every commit: what is not due returns before the summary's size is counted.
+    /// The summary is written with no barrier ([`atomic_file::write_unsynced_on`]): it
+    /// describes only bytes the frontier already covers, and one lost or torn in a crash is
+    /// no summary, so the start reads more. Not while the journal holds a prefix unverified
+    /// (no summary is written from bytes nobody verified). Best effort: a failure to write
+    /// it costs only that read.
     pub fn summarise_progress(&mut self, step_bytes: u64, growth_per_summary_byte: u64) -> bool {
         if self.stopped.is_some() || self.unverified_prefix.is_some() {
             return false;
@@ -2033,6 +2033,9 @@ impl JournalLog {
             return false;
         }
         let grown = len_bytes.saturating_sub(self.summarised_len);
+        if grown == 0 || grown < step_bytes {
+            return false;
+        }
         let ops = end.next_op - active.first_op();
         let batches = self
             .batches
@@ -2041,7 +2044,7 @@ impl JournalLog {
                 .batches
                 .partition_point(|entry| entry.base_offset < active.start.next_offset);
         let summary_bytes = (ops as usize * SUMMARY_OP_BYTES + batches * SUMMARY_BATCH_BYTES) as u64;
-        if grown == 0 || grown < step_bytes.max(summary_bytes.saturating_mul(growth_per_summary_byte)) {
+        if grown < summary_bytes.saturating_mul(growth_per_summary_byte) {
             return false;
         }
         if SUMMARY_HEAD_BYTES as u64 + summary_bytes > atomic_file::ATOMIC_FILE_CONTENTS_BYTES_MAX {
@@ -2483,11 +2486,12 @@ fn plan_open(
             });
             continue;
         }
-        // The frontier's segment, when a summary (written at a clean stop) covers a prefix of
-        // its durable bytes: that prefix is taken from the summary without reading it, and
-        // stays unverified until the journal reads it (before its first write, or when the
-        // caller verifies it: `JournalLog::unverified_prefix`). Only the bytes from there to
-        // the frontier are read now.
+        // The frontier's segment, when a summary (written at a clean stop, or as the segment
+        // grew: `JournalLog::summarise_progress`) covers a prefix of its durable bytes: that
+        // prefix is taken from the summary without reading it, and stays unverified until
+        // the journal reads it (before its first write, or when the caller verifies it:
+        // `JournalLog::unverified_prefix`). Only the bytes from there to the frontier are
+        // read now.
         let mut scan_from = 0;
         if trust_summaries
             && first_op == frontier_name
