@@ -111,6 +111,18 @@ pub const KEYS: &[Key] = &[
         about: "how often every sealed segment is read and verified in the background (0 = never); damage found refuses the partition as a start would",
     },
     Key {
+        path: "cluster.node_id",
+        kind: ValueKind::Integer,
+        default: "",
+        about: "with a [cluster] table: this node's id, one of the `id`s of [[cluster.nodes]]",
+    },
+    Key {
+        path: "cluster.secret",
+        kind: ValueKind::Text,
+        default: "",
+        about: "with a [cluster] table: the replica network's shared secret, at least 16 bytes, the same on every node (also CAIRN_CLUSTER_SECRET)",
+    },
+    Key {
         path: "auth.root_password",
         kind: ValueKind::Text,
         default: "",
@@ -137,6 +149,42 @@ pub const SCRUB_INTERVAL_MS_MAX: u64 = 30 * 86_400_000;
 
 /// Upper bound of `storage.retention_interval_ms` (one day).
 pub const RETENTION_INTERVAL_MS_MAX: u64 = 86_400_000;
+
+/// Most nodes a cluster may have: the replication core's bound on replicas per group.
+pub const CLUSTER_NODES_MAX: usize = cairn_vsr::constants::REPLICAS_MAX;
+
+/// Shortest accepted `cluster.secret`: it keys the replica network's authentication.
+pub const CLUSTER_SECRET_BYTES_MIN: usize = 16;
+
+/// One node of a cluster as a `[[cluster.nodes]]` entry names it. Addresses are `host:port`
+/// as clients and peers dial them (an IP or a host name).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ClusterNode {
+    pub id: u32,
+    /// The address clients use (reported in cluster metadata).
+    pub tcp: String,
+    /// The HTTP address clients use; empty when the node offers no HTTP.
+    pub http: String,
+    /// Replica-to-replica traffic.
+    pub replica: String,
+}
+
+/// The `[cluster]` table, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    pub node_id: u32,
+    /// Sorted by id: a node's replica index in every group is its position here.
+    pub nodes: Vec<ClusterNode>,
+}
+
+impl ClusterConfig {
+    /// This node's entry (validation guarantees there is one).
+    pub fn this_node(&self) -> &ClusterNode {
+        let index = self.nodes.iter().position(|node| node.id == self.node_id);
+        debug_assert!(index.is_some(), "a validated cluster lists its own node");
+        &self.nodes[index.unwrap_or(0)]
+    }
+}
 
 /// How sends reach stable storage before they are acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,6 +216,8 @@ pub struct Config {
     pub scrub_interval_ms: u64,
     /// `None` when not configured (a password is generated on first start).
     pub root_password: Option<String>,
+    /// `None` without a `[cluster]` table: one node, as before clusters existed.
+    pub cluster: Option<ClusterConfig>,
 }
 
 /// A refused configuration: names the key and where its value came from.
@@ -205,6 +255,9 @@ pub fn env_name(path: &str) -> String {
 #[derive(Default)]
 pub struct Sources {
     values: BTreeMap<&'static str, RawValue>,
+    /// The `[[cluster.nodes]]` array of the config file, and where it came from: the one key
+    /// that is a list of tables, parsed by [`parse_cluster_nodes`].
+    cluster_nodes: Option<(toml::Value, String)>,
 }
 
 impl Sources {
@@ -243,6 +296,12 @@ impl Sources {
             reason: e.to_string(),
         })?;
         let source_name = format!("config file {}", path.display());
+        let mut table = table;
+        if let Some(toml::Value::Table(cluster)) = table.get_mut("cluster")
+            && let Some(nodes) = cluster.remove("nodes")
+        {
+            self.cluster_nodes = Some((nodes, source_name.clone()));
+        }
         let mut flat = Vec::new();
         flatten("", &toml::Value::Table(table), &mut flat);
         for (key_path, value) in flat {
@@ -279,6 +338,14 @@ impl Sources {
             if name == TEST_CRASH_AT_ENV || name == TEST_FAIL_AT_ENV {
                 // A test-only fault hook read where it fires (see the handler), not a key.
                 continue;
+            }
+            if name == "CAIRN_CLUSTER_NODES" {
+                return Err(ConfigError::InvalidValue {
+                    key: "cluster.nodes".to_string(),
+                    source_name: format!("environment {name}"),
+                    reason: "the node list is given only as [[cluster.nodes]] tables in the --config file"
+                        .to_string(),
+                });
             }
             if name == "CAIRN_ROOT_PASSWORD" {
                 self.set("auth.root_password", value, format!("environment {name}"))?;
@@ -356,7 +423,20 @@ impl Sources {
                     Some(password)
                 }
             },
+            cluster: self.cluster()?,
         };
+        let mut config = config;
+        if let Some(cluster) = &config.cluster {
+            // A node listens where the node list says clients and peers reach it, unless the
+            // listen address is configured (behind NAT, or a host name that resolves elsewhere).
+            let node = cluster.this_node();
+            if self.raw("tcp.address").source_name == "default" {
+                config.tcp_address = listen_address(&node.tcp);
+            }
+            if self.raw("http.address").source_name == "default" {
+                config.http_address = (!node.http.is_empty()).then(|| listen_address(&node.http));
+            }
+        }
         // A frame must be able to carry the largest batch plus the send's metadata section.
         if (config.max_frame_bytes as u64) < config.batch_bytes_max as u64 + 256 + 1024 {
             return Err(self.invalid(
@@ -368,6 +448,62 @@ impl Sources {
             ));
         }
         Ok(config)
+    }
+
+    /// The `[cluster]` table: `None` when there is none. Refused, naming the key: a node list
+    /// without a `node_id` or secret, or either without a node list; more nodes than a group
+    /// may have replicas; duplicate ids or addresses; a `node_id` the list does not name.
+    fn cluster(&self) -> Result<Option<ClusterConfig>, ConfigError> {
+        let node_id = self.text("cluster.node_id")?;
+        let secret = self.text("cluster.secret")?;
+        let Some((nodes, nodes_source)) = &self.cluster_nodes else {
+            for key in ["cluster.node_id", "cluster.secret"] {
+                if !self.text(key)?.is_empty() {
+                    return Err(self.invalid(
+                        key,
+                        "is set, but the config file has no [[cluster.nodes]]: a cluster needs its node list"
+                            .to_string(),
+                    ));
+                }
+            }
+            return Ok(None);
+        };
+        let nodes = parse_cluster_nodes(nodes, nodes_source)?;
+        if node_id.is_empty() {
+            return Err(self.invalid(
+                "cluster.node_id",
+                "missing: [[cluster.nodes]] is given, so this node's id must be too".to_string(),
+            ));
+        }
+        let node_id: u32 = self.parsed("cluster.node_id")?;
+        if !nodes.iter().any(|node| node.id == node_id) {
+            let ids: Vec<String> = nodes.iter().map(|node| node.id.to_string()).collect();
+            return Err(self.invalid(
+                "cluster.node_id",
+                format!(
+                    "{node_id} is not the id of any [[cluster.nodes]] entry ({})",
+                    ids.join(", ")
+                ),
+            ));
+        }
+        if secret.is_empty() {
+            return Err(self.invalid(
+                "cluster.secret",
+                "missing: a cluster needs the replica network's shared secret (or CAIRN_CLUSTER_SECRET)"
+                    .to_string(),
+            ));
+        }
+        if secret.len() < CLUSTER_SECRET_BYTES_MIN {
+            // The text of the secret is never put in a message.
+            return Err(self.invalid(
+                "cluster.secret",
+                format!(
+                    "is {} bytes long; it must be at least {CLUSTER_SECRET_BYTES_MIN}",
+                    secret.len()
+                ),
+            ));
+        }
+        Ok(Some(ClusterConfig { node_id, nodes }))
     }
 
     fn raw(&self, path: &str) -> &RawValue {
@@ -405,6 +541,161 @@ impl Sources {
         }
         Ok(value)
     }
+}
+
+/// Parse and check the `[[cluster.nodes]]` array: each entry has exactly `id`, `tcp`,
+/// `replica` and optionally `http`; ids and addresses are unique; 1 to
+/// [`CLUSTER_NODES_MAX`] entries. Sorted by id.
+fn parse_cluster_nodes(value: &toml::Value, source_name: &str) -> Result<Vec<ClusterNode>, ConfigError> {
+    let invalid = |key: String, reason: String| ConfigError::InvalidValue {
+        key,
+        source_name: source_name.to_string(),
+        reason,
+    };
+    let Some(entries) = value.as_array() else {
+        return Err(invalid(
+            "cluster.nodes".to_string(),
+            format!("expected [[cluster.nodes]] tables, got {}", value.type_str()),
+        ));
+    };
+    if entries.is_empty() || entries.len() > CLUSTER_NODES_MAX {
+        return Err(invalid(
+            "cluster.nodes".to_string(),
+            format!(
+                "lists {} nodes; a cluster has 1 to {CLUSTER_NODES_MAX}",
+                entries.len()
+            ),
+        ));
+    }
+    let mut nodes: Vec<ClusterNode> = Vec::with_capacity(entries.len());
+    for (index, entry) in entries.iter().enumerate() {
+        let key = |field: &str| format!("cluster.nodes[{index}].{field}");
+        let Some(table) = entry.as_table() else {
+            return Err(invalid(
+                format!("cluster.nodes[{index}]"),
+                format!("expected a table, got {}", entry.type_str()),
+            ));
+        };
+        if let Some(unknown) = table
+            .keys()
+            .find(|field| !["id", "tcp", "http", "replica"].contains(&field.as_str()))
+        {
+            return Err(ConfigError::UnknownKey {
+                key: key(unknown),
+                source_name: source_name.to_string(),
+            });
+        }
+        let id = match table.get("id") {
+            Some(toml::Value::Integer(id)) => u32::try_from(*id)
+                .map_err(|_| invalid(key("id"), format!("{id} is outside 0..={}", u32::MAX)))?,
+            Some(other) => {
+                return Err(invalid(
+                    key("id"),
+                    format!("expected an integer, got {}", other.type_str()),
+                ));
+            }
+            None => return Err(invalid(key("id"), "missing".to_string())),
+        };
+        let address = |field: &str, required: bool| -> Result<String, ConfigError> {
+            match table.get(field) {
+                Some(toml::Value::String(text)) => {
+                    check_host_port(text).map_err(|reason| invalid(key(field), reason))?;
+                    Ok(text.clone())
+                }
+                Some(other) => Err(invalid(
+                    key(field),
+                    format!("expected a string, got {}", other.type_str()),
+                )),
+                None if required => Err(invalid(key(field), "missing".to_string())),
+                None => Ok(String::new()),
+            }
+        };
+        let node = ClusterNode {
+            id,
+            tcp: address("tcp", true)?,
+            http: address("http", false)?,
+            replica: address("replica", true)?,
+        };
+        if nodes.iter().any(|other| other.id == id) {
+            return Err(invalid(
+                key("id"),
+                format!("{id} is the id of an earlier entry too"),
+            ));
+        }
+        nodes.push(node);
+    }
+    // Every address once, across nodes and kinds: two nodes (or two roles) on one address
+    // would take each other's traffic.
+    let mut seen: Vec<(String, String)> = Vec::new();
+    for (index, node) in nodes.iter().enumerate() {
+        for (field, text) in [
+            ("tcp", &node.tcp),
+            ("http", &node.http),
+            ("replica", &node.replica),
+        ] {
+            if text.is_empty() {
+                continue;
+            }
+            let key = format!("cluster.nodes[{index}].{field}");
+            if let Some((_, first)) = seen.iter().find(|(seen, _)| seen.eq_ignore_ascii_case(text)) {
+                return Err(invalid(key, format!("`{text}` is given as {first} too")));
+            }
+            seen.push((text.clone(), key));
+        }
+    }
+    nodes.sort_by_key(|node| node.id);
+    Ok(nodes)
+}
+
+/// `host:port` with a non-empty host (an IP, `[v6]`, or a name) and a port above 0.
+fn check_host_port(text: &str) -> Result<(), String> {
+    if let Ok(address) = text.parse::<SocketAddr>() {
+        return match address.port() {
+            0 => Err(format!("`{text}`: port 0 cannot be dialled")),
+            _ => Ok(()),
+        };
+    }
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err(format!("`{text}` is not host:port"));
+    };
+    let host_ok = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_');
+    if !host_ok {
+        return Err(format!("`{text}`: `{host}` is not an IP address or a host name"));
+    }
+    match port.parse::<u16>() {
+        Ok(0) | Err(_) => Err(format!("`{text}`: `{port}` is not a port from 1 to 65535")),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// The host (brackets of an IPv6 address removed) and port of a validated `host:port`;
+/// `("", 0)` for an empty one (a node without HTTP).
+pub fn split_host_port(host_port: &str) -> (&str, u16) {
+    match host_port.rsplit_once(':') {
+        Some((host, port)) => (
+            host.trim_start_matches('[').trim_end_matches(']'),
+            port.parse().unwrap_or(0),
+        ),
+        None => ("", 0),
+    }
+}
+
+/// Where to listen for a `host:port` others dial: that address when it is an IP, every
+/// interface on its port when it is a host name (which may resolve to an address this host
+/// cannot bind, such as a Kubernetes service name).
+fn listen_address(host_port: &str) -> SocketAddr {
+    if let Ok(address) = host_port.parse::<SocketAddr>() {
+        return address;
+    }
+    let port = host_port
+        .rsplit_once(':')
+        .and_then(|(_, port)| port.parse::<u16>().ok())
+        .unwrap_or(0);
+    debug_assert!(port != 0, "a validated address has a port");
+    SocketAddr::from(([0, 0, 0, 0], port))
 }
 
 fn flatten(prefix: &str, value: &toml::Value, out: &mut Vec<(String, toml::Value)>) {
@@ -518,5 +809,143 @@ mod tests {
             .expect("known");
         let error = sources.build().expect_err("zero interval");
         assert!(error.to_string().contains("storage.flush_interval_ms"), "{error}");
+    }
+
+    const THREE_NODES: &str = r#"
+[cluster]
+node_id = 2
+secret = "0123456789abcdef-shared"
+[[cluster.nodes]]
+id = 1
+tcp = "127.0.0.1:8091"
+http = "127.0.0.1:3001"
+replica = "127.0.0.1:7091"
+[[cluster.nodes]]
+id = 3
+tcp = "cairn-2.cairn:8093"
+replica = "cairn-2.cairn:7093"
+[[cluster.nodes]]
+id = 2
+tcp = "127.0.0.2:8092"
+http = "127.0.0.2:3002"
+replica = "127.0.0.2:7092"
+"#;
+
+    /// Build from `toml` (a file) and `env`.
+    fn build_from(toml: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("cairn.toml");
+        std::fs::write(&file, toml).expect("write");
+        let mut sources = Sources::defaults();
+        sources.apply_file(&file)?;
+        sources.apply_env(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))?;
+        sources.build()
+    }
+
+    fn refused_key(toml: &str, env: &[(&str, &str)]) -> String {
+        match build_from(toml, env) {
+            Err(ConfigError::InvalidValue { key, .. } | ConfigError::UnknownKey { key, .. }) => key,
+            other => panic!("expected a refusal naming a key, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_cluster_table_is_parsed_sorted_and_listens_where_its_entry_says() {
+        let config = build_from(THREE_NODES, &[]).expect("valid");
+        let cluster = config.cluster.as_ref().expect("cluster");
+        assert_eq!(cluster.node_id, 2);
+        let ids: Vec<u32> = cluster.nodes.iter().map(|node| node.id).collect();
+        assert_eq!(ids, [1, 2, 3], "sorted by id: the position is the replica index");
+        assert_eq!(cluster.this_node().replica, "127.0.0.2:7092");
+        assert_eq!(cluster.nodes[2].http, "", "http is optional");
+        assert_eq!(config.tcp_address.to_string(), "127.0.0.2:8092");
+        assert_eq!(
+            config.http_address.map(|a| a.to_string()).as_deref(),
+            Some("127.0.0.2:3002")
+        );
+
+        // A host name listens on every interface at its port; an explicit address wins.
+        let third = THREE_NODES.replace("node_id = 2", "node_id = 3");
+        let config = build_from(&third, &[]).expect("valid");
+        assert_eq!(config.tcp_address.to_string(), "0.0.0.0:8093");
+        assert_eq!(config.http_address, None, "node 3 offers no HTTP");
+        let config = build_from(&third, &[("CAIRN_TCP_ADDRESS", "127.0.0.1:9000")]).expect("valid");
+        assert_eq!(config.tcp_address.to_string(), "127.0.0.1:9000");
+
+        // The id and the secret may come from the environment (one file for every node).
+        let shared = THREE_NODES
+            .replace("node_id = 2\n", "")
+            .replace("secret = \"0123456789abcdef-shared\"\n", "");
+        let config = build_from(
+            &shared,
+            &[
+                ("CAIRN_CLUSTER_NODE_ID", "1"),
+                ("CAIRN_CLUSTER_SECRET", "from-the-environment"),
+            ],
+        )
+        .expect("valid");
+        assert_eq!(config.cluster.map(|c| c.node_id), Some(1));
+        assert!(Sources::defaults().build().expect("valid").cluster.is_none());
+    }
+
+    #[test]
+    fn cluster_misconfigurations_are_refused_by_key() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("node_id = 2", "node_id = 4", "cluster.node_id"),
+            ("node_id = 2\n", "", "cluster.node_id"),
+            ("node_id = 2", "node_id = \"two\"", "cluster.node_id"),
+            ("secret = \"0123456789abcdef-shared\"\n", "", "cluster.secret"),
+            ("0123456789abcdef-shared", "short", "cluster.secret"),
+            ("id = 3", "id = 1", "cluster.nodes[1].id"),
+            ("id = 3", "id = -3", "cluster.nodes[1].id"),
+            ("cairn-2.cairn:7093", "127.0.0.1:3001", "cluster.nodes[1].replica"),
+            ("127.0.0.2:7092", "127.0.0.2:8092", "cluster.nodes[2].replica"),
+            ("cairn-2.cairn:8093", "cairn-2.cairn", "cluster.nodes[1].tcp"),
+            ("cairn-2.cairn:8093", "cairn-2.cairn:0", "cluster.nodes[1].tcp"),
+            ("cairn-2.cairn:8093", "no spaces:8093", "cluster.nodes[1].tcp"),
+            (
+                "replica = \"cairn-2.cairn:7093\"\n",
+                "",
+                "cluster.nodes[1].replica",
+            ),
+            (
+                "replica = \"cairn-2.cairn:7093\"",
+                "replica = 7093",
+                "cluster.nodes[1].replica",
+            ),
+            (
+                "replica = \"cairn-2.cairn:7093\"",
+                "replika = \"x:1\"",
+                "cluster.nodes[1].replika",
+            ),
+        ];
+        for (from, to, key) in cases {
+            assert!(THREE_NODES.contains(from), "{from}");
+            let toml = THREE_NODES.replacen(from, to, 1);
+            assert_eq!(&refused_key(&toml, &[]), key, "{from} -> {to}");
+        }
+        let seven: String = (1..=7)
+            .map(|id| format!("[[cluster.nodes]]\nid = {id}\ntcp = \"h{id}:1\"\nreplica = \"h{id}:2\"\n"))
+            .collect();
+        let toml = format!("[cluster]\nnode_id = 1\nsecret = \"0123456789abcdef\"\n{seven}");
+        assert_eq!(refused_key(&toml, &[]), "cluster.nodes");
+        // An id or a secret without a node list.
+        assert_eq!(
+            refused_key("", &[("CAIRN_CLUSTER_NODE_ID", "1")]),
+            "cluster.node_id"
+        );
+        assert_eq!(
+            refused_key("[cluster]\nsecret = \"0123456789abcdef\"\n", &[]),
+            "cluster.secret"
+        );
+        assert_eq!(refused_key("", &[("CAIRN_CLUSTER_NODES", "1")]), "cluster.nodes");
+        // The secret's text never appears in a refusal.
+        let error = build_from(
+            &THREE_NODES.replace("0123456789abcdef-shared", "tiny-secret"),
+            &[],
+        )
+        .expect_err("short secret")
+        .to_string();
+        assert!(!error.contains("tiny-secret"), "{error}");
     }
 }

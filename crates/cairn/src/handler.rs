@@ -770,15 +770,33 @@ impl Server {
     // ---- system ----
 
     fn cluster_metadata(&self) -> Typed {
-        let node = reply::ClusterNode {
-            name: "cairn".to_string(),
-            ip: self.config.tcp_address.ip().to_string(),
-            tcp_port: self.tcp_port(),
-            quic_port: 0,
-            http_port: self.http_bound_port.load(Ordering::Relaxed) as u16,
-            websocket_port: 0,
-            role: 0,
-            status: 0,
+        // One node: this one, Leader and Healthy. A `[cluster]` of one reports its entry of
+        // the node list (the addresses clients are to use), under its id.
+        let node = match &self.config.cluster {
+            None => reply::ClusterNode {
+                name: "cairn".to_string(),
+                ip: self.config.tcp_address.ip().to_string(),
+                tcp_port: self.tcp_port(),
+                quic_port: 0,
+                http_port: self.http_bound_port.load(Ordering::Relaxed) as u16,
+                websocket_port: 0,
+                role: 0,
+                status: 0,
+            },
+            Some(cluster) => {
+                let entry = cluster.this_node();
+                let (host, tcp_port) = crate::config::split_host_port(&entry.tcp);
+                reply::ClusterNode {
+                    name: format!("cairn-{}", entry.id),
+                    ip: host.to_string(),
+                    tcp_port,
+                    quic_port: 0,
+                    http_port: crate::config::split_host_port(&entry.http).1,
+                    websocket_port: 0,
+                    role: 0,
+                    status: 0,
+                }
+            }
         };
         Typed::ClusterMetadata {
             name: "cairn".to_string(),

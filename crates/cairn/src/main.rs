@@ -18,6 +18,7 @@ mod config;
 mod faults;
 mod handler;
 mod http;
+mod membership;
 mod node;
 mod partition;
 mod partition_group;
@@ -152,6 +153,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(cluster) = &config.cluster
+        && cluster.nodes.len() > 1
+    {
+        eprintln!(
+            "cairn: configuration refused: `cluster.nodes` lists {} nodes; this release runs a [cluster] of \
+             one node only (the replica network that joins several is not available yet). Nothing was written.",
+            cluster.nodes.len()
+        );
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -222,6 +233,8 @@ async fn serve(config: config::Config) -> Result<(), String> {
     // Held until the server has closed every partition: a second server on the same directory
     // is refused instead of corrupting it (and `cairn check` says the directory is in use).
     let _data_dir_lock = cairn_storage::lock::DataDirLock::acquire(&data_dir).map_err(|e| e.to_string())?;
+    // Before anything is formatted: a node's data belongs to one node of one node list.
+    membership::check_or_record(&data_dir, config.cluster.as_ref()).map_err(|e| e.to_string())?;
     let (mut catalog, first_start) = catalog::Catalog::load(
         &data_dir,
         config.segment_size_bytes,

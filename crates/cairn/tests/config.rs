@@ -215,3 +215,101 @@ async fn root_password_is_generated_once_and_stored_hashed() {
     stop(child);
     assert_check_healthy(&data);
 }
+
+/// A `[cluster]` table of one node is served as one node, and command 12 reports its entry of
+/// the node list. The node list and id are recorded at the first start: a later start with
+/// another list or id is refused naming the key, and nothing of the data changes. A list of
+/// several nodes is refused before anything is written (the replica network is not built yet).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_node_cluster_is_served_and_its_node_list_is_kept() {
+    let dir = temp_dir();
+    let data = dir.path().join("data");
+    let data_text = data.to_str().expect("utf-8");
+    let write_config = |name: &str, node_id: u32, nodes: &[(u32, &str)]| {
+        let mut text = format!("[cluster]\nnode_id = {node_id}\nsecret = \"a-test-secret-of-16+\"\n");
+        for (id, replica) in nodes {
+            text.push_str(&format!(
+                "[[cluster.nodes]]\nid = {id}\ntcp = \"127.0.0.1:{}\"\nhttp = \"127.0.0.1:{}\"\nreplica = \"{replica}\"\n",
+                18_400 + id,
+                13_400 + id
+            ));
+        }
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write config");
+        path.to_str().expect("utf-8").to_string()
+    };
+    let one = write_config("one.toml", 1, &[(1, "127.0.0.1:17401")]);
+    let three = write_config(
+        "three.toml",
+        1,
+        &[
+            (1, "127.0.0.1:17401"),
+            (2, "127.0.0.1:17402"),
+            (3, "127.0.0.1:17403"),
+        ],
+    );
+
+    // Several nodes: refused before the data directory exists.
+    let stderr = refused_start(&["--data-dir", data_text, "--config", &three], &[]);
+    assert!(
+        stderr.contains("cluster.nodes") && stderr.contains("one node only"),
+        "{stderr}"
+    );
+    assert!(!data.exists(), "nothing was written");
+
+    // One node: served; the listen addresses given explicitly win over the entry's.
+    let server = TestServer::start_with(&data, &["--config", &one], &[]);
+    let client = root_client(server.addr()).await;
+    let metadata = client.get_cluster_metadata().await.expect("cluster metadata");
+    assert_eq!(metadata.nodes.len(), 1);
+    let node = &metadata.nodes[0];
+    assert_eq!(node.name, "cairn-1");
+    assert_eq!(node.endpoints.tcp, 18_401, "the address clients are to use");
+    assert_eq!(node.endpoints.http, 13_401);
+    assert_eq!(node.role, ClusterNodeRole::Leader);
+    assert_eq!(node.status, ClusterNodeStatus::Healthy);
+    create_stream_topic(&client, "kept", "t", 1).await;
+    drop(client);
+    server.stop();
+    let record = std::fs::read(data.join("membership")).expect("the node list is recorded");
+
+    // Another node list, or another node's id: refused, naming the key; the data stays.
+    let moved = write_config("moved.toml", 1, &[(1, "127.0.0.1:17999")]);
+    let other = write_config("other.toml", 2, &[(2, "127.0.0.1:17401")]);
+    for (config, key) in [(&moved, "cluster.nodes"), (&other, "cluster.node_id")] {
+        let output = cairn_command()
+            .args(["serve", "--data-dir", data_text, "--tcp-address", "127.0.0.1:0"])
+            .args(["--http-address", "127.0.0.1:0", "--config", config])
+            .output()
+            .expect("run cairn");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "started with a changed node list");
+        assert!(
+            stderr.contains(key) && stderr.contains("does not match"),
+            "{stderr}"
+        );
+    }
+    assert_eq!(std::fs::read(data.join("membership")).expect("record"), record);
+
+    // The same list again, and no [cluster] (a one-node cluster's data serves alone).
+    for args in [vec!["--config", one.as_str()], vec![]] {
+        let server = TestServer::start_with(&data, &args, &[]);
+        let client = root_client(server.addr()).await;
+        let streams = client.get_streams().await.expect("streams");
+        assert_eq!(streams.len(), 1, "the data is kept");
+        drop(client);
+        server.stop();
+    }
+}
+
+/// `cairn` with the environment cleared of CAIRN_* (a test's own knobs must not leak in).
+fn cairn_command() -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"));
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("CAIRN_") {
+            command.env_remove(&name);
+        }
+    }
+    command.env("CAIRN_ROOT_PASSWORD", ROOT_PASSWORD);
+    command
+}
