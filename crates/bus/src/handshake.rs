@@ -9,8 +9,8 @@
 //! dialler  -> acceptor  Finish     the same ids, MAC(dialler direction)
 //! ```
 //!
-//! Each MAC is BLAKE3 in keyed mode over the domain, the direction, the cluster id, both node
-//! ids and both nonces, under a key derived from the shared secret and the two ids
+//! Each MAC is BLAKE3 in keyed mode over the domain, the handshake version, the direction,
+//! the cluster id, both node ids and both nonces, under a key derived from the shared secret and the two ids
 //! ([`PairKey`]). So a MAC verifies only for a peer that knows the secret and names the same
 //! pair of ids, and a recorded frame is useless in a connection with a fresh nonce. With one
 //! secret for the whole cluster this proves membership, not identity: any holder of the
@@ -149,6 +149,7 @@ impl PairKey {
     ) -> blake3::Hash {
         let mut hasher = blake3::Hasher::new_keyed(&self.0);
         hasher.update(MAC_DOMAIN);
+        hasher.update(&VERSION.to_le_bytes());
         hasher.update(&[direction as u8]);
         hasher.update(&cluster.to_le_bytes());
         hasher.update(&ids.dialler.to_le_bytes());
@@ -286,6 +287,13 @@ impl Dialler {
             mac.as_bytes(),
         ))
     }
+}
+
+/// A Finish frame with any MAC, for tests of the accepting side's check (a dialler built
+/// here always verifies the Challenge first, so it cannot send a bad Finish).
+#[doc(hidden)]
+pub fn finish_frame_for_tests(cluster: u128, dialler: u32, acceptor: u32, mac: [u8; 32]) -> [u8; FRAME_SIZE] {
+    encode(Kind::Finish, cluster, Ids { dialler, acceptor }, &[0; 32], &mac)
 }
 
 /// The accepting side, after its Challenge went out.

@@ -25,8 +25,9 @@ use crate::handshake::{Acceptor, ClusterKey, Dialler, FRAME_SIZE, HandshakeError
 use bytes::BytesMut;
 use cairn_vsr::constants::HEADER_SIZE;
 use cairn_vsr::header::{Command, Message};
+use std::collections::HashMap;
 use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,6 +35,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
+
+/// A Hello must arrive within this of the connection (or the handshake timeout, if shorter).
+const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The largest count a tokio semaphore holds: bounds given in bytes stay below it.
+const MAX_PERMITS: usize = Semaphore::MAX_PERMITS;
 
 /// One node as the bus knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,12 +68,19 @@ pub struct BusConfig {
     pub queue_bytes_max: usize,
     /// Messages received and not yet taken by the node, across all peers.
     pub inbound_messages_max: usize,
+    /// Bytes of the messages received and not yet dropped by the node, across all peers
+    /// (each [`Received`] holds its share until dropped); at least one largest message.
+    pub inbound_bytes_max: usize,
     pub backoff_min: Duration,
     pub backoff_max: Duration,
     /// A connection must complete its handshake within this.
     pub handshake_timeout: Duration,
-    /// Handshakes in progress on the accepting side at once; more connections wait.
+    /// Handshakes in progress on the accepting side at once; a connection beyond that is
+    /// closed at once (its dialler retries).
     pub handshakes_max: usize,
+    /// Handshakes in progress from one IP address at once, so one host cannot take every
+    /// slot from the others.
+    pub handshakes_per_ip_max: usize,
 }
 
 impl BusConfig {
@@ -89,20 +103,24 @@ impl BusConfig {
             queue_messages_max: 1024,
             queue_bytes_max: 2 * message_size_max,
             inbound_messages_max: 4096,
+            inbound_bytes_max: 4 * message_size_max,
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_secs(2),
             handshake_timeout: Duration::from_secs(5),
             handshakes_max: 16,
+            handshakes_per_ip_max: 4,
         }
     }
 }
 
-/// A message from a peer, checked.
+/// A message from a peer, checked. It holds its bytes' share of the inbound budget
+/// ([`BusConfig::inbound_bytes_max`]) until dropped.
 #[derive(Debug)]
 pub struct Received {
     /// The sender's replica index (authenticated by the handshake).
     pub from: u8,
     pub message: Message,
+    _budget: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// What [`Bus::send`] did with a message.
@@ -122,8 +140,12 @@ pub struct Counters {
     pub messages_received: AtomicU64,
     pub bytes_received: AtomicU64,
     pub connections_established: AtomicU64,
-    /// Connections refused at the handshake (either side).
+    /// Handshakes refused (either side): a frame that is not a handshake, another cluster
+    /// or version, a node id not in the list, a MAC that does not verify.
     pub handshakes_refused: AtomicU64,
+    /// Handshakes that ended without a refusal: the connection closed or failed, or the
+    /// deadline passed; and connections closed because every handshake slot was taken.
+    pub handshakes_failed: AtomicU64,
     /// Connections closed for a message that failed its checks.
     pub messages_refused: AtomicU64,
 }
@@ -137,9 +159,10 @@ pub enum BusError {
     Unsorted,
     #[error("the node list has {0} nodes; a group has at most {max}", max = cairn_vsr::constants::REPLICAS_MAX)]
     TooMany(usize),
-    #[error("a send queue of {queue_bytes_max} bytes cannot hold a message of {message_size_max}")]
-    QueueTooSmall {
-        queue_bytes_max: usize,
+    #[error("a bound of {name} = {value} cannot hold one message of {message_size_max} bytes")]
+    BoundTooSmall {
+        name: &'static str,
+        value: usize,
         message_size_max: usize,
     },
     #[error("cannot read the replica listener's address: {0}")]
@@ -176,14 +199,30 @@ impl Bus {
             .iter()
             .position(|&id| id == config.node_id)
             .ok_or(BusError::NotInList(config.node_id))? as u8;
-        if config.queue_bytes_max < config.message_size_max {
-            return Err(BusError::QueueTooSmall {
-                queue_bytes_max: config.queue_bytes_max,
-                message_size_max: config.message_size_max,
-            });
+        for (name, value, needed) in [
+            ("message_size_max", config.message_size_max, HEADER_SIZE),
+            ("queue_bytes_max", config.queue_bytes_max, config.message_size_max),
+            (
+                "inbound_bytes_max",
+                config.inbound_bytes_max,
+                config.message_size_max,
+            ),
+            ("queue_messages_max", config.queue_messages_max, 1),
+            ("inbound_messages_max", config.inbound_messages_max, 1),
+            ("handshakes_max", config.handshakes_max, 1),
+            ("handshakes_per_ip_max", config.handshakes_per_ip_max, 1),
+        ] {
+            if value < needed || value > MAX_PERMITS {
+                return Err(BusError::BoundTooSmall {
+                    name,
+                    value,
+                    message_size_max: config.message_size_max,
+                });
+            }
         }
         let local_addr = listener.local_addr().map_err(BusError::Listener)?;
-        let (inbound, received) = mpsc::channel(config.inbound_messages_max.max(1));
+        let (inbound, received) = mpsc::channel(config.inbound_messages_max);
+        let inbound_budget = Arc::new(Semaphore::new(config.inbound_bytes_max));
         let (shutdown, shutdown_rx) = watch::channel(false);
         let counters = Arc::new(Counters::default());
         let peers: Vec<Option<Arc<Peer>>> = config
@@ -210,6 +249,7 @@ impl Bus {
             config,
             ids,
             inbound,
+            inbound_budget,
             counters: counters.clone(),
             shutdown: shutdown_rx,
         });
@@ -295,6 +335,8 @@ struct Shared {
     config: BusConfig,
     ids: Vec<u32>,
     inbound: mpsc::Sender<Received>,
+    /// Bytes of received messages not yet dropped by the node.
+    inbound_budget: Arc<Semaphore>,
     counters: Arc<Counters>,
     shutdown: watch::Receiver<bool>,
 }
@@ -400,6 +442,8 @@ enum DialError {
     Timeout(Duration),
     #[error("node {0} is not in this node's list")]
     Unknown(u32),
+    #[error("the node stops")]
+    Shutdown,
 }
 
 fn configure(stream: &TcpStream) {
@@ -412,7 +456,10 @@ fn configure(stream: &TcpStream) {
         .with_interval(Duration::from_secs(1))
         .with_retries(3);
     let _ = socket.set_tcp_keepalive(&keepalive);
-    let _ = socket.set_tcp_user_timeout(Some(Duration::from_secs(10)));
+    // Unacknowledged data older than this fails the connection. Kept well above a pause of
+    // a busy receiver (its window closed while its node catches up), which is not a failure.
+    #[cfg(target_os = "linux")]
+    let _ = socket.set_tcp_user_timeout(Some(Duration::from_secs(30)));
 }
 
 /// Dial `peer` until the bus stops, one connection at a time.
@@ -440,6 +487,9 @@ async fn dial_loop(shared: Arc<Shared>, peer: Arc<Peer>) {
                 }
             }
             Err(error) => {
+                if let DialError::Shutdown = error {
+                    return;
+                }
                 if let DialError::Handshake(_) = error {
                     shared.counters.handshakes_refused.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(peer_id = peer.id, address = %peer.address, %error, "replica handshake refused");
@@ -489,16 +539,19 @@ async fn dial(shared: &Shared, peer: &Peer) -> Result<TcpStream, DialError> {
         stream.write_all(&finish).await?;
         Ok::<TcpStream, DialError>(stream)
     };
-    tokio::time::timeout(timeout, handshake)
-        .await
-        .map_err(|_| DialError::Timeout(timeout))?
+    let mut shutdown = shared.shutdown.clone();
+    tokio::select! {
+        outcome = tokio::time::timeout(timeout, handshake) => outcome.map_err(|_| DialError::Timeout(timeout))?,
+        _ = shutdown.changed() => Err(DialError::Shutdown),
+    }
 }
 
 /// Accept connections from lower ids until the bus stops; each authenticated one replaces
 /// its peer's earlier connection.
 async fn accept_loop(shared: Arc<Shared>, peers: Vec<Option<Arc<Peer>>>, listener: TcpListener) {
     let mut shutdown = shared.shutdown.clone();
-    let handshakes = Arc::new(Semaphore::new(shared.config.handshakes_max.max(1)));
+    let handshakes = Arc::new(Semaphore::new(shared.config.handshakes_max));
+    let per_ip: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
     let mut connections = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -512,32 +565,54 @@ async fn accept_loop(shared: Arc<Shared>, peers: Vec<Option<Arc<Peer>>>, listene
             Err(error) => {
                 // Out of file descriptors, say: wait a little rather than spin.
                 tracing::warn!(%error, "cannot accept a replica connection");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                    _ = shutdown.changed() => break,
+                }
+            }
+        };
+        // Slots are taken, never waited for: a dialler that finds none retries with backoff,
+        // and idle connections cannot queue real peers behind them.
+        let slot = match handshakes.clone().try_acquire_owned() {
+            Ok(slot)
+                if lock(&per_ip).get(&address.ip()).copied().unwrap_or(0)
+                    < shared.config.handshakes_per_ip_max =>
+            {
+                slot
+            }
+            _ => {
+                shared.counters.handshakes_failed.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%address, "closed a replica connection: every handshake slot is taken");
                 continue;
             }
         };
-        let Ok(permit) = handshakes.clone().acquire_owned().await else {
-            break;
+        *lock(&per_ip).entry(address.ip()).or_default() += 1;
+        let slot = HandshakeSlot {
+            _slot: slot,
+            per_ip: per_ip.clone(),
+            ip: address.ip(),
         };
         let (shared, peers) = (shared.clone(), peers.clone());
         connections.spawn(async move {
             let authenticated = accept_handshake(&shared, stream).await;
-            drop(permit);
+            drop(slot);
             let (peer_id, stream) = match authenticated {
                 Ok(authenticated) => authenticated,
-                Err(error) => {
+                Err(DialError::Handshake(error)) => {
                     shared.counters.handshakes_refused.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(%address, %error, "refused a replica connection");
+                    return;
+                }
+                Err(error) => {
+                    shared.counters.handshakes_failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(%address, %error, "a replica connection ended before its handshake finished");
                     return;
                 }
             };
             let Some(peer) = peers.iter().flatten().find(|peer| peer.id == peer_id).cloned() else {
                 return;
             };
-            shared
-                .counters
-                .connections_established
-                .fetch_add(1, Ordering::Relaxed);
+            shared.counters.connections_established.fetch_add(1, Ordering::Relaxed);
             tracing::info!(peer_id, %address, "replica connection up (accepted)");
             let end = run_connection(&shared, &peer, stream).await;
             log_end(&peer, &end);
@@ -546,13 +621,37 @@ async fn accept_loop(shared: Arc<Shared>, peers: Vec<Option<Arc<Peer>>>, listene
     connections.shutdown().await;
 }
 
+/// A handshake slot, and its count against its IP address, held until dropped.
+struct HandshakeSlot {
+    _slot: tokio::sync::OwnedSemaphorePermit,
+    per_ip: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    ip: IpAddr,
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        let mut per_ip = lock(&self.per_ip);
+        if let Some(count) = per_ip.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                per_ip.remove(&self.ip);
+            }
+        }
+    }
+}
+
 /// The accepting side's handshake: the authenticated peer's id and the stream.
 async fn accept_handshake(shared: &Shared, mut stream: TcpStream) -> Result<(u32, TcpStream), DialError> {
     let timeout = shared.config.handshake_timeout;
+    let hello_timeout = timeout.min(HELLO_TIMEOUT);
     let handshake = async {
         configure(&stream);
         let mut hello = [0u8; FRAME_SIZE];
-        stream.read_exact(&mut hello).await?;
+        // A peer sends its Hello as soon as it connects: a connection that does not gives
+        // its slot back early.
+        tokio::time::timeout(hello_timeout, stream.read_exact(&mut hello))
+            .await
+            .map_err(|_| DialError::Timeout(hello_timeout))??;
         let (acceptor, challenge) = Acceptor::on_hello(
             &shared.config.key,
             shared.config.cluster,
@@ -567,9 +666,11 @@ async fn accept_handshake(shared: &Shared, mut stream: TcpStream) -> Result<(u32
         let peer = acceptor.on_finish(&finish)?;
         Ok::<(u32, TcpStream), DialError>((peer, stream))
     };
-    let (peer, stream) = tokio::time::timeout(timeout, handshake)
-        .await
-        .map_err(|_| DialError::Timeout(timeout))??;
+    let mut shutdown = shared.shutdown.clone();
+    let (peer, stream) = tokio::select! {
+        outcome = tokio::time::timeout(timeout, handshake) => outcome.map_err(|_| DialError::Timeout(timeout))??,
+        _ = shutdown.changed() => return Err(DialError::Shutdown),
+    };
     if !shared.ids.contains(&peer) {
         return Err(DialError::Unknown(peer));
     }
@@ -612,7 +713,7 @@ async fn run_connection(shared: &Shared, peer: &Peer, stream: TcpStream) -> Conn
     );
     let end = tokio::select! {
         end = read_loop(shared, peer.index, check, read) => end,
-        end = write_loop(shared, peer, write) => end,
+        end = write_loop(shared, peer, write, (generation.clone(), mine)) => end,
         _ = generation.wait_for(|&current| current != mine) => ConnectionEnd::Replaced,
         _ = shutdown.changed() => ConnectionEnd::Shutdown,
     };
@@ -638,7 +739,15 @@ async fn read_loop(
             Ok(header) => header,
             Err(error) => return error.into(),
         };
-        // Bounded by the check above.
+        // Bounded by the check above, and by what the node has not yet taken.
+        let Ok(budget) = shared
+            .inbound_budget
+            .clone()
+            .acquire_many_owned(header.size)
+            .await
+        else {
+            return ConnectionEnd::InboundClosed;
+        };
         let mut body = BytesMut::zeroed(header.body_len());
         if let Err(error) = reader.read_exact(&mut body).await {
             return error.into();
@@ -652,19 +761,43 @@ async fn read_loop(
             .counters
             .bytes_received
             .fetch_add(u64::from(message.header.size), Ordering::Relaxed);
-        if shared.inbound.send(Received { from, message }).await.is_err() {
+        let received = Received {
+            from,
+            message,
+            _budget: budget,
+        };
+        if shared.inbound.send(received).await.is_err() {
             return ConnectionEnd::InboundClosed;
         }
     }
 }
 
-async fn write_loop(shared: &Shared, peer: &Peer, write: tokio::net::tcp::OwnedWriteHalf) -> ConnectionEnd {
+async fn write_loop(
+    shared: &Shared,
+    peer: &Peer,
+    write: tokio::net::tcp::OwnedWriteHalf,
+    (generation, mine): (watch::Receiver<u64>, u64),
+) -> ConnectionEnd {
     let mut writer = BufWriter::with_capacity(64 * 1024, write);
+    // Written to the buffer since the last flush: counted as sent once flushed.
+    let (mut unflushed_messages, mut unflushed_bytes) = (0u64, 0u64);
     loop {
+        // A replaced connection takes nothing more from the queue its successor drains.
+        if *generation.borrow() != mine {
+            return ConnectionEnd::Replaced;
+        }
         let Some(message) = peer.pop() else {
             if let Err(error) = writer.flush().await {
                 return error.into();
             }
+            shared
+                .counters
+                .messages_sent
+                .fetch_add(std::mem::take(&mut unflushed_messages), Ordering::Relaxed);
+            shared
+                .counters
+                .bytes_sent
+                .fetch_add(std::mem::take(&mut unflushed_bytes), Ordering::Relaxed);
             peer.wake.notified().await;
             continue;
         };
@@ -675,10 +808,7 @@ async fn write_loop(shared: &Shared, peer: &Peer, write: tokio::net::tcp::OwnedW
         if let Err(error) = writer.write_all(&message.body).await {
             return error.into();
         }
-        shared.counters.messages_sent.fetch_add(1, Ordering::Relaxed);
-        shared
-            .counters
-            .bytes_sent
-            .fetch_add(u64::from(message.header.size), Ordering::Relaxed);
+        unflushed_messages += 1;
+        unflushed_bytes += u64::from(message.header.size);
     }
 }

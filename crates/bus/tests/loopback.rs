@@ -2,7 +2,7 @@
 //! authentication, the checks that cut off a misbehaving peer, reconnection, bounded queues.
 
 use bytes::Bytes;
-use cairn_bus::handshake::{Dialler, FRAME_SIZE};
+use cairn_bus::handshake::{Dialler, FRAME_SIZE, finish_frame_for_tests};
 use cairn_bus::{Bus, BusConfig, ClusterKey, NodeAddress, Received, Sent};
 use cairn_vsr::header::{Command, Header, Message};
 use cairn_vsr::journal::{BodyRule, plain_body};
@@ -113,7 +113,7 @@ async fn three_nodes_connect_and_carry_messages_between_every_pair() {
     for (to, received) in receivers.iter_mut().enumerate() {
         let mut senders = Vec::new();
         for _ in 0..2 {
-            let Received { from, message } = receive(received).await;
+            let Received { from, message, .. } = receive(received).await;
             assert_eq!(
                 message.header.replica, from,
                 "the sender is the connection's peer"
@@ -189,9 +189,11 @@ async fn a_peer_without_the_secret_is_refused_on_both_sides() {
     let (two, mut two_received) = Bus::start(config(2, &addresses, SECRET), second).expect("start");
     one.send(1, message(Command::PrepareOk, 0, 1, b"never delivered"));
     two.send(0, message(Command::PrepareOk, 1, 1, b"never delivered"));
-    eventually("both sides refusing the handshake", || {
+    // Node 1 dials and finds node 2's MAC wrong; node 2 sees each attempt end before a
+    // Finish (`the_acceptor_refuses_a_finish_that_does_not_verify` covers its own check).
+    eventually("both sides ending the handshakes", || {
         one.counters().handshakes_refused.load(Ordering::Relaxed) >= 2
-            && two.counters().handshakes_refused.load(Ordering::Relaxed) >= 2
+            && two.counters().handshakes_failed.load(Ordering::Relaxed) >= 2
     })
     .await;
     assert!(!one.is_connected(1) && !two.is_connected(0));
@@ -251,8 +253,8 @@ async fn an_authenticated_peer_that_speaks_for_another_replica_is_cut_off() {
     // An impostor without the secret, claiming node 1: refused at the handshake.
     let impostor = raw_connection(addresses[2], 1, 3, "not the secret").await;
     assert!(impostor.is_err(), "the impostor's handshake failed");
-    eventually("the refusal counted", || {
-        three.counters().handshakes_refused.load(Ordering::Relaxed) >= 1
+    eventually("the failed handshake counted", || {
+        three.counters().handshakes_failed.load(Ordering::Relaxed) >= 1
     })
     .await;
 
@@ -277,6 +279,73 @@ async fn an_authenticated_peer_that_speaks_for_another_replica_is_cut_off() {
     assert_eq!((received.from, received.message.header.group), (1, 5));
     two.shutdown().await;
     three.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_acceptor_refuses_a_finish_that_does_not_verify() {
+    let listeners = [bind().await, bind().await];
+    let addresses: Vec<SocketAddr> = listeners
+        .iter()
+        .map(|l| l.local_addr().expect("address"))
+        .collect();
+    let [_first, second] = listeners;
+    let (two, mut two_received) = Bus::start(config(2, &addresses, SECRET), second).expect("start");
+    // A dialler that does not check the Challenge and answers with a MAC it cannot make.
+    let mut stream = TcpStream::connect(addresses[1]).await.expect("connect");
+    let (_, hello) = Dialler::start(&ClusterKey::derive(b"not the secret"), CLUSTER, 1, 2, [3; 32]);
+    stream.write_all(&hello).await.expect("hello");
+    let mut challenge = [0u8; FRAME_SIZE];
+    stream.read_exact(&mut challenge).await.expect("challenge");
+    stream
+        .write_all(&finish_frame_for_tests(CLUSTER, 1, 2, [0x5a; 32]))
+        .await
+        .expect("finish");
+    let forged = message(Command::PrepareOk, 0, 1, b"after a bad finish");
+    // The write may fail once the acceptor has closed: either way nothing is delivered.
+    let _ = stream.write_all(&forged.header.encode()).await;
+    let _ = stream.write_all(&forged.body).await;
+    assert!(closed_by_peer(&mut stream).await, "the connection is closed");
+    eventually("the refusal counted", || {
+        two.counters().handshakes_refused.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    assert_eq!(two.counters().connections_established.load(Ordering::Relaxed), 0);
+    assert_eq!(two.counters().handshakes_failed.load(Ordering::Relaxed), 0);
+    assert!(two_received.try_recv().is_err(), "nothing was delivered");
+    assert!(!two.is_connected(0));
+    two.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_newer_connection_of_a_peer_replaces_the_older_one() {
+    let (buses, mut receivers, addresses) = start_three().await;
+    eventually("node 2 connected to node 3", || buses[1].is_connected(2)).await;
+    // A second authenticated connection for node 2 (a holder of the secret): it replaces
+    // the live one at node 3, whose writer stops taking from node 2's queue.
+    let mut raw = raw_connection(addresses[2], 2, 3, SECRET)
+        .await
+        .expect("handshake");
+    // Node 2 sees its connection end and dials again, replacing the raw one in turn.
+    eventually("node 2 dialled again", || {
+        buses[1]
+            .counters()
+            .connections_established
+            .load(Ordering::Relaxed)
+            >= 2
+    })
+    .await;
+    assert!(closed_by_peer(&mut raw).await, "the raw connection was replaced");
+    buses[1].send(2, message(Command::PrepareOk, 1, 42, b"after"));
+    let received = loop {
+        let received = receive(&mut receivers[2]).await;
+        if received.message.header.group == 42 {
+            break received;
+        }
+    };
+    assert_eq!(received.from, 1);
+    for bus in buses {
+        bus.shutdown().await;
+    }
 }
 
 #[tokio::test]
@@ -327,16 +396,49 @@ async fn a_full_queue_drops_the_newest_message() {
         .iter()
         .map(|l| l.local_addr().expect("address"))
         .collect();
-    let [first, _second] = listeners;
+    let [first, second] = listeners;
     let mut config = config(1, &addresses, SECRET);
     config.queue_messages_max = 4;
-    // The peer's listener is bound but no bus answers: nothing leaves the queue.
+    // The peer's listener is bound but no bus answers yet: nothing leaves the queue.
     let (one, _received) = Bus::start(config, first).expect("start");
     let outcomes: Vec<Sent> = (0..6)
-        .map(|_| one.send(1, message(Command::PrepareOk, 0, 1, b"x")))
+        .map(|group| one.send(1, message(Command::PrepareOk, 0, group, b"x")))
         .collect();
     assert_eq!(&outcomes[..4], &[Sent::Queued; 4]);
     assert_eq!(&outcomes[4..], &[Sent::DroppedFull; 2]);
     assert_eq!(one.counters().messages_dropped.load(Ordering::Relaxed), 2);
+    // Once the peer runs, the first four arrive, in order.
+    let (two, mut two_received) = Bus::start(config_for(2, &addresses), second).expect("start");
+    for group in 0..4 {
+        assert_eq!(receive(&mut two_received).await.message.header.group, group);
+    }
     one.shutdown().await;
+    two.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_queue_full_of_bytes_drops_the_newest_message() {
+    let listeners = [bind().await, bind().await];
+    let addresses: Vec<SocketAddr> = listeners
+        .iter()
+        .map(|l| l.local_addr().expect("address"))
+        .collect();
+    let [first, _second] = listeners;
+    let mut config = config(1, &addresses, SECRET);
+    config.message_size_max = 1024;
+    config.queue_bytes_max = 1024;
+    let (one, _received) = Bus::start(config, first).expect("start");
+    // 256 + 500 bytes fit; a second one would pass 1 024.
+    static BODY: [u8; 500] = [7; 500];
+    assert_eq!(one.send(1, message(Command::Headers, 0, 1, &BODY)), Sent::Queued);
+    assert_eq!(
+        one.send(1, message(Command::Headers, 0, 2, &BODY)),
+        Sent::DroppedFull
+    );
+    assert_eq!(one.send(1, message(Command::PrepareOk, 0, 3, b"")), Sent::Queued);
+    one.shutdown().await;
+}
+
+fn config_for(node_id: u32, addresses: &[SocketAddr]) -> BusConfig {
+    config(node_id, addresses, SECRET)
 }
