@@ -39,7 +39,8 @@ use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 const CLUSTER_FILE: &str = "cluster";
 const SUPERBLOCK_FILE: &str = "superblock";
@@ -77,6 +78,9 @@ pub enum GroupError {
     /// was not taken, and the group restarted from its files, so later requests go on.
     #[error("{}: a write failed and was undone, the request was not taken: {reason}", dir.display())]
     WriteUndone { dir: PathBuf, reason: String },
+    /// A group with peers gave no reply in time: the op may yet commit, or may never.
+    #[error("{}: no reply to the request ({reason}); it may or may not have been applied", dir.display())]
+    OutcomeUnknown { dir: PathBuf, reason: String },
 }
 
 impl GroupError {
@@ -94,6 +98,10 @@ impl GroupError {
                 reason: reason.clone(),
             },
             GroupError::Stopped { dir, reason } => GroupError::Stopped {
+                dir: dir.clone(),
+                reason: reason.clone(),
+            },
+            GroupError::OutcomeUnknown { dir, reason } => GroupError::OutcomeUnknown {
                 dir: dir.clone(),
                 reason: reason.clone(),
             },
@@ -508,7 +516,90 @@ fn create_dir_durably(dir: &Path) -> Result<(), GroupError> {
     Ok(())
 }
 
-/// One replication group with a single replica, over the files of one directory.
+/// Where a group's messages to its other replicas go: the replica network, or a test's or
+/// the simulator's network. Never blocks; may drop (VSR repeats what is lost).
+pub trait Transport: Send + Sync {
+    /// Queue `message` for replica `to` of the same group (`to` is never the sender).
+    fn send(&self, to: u8, message: Message);
+}
+
+/// Messages from peers waiting for their group: the node's receiving side pushes, and
+/// whoever holds the group takes them (a waiting request, or a worker).
+#[derive(Default)]
+pub struct Inbox {
+    messages: Mutex<VecDeque<Message>>,
+    arrived: Condvar,
+}
+
+// The server's node shell (the replica network's receiving side and the workers) is the next
+// step of issue 14; until then only the tests with peers push and wait.
+#[cfg_attr(not(test), allow(dead_code))]
+impl Inbox {
+    pub fn push(&self, message: Message) {
+        let mut messages = self
+            .messages
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        messages.push_back(message);
+        self.arrived.notify_all();
+    }
+
+    /// Wait until a message is waiting or `until` passes, taking nothing.
+    pub fn wait_until(&self, until: Instant) {
+        let mut messages = self
+            .messages
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        while messages.is_empty() {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            messages = match self.arrived.wait_timeout(messages, until - now) {
+                Ok((messages, _)) => messages,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+    }
+
+    /// Every message waiting, after waiting for one until `until` if none is.
+    pub fn take_until(&self, until: Instant) -> Vec<Message> {
+        let mut messages = self
+            .messages
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        while messages.is_empty() {
+            let now = Instant::now();
+            if now >= until {
+                return Vec::new();
+            }
+            messages = match self.arrived.wait_timeout(messages, until - now) {
+                Ok((messages, _)) => messages,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+        messages.drain(..).collect()
+    }
+}
+
+/// A group's replica among its peers (`None` in a [`LocalGroup`]: a group of one).
+#[derive(Clone)]
+pub struct Peers {
+    /// This replica's index: the node's position in the cluster's node list.
+    pub replica: u8,
+    pub replica_count: u8,
+    /// The cluster id every replica of the group shares (a group of one draws its own).
+    pub cluster: u128,
+    pub transport: Arc<dyn Transport>,
+    pub inbox: Arc<Inbox>,
+    /// Wall time of one replica tick: the core's timeouts are counted in ticks.
+    pub tick: Duration,
+    /// How long a request waits for its reply before its outcome is given up as unknown.
+    pub request_timeout: Duration,
+}
+
+/// One replication group over the files of one directory: a group of one replica, or this
+/// node's replica of a group with [`Peers`].
 pub struct LocalGroup<S: StateMachine, J: GroupJournal = RingJournal> {
     replica: Replica<S>,
     files: Files,
@@ -529,6 +620,10 @@ pub struct LocalGroup<S: StateMachine, J: GroupJournal = RingJournal> {
     /// Reopens the group from its files (after a write the journal undid); `None` for a
     /// read-only group.
     reopen: Option<Reopen<S, J>>,
+    /// The other replicas, when there are any.
+    peers: Option<Peers>,
+    /// When the replica's next tick is due (groups with peers tick by wall time).
+    next_tick: Instant,
 }
 
 /// How a group reopens itself from its files.
@@ -589,7 +684,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         if !dir.join(SUPERBLOCK_FILE).exists() {
             return Ok(None);
         }
-        LocalGroup::recover(dir, group, params, fresh, true).map(Some)
+        LocalGroup::recover(dir, group, params, fresh, true, None).map(Some)
     }
 
     /// Open the group in `dir` with journal `J` (made from `params`): recover it from its
@@ -601,10 +696,24 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         params: &J::Params,
         fresh: impl Fn() -> S + Clone + Send + Sync + 'static,
     ) -> Result<LocalGroup<S, J>, GroupError> {
+        LocalGroup::open_with_peers(dir, group, params, fresh, None)
+    }
+
+    /// [`LocalGroup::open_with`] for this node's replica of a group with `peers` (`None`: a
+    /// group of one). A replica with peers comes up in whatever status its files give it and
+    /// reaches a view through messages and ticks ([`LocalGroup::on_message`],
+    /// [`LocalGroup::tick`]); a group of one comes up serving.
+    pub fn open_with_peers(
+        dir: &Path,
+        group: u64,
+        params: &J::Params,
+        fresh: impl Fn() -> S + Clone + Send + Sync + 'static,
+        peers: Option<Peers>,
+    ) -> Result<LocalGroup<S, J>, GroupError> {
         let mut opened = if dir.join(SUPERBLOCK_FILE).exists() {
-            LocalGroup::recover(dir, group, params, fresh.clone(), false)?
+            LocalGroup::recover(dir, group, params, fresh.clone(), false, peers.clone())?
         } else {
-            LocalGroup::format(dir, group, params, fresh())?
+            LocalGroup::format(dir, group, params, fresh(), peers.clone())?
         };
         let (dir, params) = (dir.to_path_buf(), params.clone());
         opened.reopen = Some(Arc::new(move || {
@@ -616,7 +725,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                     "the superblock vanished; the group cannot reopen".into(),
                 ));
             }
-            LocalGroup::open_with(&dir, group, &params, fresh.clone())
+            LocalGroup::open_with_peers(&dir, group, &params, fresh.clone(), peers.clone())
         }));
         Ok(opened)
     }
@@ -627,8 +736,21 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         params: &J::Params,
         fresh: impl FnOnce() -> S,
         read_only: bool,
+        peers: Option<Peers>,
     ) -> Result<LocalGroup<S, J>, GroupError> {
         let (cluster, files, state, sequence, checkpoint) = read_durable::<J>(dir, group, read_only)?;
+        if let Some(peers) = &peers {
+            let seat = (peers.replica, peers.replica_count);
+            if peers.cluster != cluster || (state.replica, state.replica_count) != seat {
+                return Err(refused(
+                    dir,
+                    format!(
+                        "the group was formatted as replica {} of {} in cluster {cluster:032x}, and is opened as replica {} of {} in cluster {:032x}; its files are left as they are",
+                        state.replica, state.replica_count, seat.0, seat.1, peers.cluster
+                    ),
+                ));
+            }
+        }
         let named = NamedCheckpoint {
             id: CheckpointId {
                 op: state.checkpoint_op,
@@ -645,9 +767,14 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             journal,
             nonce: rand::random::<u128>() | 1,
         };
-        let replica = Replica::recover(config(cluster, group, J::SHAPE), fresh(), recovered)
-            .map_err(|error| refused(dir, format!("the replica cannot start from its files: {error}")))?;
-        let mut opened = LocalGroup::assemble(replica, files, journal_store, cluster, (state, sequence));
+        let replica = Replica::recover(
+            config(cluster, group, J::SHAPE, peers.as_ref()),
+            fresh(),
+            recovered,
+        )
+        .map_err(|error| refused(dir, format!("the replica cannot start from its files: {error}")))?;
+        let mut opened =
+            LocalGroup::assemble(replica, files, journal_store, cluster, (state, sequence), peers);
         opened.come_up(&damaged)?;
         Ok(opened)
     }
@@ -657,12 +784,19 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         group: u64,
         params: &J::Params,
         machine: S,
+        peers: Option<Peers>,
     ) -> Result<LocalGroup<S, J>, GroupError> {
         create_dir_durably(dir)?;
-        let cluster = rand::random::<u128>() | 1;
+        let cluster = match &peers {
+            Some(peers) => peers.cluster,
+            None => rand::random::<u128>() | 1,
+        };
         cairn_storage::atomic_file::write(&dir.join(CLUSTER_FILE), &cluster.to_le_bytes())
             .map_err(|error| refused(dir, format!("cannot write the cluster id: {error}")))?;
-        let state = DurableState::formatted(cluster, 0, 1);
+        let (replica, replica_count) = peers
+            .as_ref()
+            .map_or((0, 1), |peers| (peers.replica, peers.replica_count));
+        let state = DurableState::formatted(cluster, replica, replica_count);
         let (sequence, bytes) = durable::plan_format(&state)
             .map_err(|error| refused(dir, format!("cannot format: {error:?}")))?;
         // The journal and checkpoint files first (empty: nothing of an interrupted earlier
@@ -677,14 +811,15 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             })?;
         install_superblock_file(dir, &bytes)?;
         let files = Files::open(dir, &J::SHAPE, false)?;
-        tracing::info!(dir = %dir.display(), "formatted a replicated log (a group of one replica)");
-        let replica = Replica::new(config(cluster, group, J::SHAPE), machine);
+        tracing::info!(dir = %dir.display(), replica, replica_count, "formatted a replicated log");
+        let replica = Replica::new(config(cluster, group, J::SHAPE, peers.as_ref()), machine);
         Ok(LocalGroup::assemble(
             replica,
             files,
             journal,
             cluster,
             (state, sequence),
+            peers,
         ))
     }
 
@@ -694,9 +829,12 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         journal: J,
         cluster: u128,
         superblock: (DurableState, u64),
+        peers: Option<Peers>,
     ) -> LocalGroup<S, J> {
-        // Distinct, non-zero client ids (odd, differing in the bits above the lowest).
-        let base = rand::random::<u128>() | 1;
+        // Distinct, non-zero client ids (odd, differing in the bits above the lowest), the
+        // top byte naming the replica, so no two nodes' lanes share an id.
+        let replica_byte = u128::from(replica.config().replica) << 120;
+        let base = ((rand::random::<u128>() >> 8) | 1) | replica_byte;
         LocalGroup {
             replica,
             files,
@@ -715,12 +853,26 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             unsynced: Vec::new(),
             stopped: None,
             reopen: None,
+            peers,
+            next_tick: Instant::now(),
         }
     }
 
     /// Tick a recovering replica until it serves: a view installed and every op of its log
     /// applied.
     fn come_up(&mut self, damaged: &[String]) -> Result<(), GroupError> {
+        if self.peers.is_some() {
+            // Its peers bring it into a view (a probe, then their StartView), and repair
+            // what its journal lost from their copies.
+            if !damaged.is_empty() {
+                tracing::warn!(
+                    dir = %self.files.dir.display(),
+                    damaged = %damaged.join(", "),
+                    "damaged journal entries; the replica repairs them from its peers"
+                );
+            }
+            return self.pump();
+        }
         for _ in 0..RECOVERY_TICKS_MAX {
             self.pump()?;
             if self.replica.status() == Status::Normal
@@ -753,6 +905,34 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             )
         };
         Err(refused(&self.files.dir, reason))
+    }
+
+    /// Whether the replica takes requests now: the group's primary, in status normal. A
+    /// group of one always is once open.
+    pub fn takes_requests(&self) -> bool {
+        self.replica.status() == Status::Normal && self.replica.is_primary()
+    }
+
+    /// (Used by the node shell's workers, issue 14's next step; by tests until then.)
+    #[cfg_attr(not(test), allow(dead_code))]
+    /// What a node's worker does for a group with peers that no request holds: deliver every
+    /// message waiting in the inbox, tick the replica if a tick is due, and perform what it
+    /// asks. Returns when the next tick is due. A group of one has nothing to do.
+    pub fn serve_inbox(&mut self) -> Result<Instant, GroupError> {
+        let Some(peers) = self.peers.clone() else {
+            return Ok(Instant::now() + Duration::from_secs(3600));
+        };
+        self.check_not_stopped()?;
+        for message in peers.inbox.take_until(Instant::now()) {
+            self.replica.on_message(message);
+        }
+        let now = Instant::now();
+        if now >= self.next_tick {
+            self.replica.on_tick();
+            self.next_tick = now + peers.tick;
+        }
+        self.pump()?;
+        Ok(self.next_tick)
     }
 
     /// The replicated state machine (every committed op applied).
@@ -844,9 +1024,18 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         debug_assert!(!self.files.read_only, "a read-only group takes no requests");
         let count = requests.len();
         let mut results: Vec<Option<Result<Vec<u8>, GroupError>>> = (0..count).map(|_| None).collect();
+        let not_primary = (!self.takes_requests()).then(|| GroupError::NotTaken {
+            dir: self.files.dir.clone(),
+            reason: format!(
+                "this replica is not the group's primary in status normal ({})",
+                self.replica.describe()
+            ),
+        });
         for (result, (_, body)) in results.iter_mut().zip(&requests) {
             if let Err(error) = self.check_not_stopped() {
                 *result = Some(Err(error));
+            } else if let Some(error) = &not_primary {
+                *result = Some(Err(error.like(&self.files.dir)));
             } else if body.len() > J::SHAPE.body_size_max() {
                 *result = Some(Err(GroupError::TooLarge {
                     len: body.len(),
@@ -990,15 +1179,45 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             self.replica.on_message(message);
         }
         let mut failure = None;
-        for _ in 0..REQUEST_TICKS_MAX {
-            if let Err(error) = self.pump() {
-                failure = Some(error);
-                break;
+        match self.peers.clone() {
+            None => {
+                for _ in 0..REQUEST_TICKS_MAX {
+                    if let Err(error) = self.pump() {
+                        failure = Some(error);
+                        break;
+                    }
+                    if lanes.iter().all(|&lane| self.lanes[lane].reply.is_some()) {
+                        break;
+                    }
+                    self.replica.on_tick();
+                }
             }
-            if lanes.iter().all(|&lane| self.lanes[lane].reply.is_some()) {
-                break;
+            Some(peers) => {
+                // The peers' answers arrive in the inbox while this holds the group: take
+                // them here, and tick by wall time, until every lane has its reply.
+                let deadline = Instant::now() + peers.request_timeout;
+                loop {
+                    if let Err(error) = self.pump() {
+                        failure = Some(error);
+                        break;
+                    }
+                    if lanes.iter().all(|&lane| self.lanes[lane].reply.is_some()) {
+                        break;
+                    }
+                    let now = Instant::now();
+                    if now >= deadline {
+                        break;
+                    }
+                    if now >= self.next_tick {
+                        self.replica.on_tick();
+                        self.next_tick = now + peers.tick;
+                        continue;
+                    }
+                    for message in peers.inbox.take_until(self.next_tick.min(deadline)) {
+                        self.replica.on_message(message);
+                    }
+                }
             }
-            self.replica.on_tick();
         }
         let mut replies: Vec<Option<Message>> =
             lanes.iter().map(|&lane| self.lanes[lane].reply.take()).collect();
@@ -1010,6 +1229,10 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                     .map(|reply| Ok(reply.expect("checked")))
                     .collect();
             }
+            None if self.peers.is_some() => GroupError::OutcomeUnknown {
+                dir: self.files.dir.clone(),
+                reason: format!("no reply in time: {}", self.replica.describe()),
+            },
             None => {
                 // The op may still commit later, and apply without anyone waiting for it:
                 // refuse everything from now on rather than let memory and effects part ways.
@@ -1127,9 +1350,12 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     fn perform(&mut self, output: Output) -> Result<(), GroupError> {
         match output {
             Output::Send {
-                to: Destination::Replica(_),
+                to: Destination::Replica(to),
                 message,
-            } => self.to_self.push_back(message),
+            } => match &self.peers {
+                Some(peers) if to != peers.replica => peers.transport.send(to, message),
+                _ => self.to_self.push_back(message),
+            },
             Output::Send {
                 to: Destination::Client(client),
                 message,
@@ -1142,12 +1368,19 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 }
             }
             Output::WritePrepare { message } => {
+                // The prepares one barrier covers go in ascending ops. A replica with peers
+                // may ask for an op at or below one still waiting (a repair, or an op
+                // rewritten after a view change): the waiting ones are made durable and
+                // reported first, so no report names a prepare a later write replaced.
+                if self
+                    .unsynced
+                    .last()
+                    .is_some_and(|&(last, _)| last >= message.header.op)
+                {
+                    debug_assert!(self.peers.is_some(), "a group of one writes its ops in order");
+                    self.settle_written()?;
+                }
                 self.journal.write_prepare(&message)?;
-                debug_assert!(
-                    self.unsynced
-                        .last()
-                        .is_none_or(|&(last, _)| last < message.header.op)
-                );
                 self.unsynced.push((message.header.op, message.header.checksum));
             }
             Output::ReadPrepare {
@@ -1192,12 +1425,12 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     }
 }
 
-fn config(cluster: u128, group: u64, shape: Shape) -> Config {
+fn config(cluster: u128, group: u64, shape: Shape, peers: Option<&Peers>) -> Config {
     Config {
         cluster,
         group,
-        replica: 0,
-        replica_count: 1,
+        replica: peers.map_or(0, |peers| peers.replica),
+        replica_count: peers.map_or(1, |peers| peers.replica_count),
         shape,
         bugs: Bugs::default(),
     }
@@ -1566,5 +1799,302 @@ mod tests {
             Ok(_) => panic!("a damaged acknowledged entry was accepted"),
         }
         assert!(file_bytes(&dir) == files, "a refused open changed the files");
+    }
+
+    /// Groups of three replicas over real files in one process, messages between them on an
+    /// in-memory network that encodes and checks each one as the replica network does: the
+    /// shell a cluster node runs for each group.
+    mod peers {
+        use super::*;
+        use cairn_bus::MessageCheck;
+        use cairn_machine::partition::PartitionMachine;
+        use std::sync::atomic::{AtomicBool, Ordering};
+
+        const CLUSTER: u128 = 0x5eed_c1a5;
+        const WITHIN: Duration = Duration::from_secs(30);
+
+        /// Delivers to each replica's inbox unless either end is down.
+        struct Net {
+            inboxes: Vec<Arc<Inbox>>,
+            down: Mutex<Vec<bool>>,
+            prepare_rule: BodyRule,
+        }
+
+        impl Net {
+            fn new(prepare_rule: BodyRule) -> Arc<Net> {
+                Arc::new(Net {
+                    inboxes: (0..3).map(|_| Arc::new(Inbox::default())).collect(),
+                    down: Mutex::new(vec![false; 3]),
+                    prepare_rule,
+                })
+            }
+
+            fn set_down(&self, replica: usize, down: bool) {
+                self.down.lock().expect("lock")[replica] = down;
+                // What was on its way to a crashed replica is gone.
+                let _ = self.inboxes[replica].take_until(Instant::now());
+            }
+        }
+
+        struct NetTransport {
+            net: Arc<Net>,
+            from: u8,
+        }
+
+        impl Transport for NetTransport {
+            fn send(&self, to: u8, message: Message) {
+                // The bytes the replica network would carry, checked as its receiver checks
+                // them (so nothing sealed for this process only passes).
+                let rule = self.net.prepare_rule;
+                let check = MessageCheck::new(CLUSTER, self.from, 64 << 20, Arc::new(move |_| rule));
+                let header = check
+                    .header(&cairn_bus::frame::encode_header(&message))
+                    .expect("a header the replica network takes");
+                let message = check
+                    .body(header, message.body)
+                    .expect("a body the replica network takes");
+                let down = self.net.down.lock().expect("lock");
+                if !down[usize::from(self.from)] && !down[usize::from(to)] {
+                    self.net.inboxes[usize::from(to)].push(message);
+                }
+            }
+        }
+
+        fn peers(net: &Arc<Net>, replica: u8) -> Peers {
+            Peers {
+                replica,
+                replica_count: 3,
+                cluster: CLUSTER,
+                transport: Arc::new(NetTransport {
+                    net: net.clone(),
+                    from: replica,
+                }),
+                inbox: net.inboxes[usize::from(replica)].clone(),
+                tick: Duration::from_millis(2),
+                request_timeout: Duration::from_secs(5),
+            }
+        }
+
+        /// One replica: its group (`None` once crashed) and the worker thread serving it.
+        struct Node<S: StateMachine, J: GroupJournal> {
+            group: Arc<Mutex<Option<LocalGroup<S, J>>>>,
+            stop: Arc<AtomicBool>,
+            worker: Option<std::thread::JoinHandle<()>>,
+        }
+
+        impl<S: StateMachine + Send + 'static, J: GroupJournal + Send + 'static> Node<S, J> {
+            fn start(group: LocalGroup<S, J>, inbox: Arc<Inbox>) -> Node<S, J> {
+                let group = Arc::new(Mutex::new(Some(group)));
+                let stop = Arc::new(AtomicBool::new(false));
+                let worker = {
+                    let (group, stop) = (group.clone(), stop.clone());
+                    std::thread::spawn(move || {
+                        while !stop.load(Ordering::Acquire) {
+                            let next_tick = match group.lock().expect("lock").as_mut() {
+                                Some(group) => group.serve_inbox().expect("serve"),
+                                None => return,
+                            };
+                            inbox.wait_until(next_tick);
+                        }
+                    })
+                };
+                Node {
+                    group,
+                    stop,
+                    worker: Some(worker),
+                }
+            }
+
+            fn with<T>(&self, f: impl FnOnce(&mut LocalGroup<S, J>) -> T) -> T {
+                f(self.group.lock().expect("lock").as_mut().expect("running"))
+            }
+
+            /// SIGKILL: the worker stops and the group is dropped as it stands (no close).
+            fn crash(mut self) {
+                self.stop.store(true, Ordering::Release);
+                if let Some(worker) = self.worker.take() {
+                    worker.join().expect("worker");
+                }
+                self.group.lock().expect("lock").take();
+            }
+        }
+
+        fn eventually(what: &str, condition: impl Fn() -> bool) {
+            let deadline = Instant::now() + WITHIN;
+            while !condition() {
+                assert!(
+                    Instant::now() < deadline,
+                    "{what} did not happen within {WITHIN:?}"
+                );
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+
+        /// The index of the one replica that takes requests, once there is one.
+        fn primary<S, J>(nodes: &[Option<Node<S, J>>]) -> usize
+        where
+            S: StateMachine + Send + 'static,
+            J: GroupJournal + Send + 'static,
+        {
+            eventually("a primary", || {
+                nodes
+                    .iter()
+                    .flatten()
+                    .any(|node| node.with(|group| group.takes_requests()))
+            });
+            nodes
+                .iter()
+                .position(|node| {
+                    node.as_ref()
+                        .is_some_and(|node| node.with(|group| group.takes_requests()))
+                })
+                .expect("a primary")
+        }
+
+        /// The common scenario: `work` commits on the primary of view 0; the backups apply
+        /// the same state; a request to a backup is not taken; the primary crashes, another
+        /// is elected and `work` commits there; the crashed one restarts from its files and
+        /// catches up as a backup; a last `work` reaches all three.
+        fn commit_fail_over_and_rejoin<S, J>(
+            net: &Arc<Net>,
+            open: impl Fn(u8) -> LocalGroup<S, J>,
+            work: impl Fn(&mut LocalGroup<S, J>, u32),
+            state: impl Fn(&LocalGroup<S, J>) -> Vec<u8>,
+        ) where
+            S: StateMachine + Send + 'static,
+            J: GroupJournal + Send + 'static,
+        {
+            let mut nodes: Vec<Option<Node<S, J>>> = (0..3u8)
+                .map(|i| Some(Node::start(open(i), net.inboxes[usize::from(i)].clone())))
+                .collect();
+            let state_of = |node: &Node<S, J>| node.with(|group| state(group));
+            // View 0: replica 0 is the primary of a freshly formatted group.
+            assert_eq!(primary(&nodes), 0);
+            for round in 0..5 {
+                nodes[0].as_ref().expect("up").with(|group| work(group, round));
+            }
+            let expected = state_of(nodes[0].as_ref().expect("up"));
+            for backup in nodes.iter().skip(1).flatten() {
+                eventually("the backups apply every op", || state_of(backup) == expected);
+                assert!(!backup.with(|group| group.takes_requests()));
+            }
+
+            // The primary crashes: the others elect a new primary, which takes requests.
+            net.set_down(0, true);
+            nodes[0].take().expect("up").crash();
+            let new_primary = primary(&nodes);
+            assert_ne!(new_primary, 0);
+            for round in 5..8 {
+                nodes[new_primary]
+                    .as_ref()
+                    .expect("up")
+                    .with(|group| work(group, round));
+            }
+            let expected = state_of(nodes[new_primary].as_ref().expect("up"));
+
+            // The old primary restarts from its files and catches up as a backup.
+            net.set_down(0, false);
+            nodes[0] = Some(Node::start(open(0), net.inboxes[0].clone()));
+            let restarted = nodes[0].as_ref().expect("up");
+            eventually("the restarted replica catches up", || {
+                state_of(restarted) == expected
+            });
+            assert!(
+                !restarted.with(|group| group.takes_requests()),
+                "it rejoined as a backup"
+            );
+            nodes[new_primary]
+                .as_ref()
+                .expect("up")
+                .with(|group| work(group, 8));
+            let expected = state_of(nodes[new_primary].as_ref().expect("up"));
+            for node in nodes.iter().flatten() {
+                eventually("every replica applies the last op", || state_of(node) == expected);
+            }
+            for node in nodes.into_iter().flatten() {
+                node.crash();
+            }
+        }
+
+        #[test]
+        fn metadata_replicas_commit_fail_over_and_rejoin() {
+            let temp = tempfile::tempdir().expect("tempdir");
+            let net = Net::new(MetadataMachine::body_verifies);
+            let open = |replica: u8| {
+                LocalGroup::open_with_peers(
+                    &temp.path().join(format!("replica-{replica}")),
+                    GROUP,
+                    &(MetadataMachine::body_verifies as BodyRule),
+                    MetadataMachine::default,
+                    Some(peers(&net, replica)),
+                )
+                .expect("open")
+            };
+            let work = |group: &mut LocalGroup<MetadataMachine>, round: u32| {
+                let op = MetadataOp::CreateStream {
+                    name: format!("s{round}"),
+                    created_at_us: 1,
+                };
+                let reply = group.submit(OPERATION_METADATA, &op.encode()).expect("committed");
+                assert!(matches!(MetadataMachine::decode_reply(&reply), Ok(Ok(_))));
+            };
+            let state = |group: &LocalGroup<MetadataMachine>| group.state_machine().snapshot();
+            commit_fail_over_and_rejoin(&net, open, work, state);
+        }
+
+        /// The partition's journal is its segment log: backups write the primary's stamped
+        /// appends into their own segment logs (several segments), and offsets continue
+        /// across the failover, never handed out twice.
+        #[test]
+        fn partition_replicas_commit_fail_over_and_rejoin() {
+            use crate::partition_group::{JournalOptions, LogJournal, LogParams};
+            use crate::test_support::client_batch;
+            let temp = tempfile::tempdir().expect("tempdir");
+            let net = Net::new(PartitionMachine::body_verifies);
+            let params = LogParams::new(
+                3,
+                JournalOptions {
+                    segment_size_bytes: 4096,
+                    relaxed: false,
+                },
+            );
+            let open = |replica: u8| {
+                LocalGroup::open_with_peers(
+                    &temp.path().join(format!("replica-{replica}")),
+                    9,
+                    &params,
+                    || PartitionMachine::new(3),
+                    Some(peers(&net, replica)),
+                )
+                .expect("open")
+            };
+            let minted = Mutex::new(Vec::new());
+            let work = |group: &mut LocalGroup<PartitionMachine, LogJournal>, round: u32| {
+                let batch = client_batch(3, 700, round as u8);
+                let offsets = group
+                    .append(1_000 + u64::from(round), &[&batch[..]])
+                    .expect("appended");
+                minted.lock().expect("lock").push(offsets[0]);
+                if round == 8 {
+                    assert!(group.stats().segments_count > 2, "the log spans several segments");
+                }
+            };
+            // The machine's state (its digest chains every committed batch) and what the
+            // journal serves.
+            let state = |group: &LocalGroup<PartitionMachine, LogJournal>| {
+                let stats = group.stats();
+                let mut state = group.state_machine().snapshot();
+                state.extend_from_slice(&stats.messages_count.to_le_bytes());
+                state.extend_from_slice(&stats.segments_count.to_le_bytes());
+                state
+            };
+            commit_fail_over_and_rejoin(&net, open, work, state);
+            let minted = minted.into_inner().expect("lock");
+            assert_eq!(
+                minted,
+                (0..9).map(|round| round * 3).collect::<Vec<u64>>(),
+                "offsets continue"
+            );
+        }
     }
 }
