@@ -57,6 +57,8 @@ const RECOVERY_TICKS_MAX: u64 = 20_000;
 /// Ticks a request may wait for its reply once the group is up. A one-replica primary in
 /// status normal answers without any.
 const REQUEST_TICKS_MAX: u64 = 20_000;
+/// With peers, ticks between handing a request that has no reply to the replica again.
+const REQUEST_RESEND_TICKS: u32 = 10;
 
 /// Why a group cannot open or answer.
 #[derive(Debug, thiserror::Error)]
@@ -624,6 +626,11 @@ pub struct LocalGroup<S: StateMachine, J: GroupJournal = RingJournal> {
     peers: Option<Peers>,
     /// When the replica's next tick is due (groups with peers tick by wall time).
     next_tick: Instant,
+    /// The replica asked for a state transfer (logged once).
+    transfer_wanted: bool,
+    /// Drawn when the group is assembled: a reopen from the files (a new value) is how a
+    /// round of requests learns its lanes are new.
+    incarnation: u128,
 }
 
 /// How a group reopens itself from its files.
@@ -738,7 +745,8 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         read_only: bool,
         peers: Option<Peers>,
     ) -> Result<LocalGroup<S, J>, GroupError> {
-        let (cluster, files, state, sequence, checkpoint) = read_durable::<J>(dir, group, read_only)?;
+        let seat = peers.as_ref().map_or(0, |peers| peers.replica);
+        let (cluster, files, state, sequence, checkpoint) = read_durable::<J>(dir, group, read_only, seat)?;
         if let Some(peers) = &peers {
             let seat = (peers.replica, peers.replica_count);
             if peers.cluster != cluster || (state.replica, state.replica_count) != seat {
@@ -855,6 +863,8 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             reopen: None,
             peers,
             next_tick: Instant::now(),
+            transfer_wanted: false,
+            incarnation: rand::random(),
         }
     }
 
@@ -931,7 +941,11 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             self.replica.on_tick();
             self.next_tick = now + peers.tick;
         }
-        self.pump()?;
+        if let Err(error) = self.pump() {
+            // A write the journal undid reopens the group from its files (its replica must
+            // not keep an op in memory that was never written); anything else stopped it.
+            return Err(self.after_failed_write(error));
+        }
         Ok(self.next_tick)
     }
 
@@ -1017,8 +1031,9 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     ///
     /// Each body is handed to the replica, which may stamp it into the prepare in place (no
     /// copy of a megabyte append). So a request is sent once: one whose lane's session was
-    /// evicted before it was prepared (never within one process: the core's client table
-    /// holds twice the lanes) fails as not taken, and the lane registers again next time.
+    /// evicted before it was prepared (a group of one never evicts a live lane: the core's
+    /// client table holds twice the lanes; with peers every node's lanes share it) fails as
+    /// not taken, and the lane registers again next time.
     pub fn submit_batch(&mut self, requests: Vec<(u8, Bytes)>) -> Vec<Result<Vec<u8>, GroupError>> {
         assert!(requests.len() <= LANES, "at most one request per lane");
         debug_assert!(!self.files.read_only, "a read-only group takes no requests");
@@ -1142,9 +1157,9 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     /// [`LocalGroup::call_lanes`], and whether the group reopened from its files meanwhile
     /// (its lanes are then new: no session of the old group is theirs).
     fn call_round(&mut self, calls: Vec<(usize, Message)>) -> (Vec<Result<Message, GroupError>>, bool) {
-        let lanes_before = self.lanes[0].client;
+        let incarnation = self.incarnation;
         let outcomes = self.call_lanes(calls);
-        (outcomes, self.lanes[0].client != lanes_before)
+        (outcomes, self.incarnation != incarnation)
     }
 
     /// The next request of `lane` (a register restarts its request numbers).
@@ -1174,8 +1189,13 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     /// reopens the group ([`LocalGroup::after_failed_write`]).
     fn call_lanes(&mut self, calls: Vec<(usize, Message)>) -> Vec<Result<Message, GroupError>> {
         let lanes: Vec<usize> = calls.iter().map(|(lane, _)| *lane).collect();
+        // With peers each request is kept to hand it again (a clone shares the body).
+        let mut sent: Vec<(usize, Message)> = Vec::new();
         for (lane, message) in calls {
             self.lanes[lane].reply = None;
+            if self.peers.is_some() {
+                sent.push((lane, message.clone()));
+            }
             self.replica.on_message(message);
         }
         let mut failure = None;
@@ -1194,8 +1214,12 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             }
             Some(peers) => {
                 // The peers' answers arrive in the inbox while this holds the group: take
-                // them here, and tick by wall time, until every lane has its reply.
+                // them here, and tick by wall time, until every lane has its reply. A
+                // request the replica dropped (a view just starting, say) is handed to it
+                // again every few ticks with the same number: the client table answers a
+                // duplicate from its stored reply, never applying it twice.
                 let deadline = Instant::now() + peers.request_timeout;
+                let mut ticks_since_resend = 0u32;
                 loop {
                     if let Err(error) = self.pump() {
                         failure = Some(error);
@@ -1211,6 +1235,15 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                     if now >= self.next_tick {
                         self.replica.on_tick();
                         self.next_tick = now + peers.tick;
+                        ticks_since_resend += 1;
+                        if ticks_since_resend >= REQUEST_RESEND_TICKS {
+                            ticks_since_resend = 0;
+                            for (lane, request) in &sent {
+                                if self.lanes[*lane].reply.is_none() {
+                                    self.replica.on_message(request.clone());
+                                }
+                            }
+                        }
                         continue;
                     }
                     for message in peers.inbox.take_until(self.next_tick.min(deadline)) {
@@ -1229,10 +1262,20 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                     .map(|reply| Ok(reply.expect("checked")))
                     .collect();
             }
-            None if self.peers.is_some() => GroupError::OutcomeUnknown {
-                dir: self.files.dir.clone(),
-                reason: format!("no reply in time: {}", self.replica.describe()),
-            },
+            None if self.peers.is_some() => {
+                // A lane whose request may still be in a pipeline cannot take the next
+                // number (the core admits only the one after its last): it starts over as a
+                // new client, and registers before its next request.
+                for &lane in &lanes {
+                    if self.lanes[lane].reply.is_none() {
+                        self.renew_lane(lane);
+                    }
+                }
+                GroupError::OutcomeUnknown {
+                    dir: self.files.dir.clone(),
+                    reason: format!("no reply in time: {}", self.replica.describe()),
+                }
+            }
             None => {
                 // The op may still commit later, and apply without anyone waiting for it:
                 // refuse everything from now on rather than let memory and effects part ways.
@@ -1254,6 +1297,23 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 None => Err(error.take().unwrap_or_else(|| like.like(&self.files.dir))),
             })
             .collect()
+    }
+
+    /// Give `lane` a client id never used before, with no session.
+    fn renew_lane(&mut self, lane: usize) {
+        let replica_byte = u128::from(self.replica.config().replica) << 120;
+        let client = loop {
+            let client = ((rand::random::<u128>() >> 8) | 1) | replica_byte;
+            // Another lane's id would merge two lanes' requests.
+            if self.lanes.iter().all(|lane| lane.client != client) {
+                break client;
+            }
+        };
+        let lane = &mut self.lanes[lane];
+        lane.client = client;
+        lane.session = 0;
+        lane.request = 0;
+        lane.reply = None;
     }
 
     /// `Stopped` once a failed write stopped the group.
@@ -1418,8 +1478,20 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                     .write_synced(Zone::Checkpoints, usize::from(slot), &bytes)?;
                 self.replica.on_checkpoint_written(op, checksum);
             }
-            // A group of one has no peer to fetch from; it never falls behind one either.
-            Output::StateTransfer { .. } => {}
+            // A group of one has no peer to fetch from; it never falls behind one either. A
+            // replica with peers that fell behind its peers' window needs their state, which
+            // the transfer over the replica network (not built yet) will fetch; until then it
+            // says so once and keeps asking for repairs.
+            Output::StateTransfer { .. } => {
+                if self.peers.is_some() && !self.transfer_wanted {
+                    self.transfer_wanted = true;
+                    tracing::warn!(
+                        dir = %self.files.dir.display(),
+                        state = %self.replica.describe(),
+                        "this replica fell behind its peers' journals and needs a state transfer, which is not built yet; it cannot catch up until then"
+                    );
+                }
+            }
         }
         Ok(())
     }
@@ -1451,6 +1523,7 @@ fn read_durable<J: GroupJournal>(
     dir: &Path,
     group: u64,
     read_only: bool,
+    replica: u8,
 ) -> Result<(u128, Files, DurableState, u64, Option<(Checkpoint, u8)>), GroupError> {
     let cluster_bytes =
         cairn_storage::atomic_file::read_verified_on(&cairn_storage::io::RealDisk, &dir.join(CLUSTER_FILE))
@@ -1481,7 +1554,7 @@ fn read_durable<J: GroupJournal>(
         .collect::<Result<_, _>>()?;
     let copy_refs: [Option<&[u8]>; SUPERBLOCK_COPIES] =
         std::array::from_fn(|copy| Some(copies[copy].as_slice()));
-    let (state, sequence) = match durable::choose(&copy_refs, cluster, 0) {
+    let (state, sequence) = match durable::choose(&copy_refs, cluster, replica) {
         Ok(Chosen::Formatted {
             state,
             sequence,
@@ -1512,7 +1585,7 @@ fn read_durable<J: GroupJournal>(
         Ok(Chosen::Wiped) => {
             return Err(refused(
                 dir,
-                "every superblock copy is blank: the log's durable state is gone, and a group of one has no peer to rebuild it from".to_string(),
+                "every superblock copy is blank: the log's durable state is gone; rejoining from peers as a wiped replica is not built yet, so the group does not start and its files are left as they are".to_string(),
             ));
         }
         Err(refusal) => {
@@ -1565,7 +1638,7 @@ pub fn durable_checkpoint<J: GroupJournal>(
     dir: &Path,
     group: u64,
 ) -> Result<Option<(u64, Vec<u8>)>, GroupError> {
-    let (_, _, state, _, checkpoint) = read_durable::<J>(dir, group, true)?;
+    let (_, _, state, _, checkpoint) = read_durable::<J>(dir, group, true, 0)?;
     Ok(checkpoint.map(|(checkpoint, _)| (state.checkpoint_op, checkpoint.state_machine)))
 }
 
@@ -1870,8 +1943,9 @@ mod tests {
                     from: replica,
                 }),
                 inbox: net.inboxes[usize::from(replica)].clone(),
-                tick: Duration::from_millis(2),
-                request_timeout: Duration::from_secs(5),
+                // Long enough that a loaded CI machine's stalls start no view change.
+                tick: Duration::from_millis(10),
+                request_timeout: Duration::from_secs(20),
             }
         }
 
@@ -1951,10 +2025,12 @@ mod tests {
                 .expect("a primary")
         }
 
-        /// The common scenario: `work` commits on the primary of view 0; the backups apply
-        /// the same state; a request to a backup is not taken; the primary crashes, another
-        /// is elected and `work` commits there; the crashed one restarts from its files and
-        /// catches up as a backup; a last `work` reaches all three.
+        /// The common scenario, `work` taking rounds 0 to 10: it commits on the primary of
+        /// view 0 and the backups apply the same state; a request to a backup is not taken; a
+        /// backup crashes, the other two go on, and it restarts from its files and catches
+        /// up; the primary crashes, another is elected and `work` commits there; the crashed
+        /// one restarts from its files and catches up as a backup; a last `work` reaches all
+        /// three.
         fn commit_fail_over_and_rejoin<S, J>(
             net: &Arc<Net>,
             open: impl Fn(u8) -> LocalGroup<S, J>,
@@ -1968,49 +2044,68 @@ mod tests {
                 .map(|i| Some(Node::start(open(i), net.inboxes[usize::from(i)].clone())))
                 .collect();
             let state_of = |node: &Node<S, J>| node.with(|group| state(group));
+            let caught_up = |nodes: &[Option<Node<S, J>>], from: usize| {
+                let expected = state_of(nodes[from].as_ref().expect("up"));
+                for (i, node) in nodes.iter().enumerate() {
+                    if let Some(node) = node {
+                        eventually(&format!("replica {i} applying every op"), || {
+                            state_of(node) == expected
+                        });
+                    }
+                }
+            };
             // View 0: replica 0 is the primary of a freshly formatted group.
             assert_eq!(primary(&nodes), 0);
             for round in 0..5 {
                 nodes[0].as_ref().expect("up").with(|group| work(group, round));
             }
-            let expected = state_of(nodes[0].as_ref().expect("up"));
-            for backup in nodes.iter().skip(1).flatten() {
-                eventually("the backups apply every op", || state_of(backup) == expected);
-                assert!(!backup.with(|group| group.takes_requests()));
+            caught_up(&nodes, 0);
+            // A backup takes no request: nothing of it is prepared.
+            let refused = nodes[1]
+                .as_ref()
+                .expect("up")
+                .with(|group| group.submit(200, b"not for a backup"));
+            assert!(matches!(refused, Err(GroupError::NotTaken { .. })), "{refused:?}");
+
+            // A backup crashes: the primary commits with the other; the backup restarts
+            // from its files (as replica 2, not 0) and catches up.
+            net.set_down(2, true);
+            nodes[2].take().expect("up").crash();
+            for round in 5..7 {
+                nodes[0].as_ref().expect("up").with(|group| work(group, round));
             }
+            net.set_down(2, false);
+            nodes[2] = Some(Node::start(open(2), net.inboxes[2].clone()));
+            caught_up(&nodes, 0);
 
             // The primary crashes: the others elect a new primary, which takes requests.
             net.set_down(0, true);
             nodes[0].take().expect("up").crash();
             let new_primary = primary(&nodes);
             assert_ne!(new_primary, 0);
-            for round in 5..8 {
+            for round in 7..10 {
                 nodes[new_primary]
                     .as_ref()
                     .expect("up")
                     .with(|group| work(group, round));
             }
-            let expected = state_of(nodes[new_primary].as_ref().expect("up"));
 
             // The old primary restarts from its files and catches up as a backup.
             net.set_down(0, false);
             nodes[0] = Some(Node::start(open(0), net.inboxes[0].clone()));
-            let restarted = nodes[0].as_ref().expect("up");
-            eventually("the restarted replica catches up", || {
-                state_of(restarted) == expected
-            });
+            caught_up(&nodes, new_primary);
             assert!(
-                !restarted.with(|group| group.takes_requests()),
+                !nodes[0]
+                    .as_ref()
+                    .expect("up")
+                    .with(|group| group.takes_requests()),
                 "it rejoined as a backup"
             );
             nodes[new_primary]
                 .as_ref()
                 .expect("up")
-                .with(|group| work(group, 8));
-            let expected = state_of(nodes[new_primary].as_ref().expect("up"));
-            for node in nodes.iter().flatten() {
-                eventually("every replica applies the last op", || state_of(node) == expected);
-            }
+                .with(|group| work(group, 10));
+            caught_up(&nodes, new_primary);
             for node in nodes.into_iter().flatten() {
                 node.crash();
             }
@@ -2040,6 +2135,24 @@ mod tests {
             };
             let state = |group: &LocalGroup<MetadataMachine>| group.state_machine().snapshot();
             commit_fail_over_and_rejoin(&net, open, work, state);
+            // A replica's files open only in the seat they were formatted in.
+            let opened: Result<LocalGroup<MetadataMachine>, _> = LocalGroup::open_with_peers(
+                &temp.path().join("replica-1"),
+                GROUP,
+                &(MetadataMachine::body_verifies as BodyRule),
+                MetadataMachine::default,
+                Some(peers(&net, 2)),
+            );
+            match opened {
+                Err(GroupError::Refused { reason, .. }) => {
+                    assert!(
+                        reason.contains("replica 1"),
+                        "names the seat the files belong to: {reason}"
+                    )
+                }
+                Err(other) => panic!("refused for the wrong reason: {other}"),
+                Ok(_) => panic!("a replica's files opened in another seat"),
+            }
         }
 
         /// The partition's journal is its segment log: backups write the primary's stamped
@@ -2075,7 +2188,7 @@ mod tests {
                     .append(1_000 + u64::from(round), &[&batch[..]])
                     .expect("appended");
                 minted.lock().expect("lock").push(offsets[0]);
-                if round == 8 {
+                if round == 10 {
                     assert!(group.stats().segments_count > 2, "the log spans several segments");
                 }
             };
@@ -2092,7 +2205,7 @@ mod tests {
             let minted = minted.into_inner().expect("lock");
             assert_eq!(
                 minted,
-                (0..9).map(|round| round * 3).collect::<Vec<u64>>(),
+                (0..11).map(|round| round * 3).collect::<Vec<u64>>(),
                 "offsets continue"
             );
         }
