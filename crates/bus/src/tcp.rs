@@ -177,7 +177,7 @@ pub struct Bus {
     local_addr: SocketAddr,
     counters: Arc<Counters>,
     shutdown: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Bus {
@@ -273,7 +273,7 @@ impl Bus {
                 local_addr,
                 counters,
                 shutdown,
-                tasks,
+                tasks: Mutex::new(tasks),
             },
             received,
         ))
@@ -317,10 +317,11 @@ impl Bus {
     }
 
     /// Close every connection and wait for the bus's tasks to end. Queued messages are
-    /// dropped.
-    pub async fn shutdown(self) {
+    /// dropped; later sends are queued and never sent.
+    pub async fn shutdown(&self) {
         let _ = self.shutdown.send(true);
-        for task in self.tasks {
+        let tasks = std::mem::take(&mut *lock(&self.tasks));
+        for task in tasks {
             let _ = task.await;
         }
     }

@@ -23,6 +23,7 @@ mod node;
 mod partition;
 mod partition_group;
 mod repair;
+mod replicas;
 mod retention;
 mod scrub;
 mod stats;

@@ -1,0 +1,514 @@
+//! The groups with peers on one node, driven over the replica network (`docs/cluster.md`,
+//! "The node shell"): the link between `cairn_bus::Bus` and each group's [`LocalGroup`].
+//!
+//! - **Receiving.** One task reads the bus's channel and pushes each message into its
+//!   group's [`Inbox`] (by the header's group id; a message for a group this node does not
+//!   host, or no longer hosts, is dropped: VSR repeats it), then schedules the group.
+//! - **Workers.** A few threads take scheduled groups and serve them ([`Served::serve`]: a
+//!   group's `serve_inbox` under its lock). A group whose lock a request holds is skipped: the
+//!   request takes the inbox itself while it waits, and the next tick schedules it again.
+//! - **Ticks.** Every tick every group is scheduled, so each replica ticks by wall time.
+//! - **Sending.** [`Replicas::transport`] hands a group's messages to the bus.
+//!
+//! A group is scheduled at most once at a time (a flag set when queued, cleared when a worker
+//! takes it), so a busy group costs one slot in the queue however many messages it gets.
+
+// The server wires this in with the multi-node start (issue 14's next step); until then
+// only its tests run it.
+#![cfg_attr(not(test), allow(dead_code))]
+
+use crate::node::{GroupJournal, Inbox, LocalGroup, Transport};
+use cairn_bus::{Bus, Received};
+use cairn_vsr::header::Message;
+use cairn_vsr::replica::StateMachine;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+/// How a worker serves a group.
+pub trait Served: Send + Sync {
+    /// Deliver the group's inbox and tick it if due, unless its lock is taken (then the
+    /// holder serves it). Runs on a worker thread.
+    fn serve(&self);
+}
+
+/// A group of this node behind a mutex: the worker takes the lock only if it is free.
+impl<S, J> Served for Mutex<Option<LocalGroup<S, J>>>
+where
+    S: StateMachine + Send,
+    J: GroupJournal + Send,
+{
+    fn serve(&self) {
+        let Ok(mut guard) = self.try_lock() else {
+            return;
+        };
+        if let Some(group) = guard.as_mut()
+            && let Err(error) = group.serve_inbox()
+        {
+            tracing::error!(%error, "a replicated group stopped while serving its peers' messages");
+        }
+    }
+}
+
+/// One hosted group.
+struct Entry {
+    inbox: Arc<Inbox>,
+    served: Arc<dyn Served>,
+    /// Set while the group waits in the run queue.
+    scheduled: AtomicBool,
+}
+
+/// The groups with peers on this node.
+pub struct Replicas {
+    bus: Arc<Bus>,
+    groups: RwLock<HashMap<u64, Arc<Entry>>>,
+    run_queue: Mutex<VecDeque<Arc<Entry>>>,
+    runnable: Condvar,
+    stopping: AtomicBool,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl Replicas {
+    /// Start serving groups over `bus`: the receiving task on the current tokio runtime,
+    /// `workers` worker threads and a ticker every `tick`.
+    pub fn start(
+        bus: Arc<Bus>,
+        mut received: tokio::sync::mpsc::Receiver<Received>,
+        workers: usize,
+        tick: Duration,
+    ) -> Arc<Replicas> {
+        let replicas = Arc::new(Replicas {
+            bus,
+            groups: RwLock::new(HashMap::new()),
+            run_queue: Mutex::new(VecDeque::new()),
+            runnable: Condvar::new(),
+            stopping: AtomicBool::new(false),
+            threads: Mutex::new(Vec::new()),
+        });
+        {
+            let replicas = replicas.clone();
+            tokio::spawn(async move {
+                while let Some(Received { message, .. }) = received.recv().await {
+                    if replicas.stopping.load(Ordering::Acquire) {
+                        return;
+                    }
+                    replicas.deliver(message);
+                }
+            });
+        }
+        let mut threads = Vec::new();
+        for worker in 0..workers.max(1) {
+            let replicas = replicas.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("cairn-replica-{worker}"))
+                .spawn(move || replicas.work());
+            match spawned {
+                Ok(thread) => threads.push(thread),
+                Err(error) => tracing::error!(%error, "cannot start a replica worker thread"),
+            }
+        }
+        {
+            let replicas = replicas.clone();
+            let spawned = std::thread::Builder::new()
+                .name("cairn-replica-ticks".to_string())
+                .spawn(move || {
+                    let mut next = Instant::now();
+                    while !replicas.stopping.load(Ordering::Acquire) {
+                        next += tick;
+                        let now = Instant::now();
+                        if next > now {
+                            std::thread::sleep(next - now);
+                        } else {
+                            // Behind (a stalled machine): tick once and catch up.
+                            next = now;
+                        }
+                        replicas.schedule_all();
+                    }
+                });
+            match spawned {
+                Ok(thread) => threads.push(thread),
+                Err(error) => tracing::error!(%error, "cannot start the replica tick thread"),
+            }
+        }
+        *lock(&replicas.threads) = threads;
+        replicas
+    }
+
+    /// Host group `group`: its messages go to the returned inbox, and `served` is served
+    /// when they arrive and every tick.
+    pub fn add_group(&self, group: u64, served: Arc<dyn Served>) -> Arc<Inbox> {
+        let inbox = Arc::new(Inbox::default());
+        let entry = Arc::new(Entry {
+            inbox: inbox.clone(),
+            served,
+            scheduled: AtomicBool::new(false),
+        });
+        let previous = write(&self.groups).insert(group, entry);
+        debug_assert!(previous.is_none(), "group {group} hosted twice");
+        inbox
+    }
+
+    /// How a group's replica sends to its peers.
+    pub fn transport(&self) -> Arc<dyn Transport> {
+        Arc::new(BusTransport(self.bus.clone()))
+    }
+
+    /// Stop the workers and the ticker (the bus is the caller's to shut down).
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+        self.runnable.notify_all();
+        for thread in std::mem::take(&mut *lock(&self.threads)) {
+            let _ = thread.join();
+        }
+    }
+
+    fn deliver(&self, message: Message) {
+        let entry = read(&self.groups).get(&message.header.group).cloned();
+        if let Some(entry) = entry {
+            entry.inbox.push(message);
+            self.schedule(&entry);
+        }
+    }
+
+    fn schedule(&self, entry: &Arc<Entry>) {
+        if !entry.scheduled.swap(true, Ordering::AcqRel) {
+            lock(&self.run_queue).push_back(entry.clone());
+            self.runnable.notify_one();
+        }
+    }
+
+    fn schedule_all(&self) {
+        let entries: Vec<Arc<Entry>> = read(&self.groups).values().cloned().collect();
+        for entry in &entries {
+            self.schedule(entry);
+        }
+    }
+
+    fn work(&self) {
+        loop {
+            let entry = {
+                let mut queue = lock(&self.run_queue);
+                loop {
+                    if self.stopping.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if let Some(entry) = queue.pop_front() {
+                        break entry;
+                    }
+                    queue = match self.runnable.wait(queue) {
+                        Ok(queue) => queue,
+                        Err(poisoned) => poisoned.into_inner(),
+                    };
+                }
+            };
+            // Cleared first: a message that arrives while the group is served schedules it
+            // again.
+            entry.scheduled.store(false, Ordering::Release);
+            entry.served.serve();
+        }
+    }
+}
+
+/// A group's sends to its peers, on the bus. A full queue drops the message (counted by the
+/// bus): VSR repeats what is lost.
+struct BusTransport(Arc<Bus>);
+
+impl Transport for BusTransport {
+    fn send(&self, to: u8, message: Message) {
+        let _ = self.0.send(to, message);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::{GroupError, Peers};
+    use crate::partition_group::{JournalOptions, LogJournal, LogParams};
+    use crate::test_support::client_batch;
+    use cairn_bus::{BusConfig, ClusterKey, NodeAddress};
+    use cairn_machine::metadata::{MetadataMachine, MetadataOp, OPERATION_METADATA};
+    use cairn_machine::partition::PartitionMachine;
+    use cairn_vsr::journal::BodyRule;
+    use std::path::Path;
+
+    const CLUSTER: u128 = 0xb05_c1a5;
+    const METADATA_GROUP: u64 = 0;
+    const PARTITION_GROUP: u64 = 9 | 1 << 63;
+    const WITHIN: Duration = Duration::from_secs(30);
+
+    type Metadata = Arc<Mutex<Option<LocalGroup<MetadataMachine>>>>;
+    type Partition = Arc<Mutex<Option<LocalGroup<PartitionMachine, LogJournal>>>>;
+
+    /// One node: its bus, its replicas, and its replica of a metadata and a partition group.
+    struct TestNode {
+        bus: Arc<Bus>,
+        replicas: Arc<Replicas>,
+        metadata: Metadata,
+        partition: Partition,
+    }
+
+    fn prepare_rule(group: u64) -> BodyRule {
+        if group == METADATA_GROUP {
+            MetadataMachine::body_verifies
+        } else {
+            PartitionMachine::body_verifies
+        }
+    }
+
+    async fn start_node(
+        dir: &Path,
+        index: u8,
+        listener: tokio::net::TcpListener,
+        addresses: &[std::net::SocketAddr],
+    ) -> TestNode {
+        let nodes = addresses
+            .iter()
+            .enumerate()
+            .map(|(i, address)| NodeAddress {
+                id: i as u32 + 1,
+                replica: address.to_string(),
+            })
+            .collect();
+        let mut config = BusConfig::new(
+            CLUSTER,
+            u32::from(index) + 1,
+            nodes,
+            ClusterKey::derive(b"the test cluster's secret"),
+            Arc::new(prepare_rule),
+            cairn_vsr::constants::Shape::PARTITION.message_size_max,
+        );
+        config.backoff_max = Duration::from_millis(200);
+        let (bus, received) = Bus::start(config, listener).expect("bus");
+        let bus = Arc::new(bus);
+        let replicas = Replicas::start(bus.clone(), received, 2, Duration::from_millis(10));
+        let metadata: Metadata = Arc::new(Mutex::new(None));
+        let partition: Partition = Arc::new(Mutex::new(None));
+        let peers = |inbox: Arc<Inbox>| Peers {
+            replica: index,
+            replica_count: 3,
+            cluster: CLUSTER,
+            transport: replicas.transport(),
+            inbox,
+            tick: Duration::from_millis(10),
+            request_timeout: Duration::from_secs(20),
+        };
+        let inbox = replicas.add_group(METADATA_GROUP, metadata.clone());
+        let (dir, peers_m) = (dir.to_path_buf(), peers(inbox));
+        let opened = tokio::task::spawn_blocking(move || {
+            LocalGroup::open_with_peers(
+                &dir.join("metadata"),
+                METADATA_GROUP,
+                &(MetadataMachine::body_verifies as BodyRule),
+                MetadataMachine::default,
+                Some(peers_m),
+            )
+            .map(|group| (group, dir))
+        })
+        .await
+        .expect("join")
+        .expect("open the metadata group");
+        *metadata.lock().expect("lock") = Some(opened.0);
+        let inbox = replicas.add_group(PARTITION_GROUP, partition.clone());
+        let (dir, peers_p) = (opened.1, peers(inbox));
+        let params = LogParams::new(
+            3,
+            JournalOptions {
+                segment_size_bytes: 64 * 1024,
+                relaxed: false,
+            },
+        );
+        let group = tokio::task::spawn_blocking(move || {
+            LocalGroup::open_with_peers(
+                &dir.join("partition"),
+                PARTITION_GROUP,
+                &params,
+                || PartitionMachine::new(3),
+                Some(peers_p),
+            )
+        })
+        .await
+        .expect("join")
+        .expect("open the partition group");
+        *partition.lock().expect("lock") = Some(group);
+        TestNode {
+            bus,
+            replicas,
+            metadata,
+            partition,
+        }
+    }
+
+    impl TestNode {
+        /// SIGKILL, as far as one process can: the node stops serving and sending, and its
+        /// groups are dropped without a close.
+        async fn crash(self) {
+            self.bus.shutdown().await;
+            let replicas = self.replicas.clone();
+            tokio::task::spawn_blocking(move || replicas.stop())
+                .await
+                .expect("join");
+            self.metadata.lock().expect("lock").take();
+            self.partition.lock().expect("lock").take();
+        }
+    }
+
+    async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        tokio::task::spawn_blocking(f).await.expect("join")
+    }
+
+    async fn eventually(what: &str, condition: impl Fn() -> bool) {
+        let deadline = Instant::now() + WITHIN;
+        while !condition() {
+            assert!(
+                Instant::now() < deadline,
+                "{what} did not happen within {WITHIN:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn takes<T: StateMachine, J: GroupJournal>(group: &Mutex<Option<LocalGroup<T, J>>>) -> bool {
+        group
+            .lock()
+            .expect("lock")
+            .as_ref()
+            .is_some_and(|group| group.takes_requests())
+    }
+
+    fn streams(group: &Metadata) -> usize {
+        group
+            .lock()
+            .expect("lock")
+            .as_ref()
+            .map_or(0, |group| group.state_machine().state.streams.len())
+    }
+
+    fn next_offset(group: &Partition) -> u64 {
+        group
+            .lock()
+            .expect("lock")
+            .as_ref()
+            .map_or(0, |group| group.state_machine().state().next_offset)
+    }
+
+    fn create_stream(group: &Metadata, n: u32) -> Result<Vec<u8>, GroupError> {
+        let op = MetadataOp::CreateStream {
+            name: format!("s{n}"),
+            created_at_us: 1,
+        };
+        let mut guard = group.lock().expect("lock");
+        guard
+            .as_mut()
+            .expect("up")
+            .submit(OPERATION_METADATA, &op.encode())
+    }
+
+    fn append(group: &Partition, n: u8) -> Result<Vec<u64>, String> {
+        let batch = client_batch(10, 1000, n);
+        let mut guard = group.lock().expect("lock");
+        guard
+            .as_mut()
+            .expect("up")
+            .append(1_000, &[&batch[..]])
+            .map_err(|error| format!("{error:?}"))
+    }
+
+    /// Three nodes, each with its bus, its workers and two groups (metadata and a
+    /// partition), over TCP on loopback: both groups commit through one connection per node
+    /// pair; the node hosting both primaries dies; the other two elect new primaries for both
+    /// groups, which commit again with offsets that continue.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn groups_replicate_over_the_bus_and_fail_over_when_a_node_dies() {
+        let temp = tempfile::tempdir().expect("tempdir");
+        let mut listeners = Vec::new();
+        for _ in 0..3 {
+            listeners.push(tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"));
+        }
+        let addresses: Vec<std::net::SocketAddr> = listeners
+            .iter()
+            .map(|listener| listener.local_addr().expect("address"))
+            .collect();
+        let mut nodes = Vec::new();
+        for (index, listener) in listeners.into_iter().enumerate() {
+            let dir = temp.path().join(format!("node-{index}"));
+            nodes.push(Some(start_node(&dir, index as u8, listener, &addresses).await));
+        }
+        let first = nodes[0].as_ref().expect("up");
+        assert!(
+            takes(&first.metadata) && takes(&first.partition),
+            "view 0: node 0 is primary of both"
+        );
+        for n in 0..3 {
+            let metadata = first.metadata.clone();
+            blocking(move || create_stream(&metadata, n))
+                .await
+                .expect("metadata committed");
+            let partition = first.partition.clone();
+            let offsets = blocking(move || append(&partition, n as u8))
+                .await
+                .expect("append committed");
+            assert_eq!(offsets[0], u64::from(n) * 10);
+        }
+        for node in nodes.iter().flatten() {
+            eventually("every node applies both groups' ops", || {
+                streams(&node.metadata) == 3 && next_offset(&node.partition) == 30
+            })
+            .await;
+        }
+        assert!(
+            nodes[0]
+                .as_ref()
+                .expect("up")
+                .bus
+                .counters()
+                .messages_sent
+                .load(Ordering::Relaxed)
+                > 0
+        );
+
+        nodes[0].take().expect("up").crash().await;
+        eventually("new primaries for both groups", || {
+            nodes.iter().flatten().any(|node| takes(&node.metadata))
+                && nodes.iter().flatten().any(|node| takes(&node.partition))
+        })
+        .await;
+        let metadata_primary = nodes
+            .iter()
+            .flatten()
+            .find(|node| takes(&node.metadata))
+            .expect("primary");
+        let metadata = metadata_primary.metadata.clone();
+        blocking(move || create_stream(&metadata, 100))
+            .await
+            .expect("committed after failover");
+        let partition_primary = nodes
+            .iter()
+            .flatten()
+            .find(|node| takes(&node.partition))
+            .expect("primary");
+        let partition = partition_primary.partition.clone();
+        let offsets = blocking(move || append(&partition, 100))
+            .await
+            .expect("committed after failover");
+        assert_eq!(
+            offsets[0], 30,
+            "offsets continue after the failover, none handed out twice"
+        );
+        for node in nodes.into_iter().flatten() {
+            node.crash().await;
+        }
+    }
+}
