@@ -8,7 +8,11 @@
 //!   group's `serve_inbox` under its lock). A group whose lock a request holds is skipped: the
 //!   request takes the inbox itself while it waits, and the next tick schedules it again.
 //! - **Ticks.** Every tick every group is scheduled, so each replica ticks by wall time.
-//! - **Sending.** [`Replicas::transport`] hands a group's messages to the bus.
+//! - **Sending.** [`Replicas::transport`] hands a group's messages to the bus, except its
+//!   `Commit` heartbeats: those of every group are gathered per peer and sent at each tick
+//!   as one `Heartbeats` message (`cairn_vsr::node`), which the receiving node splits back
+//!   into each group's `Commit`. So an idle node pair exchanges at most one message per
+//!   tick each way, however many groups they share.
 //!
 //! A group is scheduled at most once at a time (a flag set when queued, cleared when a worker
 //! takes it), so a busy group costs one slot in the queue however many messages it gets.
@@ -19,9 +23,10 @@
 
 use crate::node::{GroupJournal, Inbox, LocalGroup, Transport};
 use cairn_bus::{Bus, Received};
-use cairn_vsr::header::Message;
+use cairn_vsr::header::{Command, Message};
+use cairn_vsr::node::{heartbeat_commits, heartbeat_messages, push_heartbeat_entry};
 use cairn_vsr::replica::StateMachine;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -62,6 +67,9 @@ struct Entry {
 /// The groups with peers on this node.
 pub struct Replicas {
     bus: Arc<Bus>,
+    cluster: u128,
+    /// `Commit` heartbeats gathered since the last tick, by peer.
+    heartbeats: Arc<Mutex<BTreeMap<u8, Vec<u8>>>>,
     groups: RwLock<HashMap<u64, Arc<Entry>>>,
     run_queue: Mutex<VecDeque<Arc<Entry>>>,
     runnable: Condvar,
@@ -74,12 +82,15 @@ impl Replicas {
     /// `workers` worker threads and a ticker every `tick`.
     pub fn start(
         bus: Arc<Bus>,
+        cluster: u128,
         mut received: tokio::sync::mpsc::Receiver<Received>,
         workers: usize,
         tick: Duration,
     ) -> Arc<Replicas> {
         let replicas = Arc::new(Replicas {
             bus,
+            cluster,
+            heartbeats: Arc::default(),
             groups: RwLock::new(HashMap::new()),
             run_queue: Mutex::new(VecDeque::new()),
             runnable: Condvar::new(),
@@ -123,6 +134,7 @@ impl Replicas {
                             // Behind (a stalled machine): tick once and catch up.
                             next = now;
                         }
+                        replicas.send_heartbeats();
                         replicas.schedule_all();
                     }
                 });
@@ -151,7 +163,20 @@ impl Replicas {
 
     /// How a group's replica sends to its peers.
     pub fn transport(&self) -> Arc<dyn Transport> {
-        Arc::new(BusTransport(self.bus.clone()))
+        Arc::new(BusTransport {
+            bus: self.bus.clone(),
+            heartbeats: self.heartbeats.clone(),
+        })
+    }
+
+    /// Send the heartbeats gathered since the last tick: one message per peer.
+    fn send_heartbeats(&self) {
+        let batches = std::mem::take(&mut *lock(&self.heartbeats));
+        for (to, batch) in batches {
+            for message in heartbeat_messages(self.cluster, self.bus.index(), &batch) {
+                let _ = self.bus.send(to, message);
+            }
+        }
     }
 
     /// Stop the workers and the ticker (the bus is the caller's to shut down).
@@ -164,6 +189,12 @@ impl Replicas {
     }
 
     fn deliver(&self, message: Message) {
+        if message.header.command == Command::Heartbeats {
+            for commit in heartbeat_commits(&message) {
+                self.deliver(commit);
+            }
+            return;
+        }
         let entry = read(&self.groups).get(&message.header.group).cloned();
         if let Some(entry) = entry {
             entry.inbox.push(message);
@@ -210,13 +241,20 @@ impl Replicas {
     }
 }
 
-/// A group's sends to its peers, on the bus. A full queue drops the message (counted by the
-/// bus): VSR repeats what is lost.
-struct BusTransport(Arc<Bus>);
+/// A group's sends to its peers, on the bus; its heartbeats to the node's batch. A full
+/// queue drops the message (counted by the bus): VSR repeats what is lost.
+struct BusTransport {
+    bus: Arc<Bus>,
+    heartbeats: Arc<Mutex<BTreeMap<u8, Vec<u8>>>>,
+}
 
 impl Transport for BusTransport {
     fn send(&self, to: u8, message: Message) {
-        let _ = self.0.send(to, message);
+        if message.header.command == Command::Commit {
+            push_heartbeat_entry(lock(&self.heartbeats).entry(to).or_default(), &message.header);
+        } else {
+            let _ = self.bus.send(to, message);
+        }
     }
 }
 
@@ -268,12 +306,12 @@ mod tests {
         }
     }
 
-    async fn start_node(
-        dir: &Path,
+    /// A node's bus and replicas on `listener`, as node `index` of `addresses`.
+    fn start_bus(
         index: u8,
         listener: tokio::net::TcpListener,
         addresses: &[std::net::SocketAddr],
-    ) -> TestNode {
+    ) -> (Arc<Bus>, Arc<Replicas>) {
         let nodes = addresses
             .iter()
             .enumerate()
@@ -293,10 +331,12 @@ mod tests {
         config.backoff_max = Duration::from_millis(200);
         let (bus, received) = Bus::start(config, listener).expect("bus");
         let bus = Arc::new(bus);
-        let replicas = Replicas::start(bus.clone(), received, 2, Duration::from_millis(10));
-        let metadata: Metadata = Arc::new(Mutex::new(None));
-        let partition: Partition = Arc::new(Mutex::new(None));
-        let peers = |inbox: Arc<Inbox>| Peers {
+        let replicas = Replicas::start(bus.clone(), CLUSTER, received, 2, Duration::from_millis(10));
+        (bus, replicas)
+    }
+
+    fn peers(replicas: &Replicas, index: u8, inbox: Arc<Inbox>) -> Peers {
+        Peers {
             replica: index,
             replica_count: 3,
             cluster: CLUSTER,
@@ -304,25 +344,40 @@ mod tests {
             inbox,
             tick: Duration::from_millis(10),
             request_timeout: Duration::from_secs(20),
-        };
-        let inbox = replicas.add_group(METADATA_GROUP, metadata.clone());
-        let (dir, peers_m) = (dir.to_path_buf(), peers(inbox));
-        let opened = tokio::task::spawn_blocking(move || {
+        }
+    }
+
+    /// Open (format) node `index`'s replica of metadata-shaped group `group` in `dir`.
+    async fn open_metadata(replicas: &Replicas, dir: &Path, index: u8, group: u64) -> Metadata {
+        let metadata: Metadata = Arc::new(Mutex::new(None));
+        let peers = peers(replicas, index, replicas.add_group(group, metadata.clone()));
+        let dir = dir.to_path_buf();
+        let opened = blocking(move || {
             LocalGroup::open_with_peers(
-                &dir.join("metadata"),
-                METADATA_GROUP,
+                &dir,
+                group,
                 &(MetadataMachine::body_verifies as BodyRule),
                 MetadataMachine::default,
-                Some(peers_m),
+                Some(peers),
             )
-            .map(|group| (group, dir))
         })
         .await
-        .expect("join")
-        .expect("open the metadata group");
-        *metadata.lock().expect("lock") = Some(opened.0);
+        .expect("open a metadata-shaped group");
+        *metadata.lock().expect("lock") = Some(opened);
+        metadata
+    }
+
+    async fn start_node(
+        dir: &Path,
+        index: u8,
+        listener: tokio::net::TcpListener,
+        addresses: &[std::net::SocketAddr],
+    ) -> TestNode {
+        let (bus, replicas) = start_bus(index, listener, addresses);
+        let metadata = open_metadata(&replicas, &dir.join("metadata"), index, METADATA_GROUP).await;
+        let partition: Partition = Arc::new(Mutex::new(None));
         let inbox = replicas.add_group(PARTITION_GROUP, partition.clone());
-        let (dir, peers_p) = (opened.1, peers(inbox));
+        let (dir, peers_p) = (dir.to_path_buf(), peers(&replicas, index, inbox));
         let params = LogParams::new(
             3,
             JournalOptions {
@@ -509,6 +564,66 @@ mod tests {
         );
         for node in nodes.into_iter().flatten() {
             node.crash().await;
+        }
+    }
+
+    /// Many idle groups on three nodes: their `Commit` heartbeats travel as one message per
+    /// node pair and tick, and every backup keeps hearing its primary (no view change).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn idle_groups_share_one_heartbeat_message_per_peer_and_tick() {
+        const GROUPS: u64 = 40;
+        let temp = tempfile::tempdir().expect("tempdir");
+        let mut listeners = Vec::new();
+        for _ in 0..3 {
+            listeners.push(tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"));
+        }
+        let addresses: Vec<std::net::SocketAddr> = listeners
+            .iter()
+            .map(|listener| listener.local_addr().expect("address"))
+            .collect();
+        let mut nodes = Vec::new();
+        for (index, listener) in listeners.into_iter().enumerate() {
+            let (bus, replicas) = start_bus(index as u8, listener, &addresses);
+            let mut groups = Vec::new();
+            for group in 1..=GROUPS {
+                let dir = temp
+                    .path()
+                    .join(format!("node-{index}"))
+                    .join(format!("group-{group}"));
+                groups.push(open_metadata(&replicas, &dir, index as u8, group).await);
+            }
+            nodes.push((bus, replicas, groups));
+        }
+        // Every group has its primary on node 0 (view 0) and stays so while idle.
+        let primaries_on_first = |nodes: &[(Arc<Bus>, Arc<Replicas>, Vec<Metadata>)]| {
+            nodes[0].2.iter().all(|group| takes(group))
+                && nodes[1..]
+                    .iter()
+                    .all(|(_, _, groups)| groups.iter().all(|group| !takes(group)))
+        };
+        assert!(primaries_on_first(&nodes));
+        // Let connections settle, then count what node 0 sends over many heartbeat intervals.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let sent = |nodes: &[(Arc<Bus>, Arc<Replicas>, Vec<Metadata>)]| {
+            nodes[0].0.counters().messages_sent.load(Ordering::Relaxed)
+        };
+        let (before, started) = (sent(&nodes), Instant::now());
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let (messages, ticks) = (sent(&nodes) - before, started.elapsed().as_millis() as u64 / 10);
+        eprintln!("node 0 sent {messages} messages in about {ticks} ticks to 2 peers, for {GROUPS} groups");
+        // Unbatched, 40 primaries would send 40 × 2 Commits per 10 ticks: 8 per tick.
+        assert!(
+            messages <= 2 * (ticks + 2),
+            "{messages} messages from node 0 in about {ticks} ticks: more than one per peer and tick"
+        );
+        assert!(messages > 0, "heartbeats were sent");
+        assert!(
+            primaries_on_first(&nodes),
+            "no backup lost its primary while idle"
+        );
+        for (bus, replicas, _) in nodes {
+            bus.shutdown().await;
+            blocking(move || replicas.stop()).await;
         }
     }
 }

@@ -154,24 +154,10 @@ impl<S: StateMachine> Node<S> {
     }
 
     fn on_heartbeats(&mut self, message: &Message) {
-        let from = message.header.replica;
-        if !message.body.len().is_multiple_of(HEARTBEAT_ENTRY_SIZE) {
-            return;
-        }
-        for entry in message.body.chunks_exact(HEARTBEAT_ENTRY_SIZE) {
-            let group = u64::from_le_bytes(entry[0..8].try_into().expect("8 bytes"));
-            let Some(replica) = self.groups.get_mut(&group) else {
-                continue;
-            };
-            // The group's own Commit, rebuilt from the entry: the batch's checksums already
-            // covered these bytes.
-            let mut commit = Header::new(Command::Commit, self.cluster);
-            commit.group = group;
-            commit.replica = from;
-            commit.view = u32::from_le_bytes(entry[8..12].try_into().expect("4 bytes"));
-            commit.commit = u64::from_le_bytes(entry[12..20].try_into().expect("8 bytes"));
-            commit.context = u128::from_le_bytes(entry[20..36].try_into().expect("16 bytes"));
-            replica.on_message(Message::new(commit, Bytes::new()));
+        for commit in heartbeat_commits(message) {
+            if let Some(replica) = self.groups.get_mut(&commit.header.group) {
+                replica.on_message(commit);
+            }
         }
     }
 
@@ -186,12 +172,8 @@ impl<S: StateMachine> Node<S> {
                         to: Destination::Replica(to),
                         message,
                     } if message.header.command == Command::Commit => {
-                        let entry = heartbeats.entry(to).or_default();
-                        entry.extend_from_slice(&group.to_le_bytes());
-                        entry.extend_from_slice(&message.header.view.to_le_bytes());
-                        entry.extend_from_slice(&message.header.commit.to_le_bytes());
-                        entry.extend_from_slice(&message.header.context.to_le_bytes());
-                        entry.extend_from_slice(&[0u8; 4]);
+                        debug_assert_eq!(message.header.group, group);
+                        push_heartbeat_entry(heartbeats.entry(to).or_default(), &message.header);
                     }
                     Output::Send { to, message } => outputs.sends.push((to, message)),
                     Output::WritePrepare { message } => outputs.prepare_writes.push((group, message)),
@@ -204,16 +186,58 @@ impl<S: StateMachine> Node<S> {
             }
         }
         for (to, body) in heartbeats {
-            debug_assert!(body.len().is_multiple_of(HEARTBEAT_ENTRY_SIZE));
-            for batch in body.chunks(HEARTBEAT_ENTRIES_MAX * HEARTBEAT_ENTRY_SIZE) {
-                let mut header = Header::new(Command::Heartbeats, self.cluster);
-                header.replica = self.replica;
-                outputs.sends.push((
-                    Destination::Replica(to),
-                    Message::new(header, Bytes::copy_from_slice(batch)),
-                ));
+            for message in heartbeat_messages(self.cluster, self.replica, &body) {
+                outputs.sends.push((Destination::Replica(to), message));
             }
         }
         outputs
     }
+}
+
+/// Add a group's `Commit` heartbeat to a batch for one peer, as one
+/// [`HEARTBEAT_ENTRY_SIZE`]-byte entry.
+pub fn push_heartbeat_entry(batch: &mut Vec<u8>, commit: &Header) {
+    debug_assert_eq!(commit.command, Command::Commit);
+    batch.extend_from_slice(&commit.group.to_le_bytes());
+    batch.extend_from_slice(&commit.view.to_le_bytes());
+    batch.extend_from_slice(&commit.commit.to_le_bytes());
+    batch.extend_from_slice(&commit.context.to_le_bytes());
+    batch.extend_from_slice(&[0u8; 4]);
+}
+
+/// The `Heartbeats` messages of replica `from` carrying a batch of entries
+/// ([`push_heartbeat_entry`]): as many as the entries need.
+pub fn heartbeat_messages(cluster: u128, from: u8, batch: &[u8]) -> Vec<Message> {
+    debug_assert!(batch.len().is_multiple_of(HEARTBEAT_ENTRY_SIZE));
+    batch
+        .chunks(HEARTBEAT_ENTRIES_MAX * HEARTBEAT_ENTRY_SIZE)
+        .map(|entries| {
+            let mut header = Header::new(Command::Heartbeats, cluster);
+            header.replica = from;
+            Message::new(header, Bytes::copy_from_slice(entries))
+        })
+        .collect()
+}
+
+/// Each group's `Commit` rebuilt from a `Heartbeats` message (none from a body that is not
+/// whole entries). The batch's checksums already covered these bytes.
+pub fn heartbeat_commits(message: &Message) -> Vec<Message> {
+    if message.header.command != Command::Heartbeats
+        || !message.body.len().is_multiple_of(HEARTBEAT_ENTRY_SIZE)
+    {
+        return Vec::new();
+    }
+    message
+        .body
+        .chunks_exact(HEARTBEAT_ENTRY_SIZE)
+        .map(|entry| {
+            let mut commit = Header::new(Command::Commit, message.header.cluster);
+            commit.group = u64::from_le_bytes(entry[0..8].try_into().expect("8 bytes"));
+            commit.replica = message.header.replica;
+            commit.view = u32::from_le_bytes(entry[8..12].try_into().expect("4 bytes"));
+            commit.commit = u64::from_le_bytes(entry[12..20].try_into().expect("8 bytes"));
+            commit.context = u128::from_le_bytes(entry[20..36].try_into().expect("16 bytes"));
+            Message::new(commit, Bytes::new())
+        })
+        .collect()
 }
