@@ -598,6 +598,10 @@ pub struct Peers {
     pub tick: Duration,
     /// How long a request waits for its reply before its outcome is given up as unknown.
     pub request_timeout: Duration,
+    /// Whether a directory without a group may be formatted: only for a group new to this
+    /// node (the cluster's first start, or a group created by an op this node applied with
+    /// its metadata continuous since before it). Never for a replica that lost its files.
+    pub format_if_missing: bool,
 }
 
 /// One replication group over the files of one directory: a group of one replica, or this
@@ -708,8 +712,11 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
 
     /// [`LocalGroup::open_with`] for this node's replica of a group with `peers` (`None`: a
     /// group of one). A replica with peers comes up in whatever status its files give it and
-    /// reaches a view through messages and ticks ([`LocalGroup::on_message`],
-    /// [`LocalGroup::tick`]); a group of one comes up serving.
+    /// reaches a view through messages and ticks ([`LocalGroup::serve_inbox`]); a group of one
+    /// comes up serving. A replica with peers whose directory holds no group is formatted
+    /// only when [`Peers::format_if_missing`] says the group is new to this node: one that
+    /// lost its files is a wiped replica, never a new one (`docs/replication.md`), and is
+    /// refused until rejoining wiped is built.
     pub fn open_with_peers(
         dir: &Path,
         group: u64,
@@ -719,6 +726,13 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     ) -> Result<LocalGroup<S, J>, GroupError> {
         let mut opened = if dir.join(SUPERBLOCK_FILE).exists() {
             LocalGroup::recover(dir, group, params, fresh.clone(), false, peers.clone())?
+        } else if peers.as_ref().is_some_and(|peers| !peers.format_if_missing) {
+            return Err(refused(
+                dir,
+                "no formatted group here: a replica with peers that lost its files must rejoin as a wiped replica \
+                 (it may have acknowledged ops), which is not built yet; nothing was written"
+                    .to_string(),
+            ));
         } else {
             LocalGroup::format(dir, group, params, fresh(), peers.clone())?
         };
@@ -1946,6 +1960,7 @@ mod tests {
                 // Long enough that a loaded CI machine's stalls start no view change.
                 tick: Duration::from_millis(10),
                 request_timeout: Duration::from_secs(20),
+                format_if_missing: true,
             }
         }
 
@@ -2153,6 +2168,32 @@ mod tests {
                 Err(other) => panic!("refused for the wrong reason: {other}"),
                 Ok(_) => panic!("a replica's files opened in another seat"),
             }
+        }
+
+        /// A replica with peers whose directory lost its group is not formatted afresh: it
+        /// may have acknowledged ops, and a new replica would vote as if it never had.
+        #[test]
+        fn a_replica_that_lost_its_files_is_not_formatted_again() {
+            let temp = tempfile::tempdir().expect("tempdir");
+            let net = Net::new(MetadataMachine::body_verifies);
+            let dir = temp.path().join("wiped");
+            let mut peers = peers(&net, 1);
+            peers.format_if_missing = false;
+            let opened: Result<LocalGroup<MetadataMachine>, _> = LocalGroup::open_with_peers(
+                &dir,
+                GROUP,
+                &(MetadataMachine::body_verifies as BodyRule),
+                MetadataMachine::default,
+                Some(peers),
+            );
+            match opened {
+                Err(GroupError::Refused { reason, .. }) => {
+                    assert!(reason.contains("wiped replica"), "{reason}")
+                }
+                Err(other) => panic!("refused for the wrong reason: {other}"),
+                Ok(_) => panic!("a replica that lost its files was formatted as a new one"),
+            }
+            assert!(!dir.exists(), "nothing was written");
         }
 
         /// The partition's journal is its segment log: backups write the primary's stamped

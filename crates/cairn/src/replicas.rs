@@ -344,6 +344,7 @@ mod tests {
             inbox,
             tick: Duration::from_millis(10),
             request_timeout: Duration::from_secs(20),
+            format_if_missing: true,
         }
     }
 
