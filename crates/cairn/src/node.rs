@@ -526,61 +526,86 @@ pub trait Transport: Send + Sync {
 }
 
 /// Messages from peers waiting for their group: the node's receiving side pushes, and
-/// whoever holds the group takes them (a waiting request, or a worker).
+/// whoever holds the group takes them (a waiting request, or a worker). Bounded by
+/// [`INBOX_MESSAGES_MAX`] and [`INBOX_BYTES_MAX`]: a group that falls behind drops the newest
+/// messages, as the replica network's queues do, and VSR repeats them.
 #[derive(Default)]
 pub struct Inbox {
-    messages: Mutex<VecDeque<Message>>,
+    messages: Mutex<InboxQueue>,
     arrived: Condvar,
 }
+
+#[derive(Default)]
+struct InboxQueue {
+    messages: VecDeque<Message>,
+    bytes: usize,
+    /// Messages dropped because the inbox was full.
+    dropped: u64,
+}
+
+/// Most messages one group's inbox holds.
+pub const INBOX_MESSAGES_MAX: usize = 1024;
+/// Most bytes one group's inbox holds: a few of the largest prepares.
+pub const INBOX_BYTES_MAX: usize = 4 * Shape::PARTITION.message_size_max;
 
 // The server's node shell (the replica network's receiving side and the workers) is the next
 // step of issue 14; until then only the tests with peers push and wait.
 #[cfg_attr(not(test), allow(dead_code))]
 impl Inbox {
-    pub fn push(&self, message: Message) {
-        let mut messages = self
+    /// Queue `message`; `false` when the inbox was full and it was dropped.
+    pub fn push(&self, message: Message) -> bool {
+        let mut queue = self
             .messages
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        messages.push_back(message);
+        let size = message.header.size as usize;
+        if queue.messages.len() >= INBOX_MESSAGES_MAX || queue.bytes + size > INBOX_BYTES_MAX {
+            queue.dropped += 1;
+            return false;
+        }
+        queue.bytes += size;
+        queue.messages.push_back(message);
         self.arrived.notify_all();
+        true
+    }
+
+    /// Messages dropped so far because the inbox was full.
+    pub fn dropped(&self) -> u64 {
+        self.messages
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .dropped
     }
 
     /// Wait until a message is waiting or `until` passes, taking nothing.
     pub fn wait_until(&self, until: Instant) {
-        let mut messages = self
-            .messages
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        while messages.is_empty() {
-            let now = Instant::now();
-            if now >= until {
-                return;
-            }
-            messages = match self.arrived.wait_timeout(messages, until - now) {
-                Ok((messages, _)) => messages,
-                Err(poisoned) => poisoned.into_inner().0,
-            };
-        }
+        drop(self.wait_for_messages(until));
     }
 
     /// Every message waiting, after waiting for one until `until` if none is.
     pub fn take_until(&self, until: Instant) -> Vec<Message> {
-        let mut messages = self
+        let mut queue = self.wait_for_messages(until);
+        queue.bytes = 0;
+        queue.messages.drain(..).collect()
+    }
+
+    /// The queue, once it holds a message or `until` has passed.
+    fn wait_for_messages(&self, until: Instant) -> std::sync::MutexGuard<'_, InboxQueue> {
+        let mut queue = self
             .messages
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        while messages.is_empty() {
+        while queue.messages.is_empty() {
             let now = Instant::now();
             if now >= until {
-                return Vec::new();
+                break;
             }
-            messages = match self.arrived.wait_timeout(messages, until - now) {
-                Ok((messages, _)) => messages,
+            queue = match self.arrived.wait_timeout(queue, until - now) {
+                Ok((queue, _)) => queue,
                 Err(poisoned) => poisoned.into_inner().0,
             };
         }
-        messages.drain(..).collect()
+        queue
     }
 }
 
@@ -1942,7 +1967,7 @@ mod tests {
                     .expect("a body the replica network takes");
                 let down = self.net.down.lock().expect("lock");
                 if !down[usize::from(self.from)] && !down[usize::from(to)] {
-                    self.net.inboxes[usize::from(to)].push(message);
+                    let _ = self.net.inboxes[usize::from(to)].push(message);
                 }
             }
         }
@@ -2168,6 +2193,31 @@ mod tests {
                 Err(other) => panic!("refused for the wrong reason: {other}"),
                 Ok(_) => panic!("a replica's files opened in another seat"),
             }
+        }
+
+        /// A group's inbox keeps at most its bound and drops the newest beyond it.
+        #[test]
+        fn a_full_inbox_drops_the_newest_message() {
+            let inbox = Inbox::default();
+            let message = |op: u64| {
+                let mut header = Header::new(Command::Commit, CLUSTER);
+                header.op = op;
+                Message::new(header, Bytes::new())
+            };
+            for op in 0..INBOX_MESSAGES_MAX as u64 {
+                assert!(inbox.push(message(op)));
+            }
+            assert!(!inbox.push(message(u64::MAX)));
+            assert_eq!(inbox.dropped(), 1);
+            let taken = inbox.take_until(Instant::now());
+            assert_eq!(taken.len(), INBOX_MESSAGES_MAX);
+            assert!(
+                taken
+                    .iter()
+                    .enumerate()
+                    .all(|(op, message)| message.header.op == op as u64)
+            );
+            assert!(inbox.push(message(7)), "room again once taken");
         }
 
         /// A replica with peers whose directory lost its group is not formatted afresh: it
