@@ -19,8 +19,20 @@ const SECRET: &str = "a shared secret of the test";
 /// Every wait in these tests is for a condition, bounded by this.
 const WITHIN: Duration = Duration::from_secs(20);
 
-async fn bind() -> TcpListener {
-    TcpListener::bind("127.0.0.1:0").await.expect("bind")
+/// `N` listeners on loopback and their addresses (node `i` listens on the `i`th).
+async fn bind_listeners<const N: usize>() -> ([TcpListener; N], Vec<SocketAddr>) {
+    let mut listeners = Vec::new();
+    for _ in 0..N {
+        listeners.push(TcpListener::bind("127.0.0.1:0").await.expect("bind"));
+    }
+    let addresses = listeners
+        .iter()
+        .map(|listener: &TcpListener| listener.local_addr().expect("address"))
+        .collect();
+    let Ok(listeners) = <[TcpListener; N]>::try_from(listeners) else {
+        unreachable!("N listeners were bound")
+    };
+    (listeners, addresses)
 }
 
 fn nodes(addresses: &[SocketAddr]) -> Vec<NodeAddress> {
@@ -75,11 +87,7 @@ async fn eventually(what: &str, condition: impl Fn() -> bool) {
 }
 
 async fn start_three() -> (Vec<Bus>, Vec<mpsc::Receiver<Received>>, Vec<SocketAddr>) {
-    let listeners = [bind().await, bind().await, bind().await];
-    let addresses: Vec<SocketAddr> = listeners
-        .iter()
-        .map(|l| l.local_addr().expect("address"))
-        .collect();
+    let (listeners, addresses) = bind_listeners::<3>().await;
     let mut buses = Vec::new();
     let mut receivers = Vec::new();
     for (index, listener) in listeners.into_iter().enumerate() {
@@ -140,11 +148,7 @@ async fn three_nodes_connect_and_carry_messages_between_every_pair() {
 
 #[tokio::test]
 async fn control_messages_go_ahead_of_queued_prepares() {
-    let listeners = [bind().await, bind().await];
-    let addresses: Vec<SocketAddr> = listeners
-        .iter()
-        .map(|l| l.local_addr().expect("address"))
-        .collect();
+    let (listeners, addresses) = bind_listeners::<2>().await;
     let [first, second] = listeners;
     let (one, _one_received) = Bus::start(config(1, &addresses, SECRET), first).expect("start");
     // Queued before the peer's bus runs: the handshake cannot complete yet.
@@ -178,11 +182,7 @@ async fn control_messages_go_ahead_of_queued_prepares() {
 
 #[tokio::test]
 async fn a_peer_without_the_secret_is_refused_on_both_sides() {
-    let listeners = [bind().await, bind().await];
-    let addresses: Vec<SocketAddr> = listeners
-        .iter()
-        .map(|l| l.local_addr().expect("address"))
-        .collect();
+    let (listeners, addresses) = bind_listeners::<2>().await;
     let [first, second] = listeners;
     let (one, mut one_received) =
         Bus::start(config(1, &addresses, "another secret entirely"), first).expect("start");
@@ -241,11 +241,7 @@ async fn closed_by_peer(stream: &mut TcpStream) -> bool {
 
 #[tokio::test]
 async fn an_authenticated_peer_that_speaks_for_another_replica_is_cut_off() {
-    let listeners = [bind().await, bind().await, bind().await];
-    let addresses: Vec<SocketAddr> = listeners
-        .iter()
-        .map(|l| l.local_addr().expect("address"))
-        .collect();
+    let (listeners, addresses) = bind_listeners::<3>().await;
     let [_first, second, third] = listeners;
     // Only node 3 (index 2) runs at first: nothing else takes the raw connections' place.
     let (three, mut three_received) = Bus::start(config(3, &addresses, SECRET), third).expect("start");
@@ -283,11 +279,7 @@ async fn an_authenticated_peer_that_speaks_for_another_replica_is_cut_off() {
 
 #[tokio::test]
 async fn the_acceptor_refuses_a_finish_that_does_not_verify() {
-    let listeners = [bind().await, bind().await];
-    let addresses: Vec<SocketAddr> = listeners
-        .iter()
-        .map(|l| l.local_addr().expect("address"))
-        .collect();
+    let (listeners, addresses) = bind_listeners::<2>().await;
     let [_first, second] = listeners;
     let (two, mut two_received) = Bus::start(config(2, &addresses, SECRET), second).expect("start");
     // A dialler that does not check the Challenge and answers with a MAC it cannot make.
@@ -391,11 +383,7 @@ async fn restarted_peers_are_reconnected_in_both_directions() {
 
 #[tokio::test]
 async fn a_full_queue_drops_the_newest_message() {
-    let listeners = [bind().await, bind().await];
-    let addresses: Vec<SocketAddr> = listeners
-        .iter()
-        .map(|l| l.local_addr().expect("address"))
-        .collect();
+    let (listeners, addresses) = bind_listeners::<2>().await;
     let [first, second] = listeners;
     let mut config = config(1, &addresses, SECRET);
     config.queue_messages_max = 4;
@@ -418,11 +406,7 @@ async fn a_full_queue_drops_the_newest_message() {
 
 #[tokio::test]
 async fn a_queue_full_of_bytes_drops_the_newest_message() {
-    let listeners = [bind().await, bind().await];
-    let addresses: Vec<SocketAddr> = listeners
-        .iter()
-        .map(|l| l.local_addr().expect("address"))
-        .collect();
+    let (listeners, addresses) = bind_listeners::<2>().await;
     let [first, _second] = listeners;
     let mut config = config(1, &addresses, SECRET);
     config.message_size_max = 1024;

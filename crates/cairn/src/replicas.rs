@@ -423,6 +423,19 @@ mod tests {
         }
     }
 
+    /// Three listeners on loopback and their addresses (node `i` listens on the `i`th).
+    async fn bind_three() -> (Vec<tokio::net::TcpListener>, Vec<std::net::SocketAddr>) {
+        let mut listeners = Vec::new();
+        for _ in 0..3 {
+            listeners.push(tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"));
+        }
+        let addresses = listeners
+            .iter()
+            .map(|listener| listener.local_addr().expect("address"))
+            .collect();
+        (listeners, addresses)
+    }
+
     async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
         tokio::task::spawn_blocking(f).await.expect("join")
     }
@@ -491,14 +504,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn groups_replicate_over_the_bus_and_fail_over_when_a_node_dies() {
         let temp = tempfile::tempdir().expect("tempdir");
-        let mut listeners = Vec::new();
-        for _ in 0..3 {
-            listeners.push(tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"));
-        }
-        let addresses: Vec<std::net::SocketAddr> = listeners
-            .iter()
-            .map(|listener| listener.local_addr().expect("address"))
-            .collect();
+        let (listeners, addresses) = bind_three().await;
         let mut nodes = Vec::new();
         for (index, listener) in listeners.into_iter().enumerate() {
             let dir = temp.path().join(format!("node-{index}"));
@@ -576,14 +582,7 @@ mod tests {
     async fn idle_groups_share_one_heartbeat_message_per_peer_and_tick() {
         const GROUPS: u64 = 40;
         let temp = tempfile::tempdir().expect("tempdir");
-        let mut listeners = Vec::new();
-        for _ in 0..3 {
-            listeners.push(tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"));
-        }
-        let addresses: Vec<std::net::SocketAddr> = listeners
-            .iter()
-            .map(|listener| listener.local_addr().expect("address"))
-            .collect();
+        let (listeners, addresses) = bind_three().await;
         let mut nodes = Vec::new();
         for (index, listener) in listeners.into_iter().enumerate() {
             let (bus, replicas) = start_bus(index as u8, listener, &addresses);
