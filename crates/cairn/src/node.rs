@@ -2151,6 +2151,98 @@ mod tests {
             }
         }
 
+        /// A request whose quorum is cut off gets `OutcomeUnknown` after its timeout, and
+        /// the group does not stop: once the network heals, later requests commit (the lane
+        /// that timed out starts over as a new client), and the request whose outcome was
+        /// unknown commits after all when its primary kept its view (it stayed in the
+        /// pipeline and its prepare was sent again).
+        #[test]
+        fn a_request_without_a_quorum_has_an_unknown_outcome_and_the_group_goes_on() {
+            let temp = tempfile::tempdir().expect("tempdir");
+            let net = Net::new(MetadataMachine::body_verifies);
+            let nodes: Vec<Node<MetadataMachine, RingJournal>> = (0..3u8)
+                .map(|replica| {
+                    let mut peers = peers(&net, replica);
+                    // Shorter than a backup's view-change timeout (50 ticks of 10 ms), so
+                    // the primary usually keeps its view through the cut.
+                    peers.request_timeout = Duration::from_millis(200);
+                    let group = LocalGroup::open_with_peers(
+                        &temp.path().join(format!("replica-{replica}")),
+                        GROUP,
+                        &(MetadataMachine::body_verifies as BodyRule),
+                        MetadataMachine::default,
+                        Some(peers),
+                    )
+                    .expect("open");
+                    Node::start(group, net.inboxes[usize::from(replica)].clone())
+                })
+                .collect();
+            let create = |node: &Node<MetadataMachine, RingJournal>, name: &str| {
+                let op = MetadataOp::CreateStream {
+                    name: name.to_string(),
+                    created_at_us: 1,
+                };
+                node.with(|group| group.submit(OPERATION_METADATA, &op.encode()))
+            };
+            create(&nodes[0], "before").expect("committed");
+            net.set_down(1, true);
+            net.set_down(2, true);
+            let unknown = create(&nodes[0], "maybe");
+            assert!(
+                matches!(unknown, Err(GroupError::OutcomeUnknown { .. })),
+                "{unknown:?}"
+            );
+            assert!(
+                nodes[0].with(|group| group.stopped_reason().is_none()),
+                "the group goes on"
+            );
+            net.set_down(1, false);
+            net.set_down(2, false);
+            // Whoever is primary now takes the next request.
+            let deadline = Instant::now() + WITHIN;
+            loop {
+                let taker = nodes
+                    .iter()
+                    .find(|node| node.with(|group| group.takes_requests()));
+                if let Some(taker) = taker {
+                    match create(taker, "after") {
+                        Ok(_) => break,
+                        Err(GroupError::NotTaken { .. } | GroupError::OutcomeUnknown { .. }) => {}
+                        Err(other) => panic!("{other}"),
+                    }
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "no request committed after the cut healed"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let names = |node: &Node<MetadataMachine, RingJournal>| {
+                node.with(|group| {
+                    let mut names: Vec<String> = group
+                        .state_machine()
+                        .state
+                        .streams
+                        .values()
+                        .map(|stream| stream.name.clone())
+                        .collect();
+                    names.sort();
+                    names
+                })
+            };
+            let expected = names(&nodes[0]);
+            for node in &nodes {
+                eventually("every replica applies the same ops", || names(node) == expected);
+            }
+            assert!(expected.contains(&"before".to_string()) && expected.contains(&"after".to_string()));
+            if nodes[0].with(|group| group.takes_requests()) {
+                assert!(expected.contains(&"maybe".to_string()), "{expected:?}");
+            }
+            for node in nodes {
+                node.crash();
+            }
+        }
+
         #[test]
         fn metadata_replicas_commit_fail_over_and_rejoin() {
             let temp = tempfile::tempdir().expect("tempdir");
