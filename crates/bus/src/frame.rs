@@ -119,14 +119,19 @@ impl MessageCheck {
     }
 }
 
-/// The bytes of `message` on the wire. A message sealed for this process only
-/// (`Message::in_memory`: no body checksum) must never be sent.
-pub fn encode_header(message: &Message) -> [u8; HEADER_SIZE] {
+/// Panics on a message that must never be sent: one sealed for this process only
+/// (`Message::in_memory`: no body checksum).
+pub fn assert_sendable(message: &Message) {
     assert!(
         message.header.checksum_body != 0,
         "a message sealed in memory (no body checksum) was handed to the replica network"
     );
     debug_assert_eq!(message.header.body_len(), message.body.len());
+}
+
+/// The bytes of `message`'s header on the wire ([`assert_sendable`] first).
+pub fn encode_header(message: &Message) -> [u8; HEADER_SIZE] {
+    assert_sendable(message);
     message.header.encode()
 }
 

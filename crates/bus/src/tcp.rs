@@ -20,7 +20,7 @@
 //! The shell trusts the network after the handshake (checksums are not MACs): the replica
 //! network belongs on a private network, or behind TLS.
 
-use crate::frame::{FrameError, MessageCheck, PrepareRule, encode_header};
+use crate::frame::{FrameError, MessageCheck, PrepareRule, assert_sendable, encode_header};
 use crate::handshake::{Acceptor, ClusterKey, Dialler, FRAME_SIZE, HandshakeError};
 use bytes::BytesMut;
 use cairn_vsr::constants::HEADER_SIZE;
@@ -305,7 +305,7 @@ impl Bus {
             panic!("no peer with replica index {to} (this node is {})", self.index);
         };
         // Checked here, where the caller's bug is, and not in the writer task.
-        let _ = encode_header(&message);
+        assert_sendable(&message);
         let sent = peer.push(message);
         match sent {
             Sent::Queued => peer.wake.notify_one(),

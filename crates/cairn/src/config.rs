@@ -690,10 +690,7 @@ fn listen_address(host_port: &str) -> SocketAddr {
     if let Ok(address) = host_port.parse::<SocketAddr>() {
         return address;
     }
-    let port = host_port
-        .rsplit_once(':')
-        .and_then(|(_, port)| port.parse::<u16>().ok())
-        .unwrap_or(0);
+    let (_, port) = split_host_port(host_port);
     debug_assert!(port != 0, "a validated address has a port");
     SocketAddr::from(([0, 0, 0, 0], port))
 }

@@ -554,10 +554,7 @@ pub const INBOX_BYTES_MAX: usize = 4 * Shape::PARTITION.message_size_max;
 impl Inbox {
     /// Queue `message`; `false` when the inbox was full and it was dropped.
     pub fn push(&self, message: Message) -> bool {
-        let mut queue = self
-            .messages
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut queue = self.queue();
         let size = message.header.size as usize;
         if queue.messages.len() >= INBOX_MESSAGES_MAX || queue.bytes + size > INBOX_BYTES_MAX {
             queue.dropped += 1;
@@ -571,10 +568,7 @@ impl Inbox {
 
     /// Messages dropped so far because the inbox was full.
     pub fn dropped(&self) -> u64 {
-        self.messages
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .dropped
+        self.queue().dropped
     }
 
     /// Wait until a message is waiting or `until` passes, taking nothing.
@@ -589,12 +583,16 @@ impl Inbox {
         queue.messages.drain(..).collect()
     }
 
+    /// The queue, locked (its counts are valid after any panic).
+    fn queue(&self) -> std::sync::MutexGuard<'_, InboxQueue> {
+        self.messages
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// The queue, once it holds a message or `until` has passed.
     fn wait_for_messages(&self, until: Instant) -> std::sync::MutexGuard<'_, InboxQueue> {
-        let mut queue = self
-            .messages
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut queue = self.queue();
         while queue.messages.is_empty() {
             let now = Instant::now();
             if now >= until {
@@ -975,11 +973,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         for message in peers.inbox.take_until(Instant::now()) {
             self.replica.on_message(message);
         }
-        let now = Instant::now();
-        if now >= self.next_tick {
-            self.replica.on_tick();
-            self.next_tick = now + peers.tick;
-        }
+        self.tick_if_due(Instant::now(), peers.tick);
         if let Err(error) = self.pump() {
             // A write the journal undid reopens the group from its files (its replica must
             // not keep an op in memory that was never written); anything else stopped it.
@@ -1271,9 +1265,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                     if now >= deadline {
                         break;
                     }
-                    if now >= self.next_tick {
-                        self.replica.on_tick();
-                        self.next_tick = now + peers.tick;
+                    if self.tick_if_due(now, peers.tick) {
                         ticks_since_resend += 1;
                         if ticks_since_resend >= REQUEST_RESEND_TICKS {
                             ticks_since_resend = 0;
@@ -1353,6 +1345,17 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         lane.session = 0;
         lane.request = 0;
         lane.reply = None;
+    }
+
+    /// Tick the replica if its tick is due at `now` (a group with peers ticks by wall time,
+    /// every `tick`). Returns whether it ticked.
+    fn tick_if_due(&mut self, now: Instant, tick: Duration) -> bool {
+        if now < self.next_tick {
+            return false;
+        }
+        self.replica.on_tick();
+        self.next_tick = now + tick;
+        true
     }
 
     /// `Stopped` once a failed write stopped the group.

@@ -22,6 +22,7 @@
 #![cfg_attr(not(test), allow(dead_code))]
 
 use crate::node::{GroupJournal, Inbox, LocalGroup, Transport};
+use crate::partition::lock;
 use cairn_bus::{Bus, Received};
 use cairn_vsr::header::{Command, Message};
 use cairn_vsr::node::{heartbeat_commits, heartbeat_messages, push_heartbeat_entry};
@@ -258,10 +259,6 @@ impl Transport for BusTransport {
             let _ = self.bus.send(to, message);
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
