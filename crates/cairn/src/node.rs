@@ -1627,7 +1627,7 @@ fn read_durable<J: GroupJournal>(
         Ok(Chosen::Wiped) => {
             return Err(refused(
                 dir,
-                "every superblock copy is blank: the log's durable state is gone; rejoining from peers as a wiped replica is not built yet, so the group does not start and its files are left as they are".to_string(),
+                "every superblock copy is blank: the log's durable state is gone; a group of one has no peer to rebuild it from, and a replica with peers cannot rejoin as a wiped one yet, so the group does not start and its files are left as they are".to_string(),
             ));
         }
         Err(refusal) => {
