@@ -498,6 +498,10 @@ pub struct Replica<S: StateMachine> {
     /// Logical time: ticks since the replica started.
     ticks: u64,
     primary_heard_tick: u64,
+    /// A backup behind its primary's commit point: the op and checksum of the primary's
+    /// last committed op, asked for as the new head (its `Commit` named them). A backup whose
+    /// primary went idle gets no prepare that would reveal its holes otherwise.
+    wanted_head: Option<(u64, u128)>,
     heartbeat_sent_tick: u64,
     prepare_sent_tick: u64,
     view_change_started_tick: u64,
@@ -554,6 +558,7 @@ impl<S: StateMachine> Replica<S> {
             state_transfer_tick: None,
             ticks: 0,
             primary_heard_tick: 0,
+            wanted_head: None,
             heartbeat_sent_tick: 0,
             prepare_sent_tick: 0,
             view_change_started_tick: 0,
@@ -1527,6 +1532,15 @@ impl<S: StateMachine> Replica<S> {
         if self.status != Status::Normal || self.is_primary() {
             return;
         }
+        if self.wanted_head == Some((header.op, header.checksum)) {
+            self.wanted_head = None;
+            if header.op > self.op && header.op <= self.journal_window_end() {
+                // The primary's committed op its heartbeat named: on this view's chain,
+                // whatever view it was prepared in.
+                self.jump_to(message.clone());
+                return;
+            }
+        }
         let from_primary = header.view == self.view && header.replica == self.config.primary_of(self.view);
         if from_primary {
             self.primary_heard_tick = self.ticks;
@@ -1646,6 +1660,17 @@ impl<S: StateMachine> Replica<S> {
         }
         self.primary_heard_tick = self.ticks;
         self.advance_commit_max(header.commit);
+        if header.commit > self.op && header.commit <= self.journal_window_end() && header.context != 0 {
+            // Behind, and no prepare is coming that would show how far: ask the primary for
+            // its last committed op (the heartbeat names its checksum), take it as the head,
+            // and repair down the chain to this replica's log.
+            self.wanted_head = Some((header.commit, header.context));
+            let primary = header.replica;
+            let mut request = self.control(Command::RequestPrepare).header;
+            request.op = header.commit;
+            request.context = header.context;
+            self.send(Destination::Replica(primary), Message::new(request, Bytes::new()));
+        }
     }
 
     /// Put `prepare` at the head of the journal and ask for its write.

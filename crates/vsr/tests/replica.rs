@@ -388,6 +388,36 @@ fn normal_operation_with_five_replicas() {
     normal_operation(5);
 }
 
+/// A backup that missed the last prepares while the primary committed them with the other
+/// backup catches up although no prepare follows: the primary's heartbeat names its last
+/// committed op and checksum, the backup asks for that prepare, takes it as its head and
+/// repairs the ops below from the chain.
+#[test]
+fn a_backup_behind_an_idle_primary_catches_up_from_its_heartbeats() {
+    let mut cluster = Cluster::new(3);
+    let session = cluster.register();
+    cluster.cut[0][2] = true;
+    for request in 1..=3 {
+        cluster.request(request, 1, session, format!("op {request}").as_bytes());
+    }
+    let committed = cluster.replicas[0].commit_min();
+    assert!(cluster.reply_for(3).is_some(), "committed with backup 1");
+    assert!(
+        cluster.replicas[2].op() < committed,
+        "backup 2 missed the prepares"
+    );
+    cluster.heal();
+    // No request follows: only heartbeats reach backup 2.
+    cluster.tick(40);
+    assert_eq!(cluster.replicas[2].op(), committed);
+    assert_eq!(
+        cluster.replicas[2].commit_min(),
+        committed,
+        "backup 2 applied what was committed"
+    );
+    cluster.assert_agree();
+}
+
 #[test]
 fn a_lost_acknowledgement_is_recovered_by_retransmission() {
     let mut cluster = Cluster::new(3);
