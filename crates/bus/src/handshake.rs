@@ -25,7 +25,8 @@
 //! | 0 | 8 | magic `CAIRNBUS` |
 //! | 8 | 2 | version ([`VERSION`]) |
 //! | 10 | 1 | kind: 1 Hello, 2 Challenge, 3 Finish |
-//! | 11 | 5 | zero |
+//! | 11 | 1 | holds data: 1 when the sender holds data of this cluster, else 0 (Challenge, Finish; zero in Hello) |
+//! | 12 | 4 | zero |
 //! | 16 | 16 | cluster id |
 //! | 32 | 4 | dialler node id |
 //! | 36 | 4 | acceptor node id |
@@ -33,6 +34,10 @@
 //! | 72 | 32 | MAC (Challenge, Finish; zero in Hello) |
 //! | 104 | 16 | zero |
 //! | 120 | 8 | XXH3-64 of bytes 0..120 |
+//!
+//! The "holds data" flag is how a node without any data tells, at its first start, whether
+//! it forms a new cluster (no peer holds data) or lost its disk (a peer does). Each MAC covers
+//! its sender's flag.
 //!
 //! The checksum is not security (the MAC is); it tells a peer that is not a Cairn replica, or
 //! a torn frame, from a wrong secret, so the log says which it was.
@@ -47,6 +52,7 @@ const MAGIC: &[u8; 8] = b"CAIRNBUS";
 
 const OFFSET_VERSION: usize = 8;
 const OFFSET_KIND: usize = 10;
+const OFFSET_HOLDS_DATA: usize = 11;
 const OFFSET_CLUSTER: usize = 16;
 const OFFSET_DIALLER: usize = 32;
 const OFFSET_ACCEPTOR: usize = 36;
@@ -146,11 +152,12 @@ impl PairKey {
         cluster: u128,
         ids: Ids,
         nonces: (&[u8; 32], &[u8; 32]),
+        holds_data: bool,
     ) -> blake3::Hash {
         let mut hasher = blake3::Hasher::new_keyed(&self.0);
         hasher.update(MAC_DOMAIN);
         hasher.update(&VERSION.to_le_bytes());
-        hasher.update(&[direction as u8]);
+        hasher.update(&[direction as u8, u8::from(holds_data)]);
         hasher.update(&cluster.to_le_bytes());
         hasher.update(&ids.dialler.to_le_bytes());
         hasher.update(&ids.acceptor.to_le_bytes());
@@ -170,16 +177,25 @@ struct Ids {
 /// A decoded frame.
 struct Frame {
     kind: u8,
+    holds_data: bool,
     ids: Ids,
     nonce: [u8; 32],
     mac: [u8; 32],
 }
 
-fn encode(kind: Kind, cluster: u128, ids: Ids, nonce: &[u8; 32], mac: &[u8; 32]) -> [u8; FRAME_SIZE] {
+fn encode(
+    kind: Kind,
+    holds_data: bool,
+    cluster: u128,
+    ids: Ids,
+    nonce: &[u8; 32],
+    mac: &[u8; 32],
+) -> [u8; FRAME_SIZE] {
     let mut frame = [0u8; FRAME_SIZE];
     frame[..8].copy_from_slice(MAGIC);
     frame[OFFSET_VERSION..OFFSET_VERSION + 2].copy_from_slice(&VERSION.to_le_bytes());
     frame[OFFSET_KIND] = kind as u8;
+    frame[OFFSET_HOLDS_DATA] = u8::from(holds_data);
     frame[OFFSET_CLUSTER..OFFSET_CLUSTER + 16].copy_from_slice(&cluster.to_le_bytes());
     frame[OFFSET_DIALLER..OFFSET_DIALLER + 4].copy_from_slice(&ids.dialler.to_le_bytes());
     frame[OFFSET_ACCEPTOR..OFFSET_ACCEPTOR + 4].copy_from_slice(&ids.acceptor.to_le_bytes());
@@ -211,8 +227,14 @@ fn decode(frame: &[u8; FRAME_SIZE], expected: Kind, ours: u128) -> Result<Frame,
             theirs: cluster,
         });
     }
+    let holds_data = match frame[OFFSET_HOLDS_DATA] {
+        0 => false,
+        1 => true,
+        _ => return Err(HandshakeError::NotAFrame),
+    };
     Ok(Frame {
         kind,
+        holds_data,
         ids: Ids {
             dialler: u32::from_le_bytes(field(OFFSET_DIALLER, 4).try_into().expect("4 bytes")),
             acceptor: u32::from_le_bytes(field(OFFSET_ACCEPTOR, 4).try_into().expect("4 bytes")),
@@ -240,52 +262,88 @@ pub struct Dialler {
     ids: Ids,
     key: PairKey,
     nonce: [u8; 32],
+    holds_data: bool,
+}
+
+/// The dialler's side of a handshake that passed: the Finish to send, and whether the
+/// acceptor holds data of the cluster (authenticated by its MAC).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    pub frame: [u8; FRAME_SIZE],
+    pub peer_holds_data: bool,
+}
+
+/// The acceptor's side of a handshake that passed: the dialler's id and whether it holds data
+/// of the cluster, both authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Authenticated {
+    pub peer: u32,
+    pub peer_holds_data: bool,
 }
 
 impl Dialler {
     /// Start a handshake from node `ours` to node `peer` (`ours < peer`): the Hello to send.
+    /// `holds_data` is said in the Finish.
     pub fn start(
         key: &ClusterKey,
         cluster: u128,
         ours: u32,
         peer: u32,
         nonce: [u8; 32],
+        holds_data: bool,
     ) -> (Dialler, [u8; FRAME_SIZE]) {
         debug_assert!(ours < peer, "only the lower id dials");
         let ids = Ids {
             dialler: ours,
             acceptor: peer,
         };
-        let hello = encode(Kind::Hello, cluster, ids, &nonce, &[0; 32]);
+        let hello = encode(Kind::Hello, false, cluster, ids, &nonce, &[0; 32]);
         let dialler = Dialler {
             cluster,
             ids,
             key: key.pair(ours, peer),
             nonce,
+            holds_data,
         };
         (dialler, hello)
     }
 
     /// The acceptor's Challenge: verify its MAC and return the Finish to send. After
     /// sending it, the connection is authenticated on this side.
-    pub fn on_challenge(self, frame: &[u8; FRAME_SIZE]) -> Result<[u8; FRAME_SIZE], HandshakeError> {
+    pub fn on_challenge(self, frame: &[u8; FRAME_SIZE]) -> Result<Finished, HandshakeError> {
         let challenge = decode(frame, Kind::Challenge, self.cluster)?;
         debug_assert_eq!(challenge.kind, Kind::Challenge as u8);
         check_ids(&challenge, self.ids)?;
         let nonces = (&self.nonce, &challenge.nonce);
-        let expected = self.key.mac(Direction::Acceptor, self.cluster, self.ids, nonces);
+        let expected = self.key.mac(
+            Direction::Acceptor,
+            self.cluster,
+            self.ids,
+            nonces,
+            challenge.holds_data,
+        );
         // `blake3::Hash` compares in constant time.
         if expected != blake3::Hash::from_bytes(challenge.mac) {
             return Err(HandshakeError::Mac);
         }
-        let mac = self.key.mac(Direction::Dialler, self.cluster, self.ids, nonces);
-        Ok(encode(
-            Kind::Finish,
+        let mac = self.key.mac(
+            Direction::Dialler,
             self.cluster,
             self.ids,
-            &[0; 32],
-            mac.as_bytes(),
-        ))
+            nonces,
+            self.holds_data,
+        );
+        Ok(Finished {
+            frame: encode(
+                Kind::Finish,
+                self.holds_data,
+                self.cluster,
+                self.ids,
+                &[0; 32],
+                mac.as_bytes(),
+            ),
+            peer_holds_data: challenge.holds_data,
+        })
     }
 }
 
@@ -293,7 +351,14 @@ impl Dialler {
 /// here always verifies the Challenge first, so it cannot send a bad Finish).
 #[doc(hidden)]
 pub fn finish_frame_for_tests(cluster: u128, dialler: u32, acceptor: u32, mac: [u8; 32]) -> [u8; FRAME_SIZE] {
-    encode(Kind::Finish, cluster, Ids { dialler, acceptor }, &[0; 32], &mac)
+    encode(
+        Kind::Finish,
+        false,
+        cluster,
+        Ids { dialler, acceptor },
+        &[0; 32],
+        &mac,
+    )
 }
 
 /// The accepting side, after its Challenge went out.
@@ -306,7 +371,8 @@ pub struct Acceptor {
 
 impl Acceptor {
     /// A Hello arrived at node `ours`, whose peers are `known` (ids): check it and return the
-    /// Challenge to send. The claimed dialler id is not trusted until [`Acceptor::on_finish`].
+    /// Challenge to send (saying `holds_data`). The claimed dialler id is not trusted until
+    /// [`Acceptor::on_finish`].
     pub fn on_hello(
         key: &ClusterKey,
         cluster: u128,
@@ -314,6 +380,7 @@ impl Acceptor {
         known: &[u32],
         frame: &[u8; FRAME_SIZE],
         nonce: [u8; 32],
+        holds_data: bool,
     ) -> Result<(Acceptor, [u8; FRAME_SIZE]), HandshakeError> {
         let hello = decode(frame, Kind::Hello, cluster)?;
         let ids = hello.ids;
@@ -334,8 +401,14 @@ impl Acceptor {
         }
         let key = key.pair(ids.dialler, ours);
         let nonces = (hello.nonce, nonce);
-        let mac = key.mac(Direction::Acceptor, cluster, ids, (&nonces.0, &nonces.1));
-        let challenge = encode(Kind::Challenge, cluster, ids, &nonce, mac.as_bytes());
+        let mac = key.mac(
+            Direction::Acceptor,
+            cluster,
+            ids,
+            (&nonces.0, &nonces.1),
+            holds_data,
+        );
+        let challenge = encode(Kind::Challenge, holds_data, cluster, ids, &nonce, mac.as_bytes());
         Ok((
             Acceptor {
                 cluster,
@@ -352,8 +425,9 @@ impl Acceptor {
         self.ids.dialler
     }
 
-    /// The dialler's Finish: verify its MAC. `Ok` returns the peer's id, now authenticated.
-    pub fn on_finish(self, frame: &[u8; FRAME_SIZE]) -> Result<u32, HandshakeError> {
+    /// The dialler's Finish: verify its MAC. `Ok` returns the peer's id and flag, now
+    /// authenticated.
+    pub fn on_finish(self, frame: &[u8; FRAME_SIZE]) -> Result<Authenticated, HandshakeError> {
         let finish = decode(frame, Kind::Finish, self.cluster)?;
         check_ids(&finish, self.ids)?;
         let expected = self.key.mac(
@@ -361,11 +435,15 @@ impl Acceptor {
             self.cluster,
             self.ids,
             (&self.nonces.0, &self.nonces.1),
+            finish.holds_data,
         );
         if expected != blake3::Hash::from_bytes(finish.mac) {
             return Err(HandshakeError::Mac);
         }
-        Ok(self.ids.dialler)
+        Ok(Authenticated {
+            peer: self.ids.dialler,
+            peer_holds_data: finish.holds_data,
+        })
     }
 }
 
@@ -381,10 +459,49 @@ mod tests {
 
     /// Run a whole handshake: dialler `d` with `d_key`, acceptor `a` with `a_key`.
     fn handshake(d_key: &ClusterKey, d: u32, a_key: &ClusterKey, a: u32) -> Result<u32, HandshakeError> {
-        let (dialler, hello) = Dialler::start(d_key, CLUSTER, d, a, [1; 32]);
-        let (acceptor, challenge) = Acceptor::on_hello(a_key, CLUSTER, a, &[1, 2, 3], &hello, [2; 32])?;
+        let (dialler, hello) = Dialler::start(d_key, CLUSTER, d, a, [1; 32], false);
+        let (acceptor, challenge) =
+            Acceptor::on_hello(a_key, CLUSTER, a, &[1, 2, 3], &hello, [2; 32], false)?;
         let finish = dialler.on_challenge(&challenge)?;
-        acceptor.on_finish(&finish)
+        acceptor
+            .on_finish(&finish.frame)
+            .map(|authenticated| authenticated.peer)
+    }
+
+    #[test]
+    fn each_side_learns_whether_the_other_holds_data_and_the_flag_is_authenticated() {
+        let secret = key("the secret!");
+        for (dialler_holds, acceptor_holds) in [(false, false), (false, true), (true, false), (true, true)] {
+            let (dialler, hello) = Dialler::start(&secret, CLUSTER, 1, 3, [1; 32], dialler_holds);
+            let (acceptor, challenge) =
+                Acceptor::on_hello(&secret, CLUSTER, 3, &[1, 2, 3], &hello, [2; 32], acceptor_holds)
+                    .expect("hello");
+            let finished = dialler.on_challenge(&challenge).expect("challenge");
+            assert_eq!(finished.peer_holds_data, acceptor_holds);
+            let authenticated = acceptor.on_finish(&finished.frame).expect("finish");
+            assert_eq!(authenticated.peer_holds_data, dialler_holds);
+        }
+        // A flag flipped on the path (checksum fixed up) fails the MAC on either side.
+        let (dialler, hello) = Dialler::start(&secret, CLUSTER, 1, 3, [1; 32], true);
+        let (acceptor, mut challenge) =
+            Acceptor::on_hello(&secret, CLUSTER, 3, &[1, 2, 3], &hello, [2; 32], true).expect("hello");
+        let flip = |frame: &mut [u8; FRAME_SIZE]| {
+            frame[OFFSET_HOLDS_DATA] ^= 1;
+            let checksum = xxh3_64(&frame[..OFFSET_CHECKSUM]);
+            frame[OFFSET_CHECKSUM..].copy_from_slice(&checksum.to_le_bytes());
+        };
+        let mut untouched = challenge;
+        flip(&mut challenge);
+        assert_eq!(dialler.on_challenge(&challenge), Err(HandshakeError::Mac));
+        let (dialler, _) = Dialler::start(&secret, CLUSTER, 1, 3, [1; 32], true);
+        let mut finish = dialler.on_challenge(&untouched).expect("challenge").frame;
+        flip(&mut finish);
+        assert_eq!(acceptor.on_finish(&finish), Err(HandshakeError::Mac));
+        untouched[OFFSET_HOLDS_DATA] = 2;
+        let checksum = xxh3_64(&untouched[..OFFSET_CHECKSUM]);
+        untouched[OFFSET_CHECKSUM..].copy_from_slice(&checksum.to_le_bytes());
+        let (dialler, _) = Dialler::start(&secret, CLUSTER, 1, 3, [1; 32], true);
+        assert_eq!(dialler.on_challenge(&untouched), Err(HandshakeError::NotAFrame));
     }
 
     #[test]
@@ -402,18 +519,21 @@ mod tests {
         );
         // A dialler that skips the check cannot produce a Finish the acceptor takes.
         let good = key("the secret!");
-        let (_, hello) = Dialler::start(&key("a wrong secret"), CLUSTER, 1, 3, [1; 32]);
+        let (_, hello) = Dialler::start(&key("a wrong secret"), CLUSTER, 1, 3, [1; 32], false);
         let (acceptor, _) =
-            Acceptor::on_hello(&good, CLUSTER, 3, &[1, 2, 3], &hello, [2; 32]).expect("hello");
+            Acceptor::on_hello(&good, CLUSTER, 3, &[1, 2, 3], &hello, [2; 32], false).expect("hello");
         let ids = Ids {
             dialler: 1,
             acceptor: 3,
         };
-        let forged_mac =
-            key("a wrong secret")
-                .pair(1, 3)
-                .mac(Direction::Dialler, CLUSTER, ids, (&[1; 32], &[2; 32]));
-        let forged = encode(Kind::Finish, CLUSTER, ids, &[0; 32], forged_mac.as_bytes());
+        let forged_mac = key("a wrong secret").pair(1, 3).mac(
+            Direction::Dialler,
+            CLUSTER,
+            ids,
+            (&[1; 32], &[2; 32]),
+            false,
+        );
+        let forged = encode(Kind::Finish, false, CLUSTER, ids, &[0; 32], forged_mac.as_bytes());
         assert_eq!(acceptor.on_finish(&forged), Err(HandshakeError::Mac));
     }
 
@@ -422,10 +542,10 @@ mod tests {
         let secret = key("the secret!");
         // Node 2's Finish, replayed by a process claiming node 1 in its Hello, fails: the MAC
         // covers both ids, and the pair key differs too.
-        let (dialler, _) = Dialler::start(&secret, CLUSTER, 2, 3, [1; 32]);
-        let (_, hello_as_1) = Dialler::start(&secret, CLUSTER, 1, 3, [1; 32]);
+        let (dialler, _) = Dialler::start(&secret, CLUSTER, 2, 3, [1; 32], false);
+        let (_, hello_as_1) = Dialler::start(&secret, CLUSTER, 1, 3, [1; 32], false);
         let (acceptor, challenge) =
-            Acceptor::on_hello(&secret, CLUSTER, 3, &[1, 2, 3], &hello_as_1, [2; 32]).expect("hello");
+            Acceptor::on_hello(&secret, CLUSTER, 3, &[1, 2, 3], &hello_as_1, [2; 32], false).expect("hello");
         assert_eq!(acceptor.claimed_peer(), 1);
         // The challenge names 1 -> 3: node 2's dialler refuses it.
         assert!(matches!(
@@ -439,9 +559,10 @@ mod tests {
         };
         let mac = secret
             .pair(2, 3)
-            .mac(Direction::Dialler, CLUSTER, ids, (&[1; 32], &[2; 32]));
+            .mac(Direction::Dialler, CLUSTER, ids, (&[1; 32], &[2; 32]), false);
         let relabelled = encode(
             Kind::Finish,
+            false,
             CLUSTER,
             Ids {
                 dialler: 1,
@@ -456,13 +577,18 @@ mod tests {
     #[test]
     fn a_recorded_finish_fails_with_a_fresh_nonce() {
         let secret = key("the secret!");
-        let (dialler, hello) = Dialler::start(&secret, CLUSTER, 1, 3, [1; 32]);
+        let (dialler, hello) = Dialler::start(&secret, CLUSTER, 1, 3, [1; 32], false);
         let (acceptor, challenge) =
-            Acceptor::on_hello(&secret, CLUSTER, 3, &[1, 2, 3], &hello, [2; 32]).expect("hello");
-        let finish = dialler.on_challenge(&challenge).expect("challenge");
-        assert_eq!(acceptor.on_finish(&finish), Ok(1));
+            Acceptor::on_hello(&secret, CLUSTER, 3, &[1, 2, 3], &hello, [2; 32], false).expect("hello");
+        let finish = dialler.on_challenge(&challenge).expect("challenge").frame;
+        assert_eq!(
+            acceptor
+                .on_finish(&finish)
+                .map(|authenticated| authenticated.peer),
+            Ok(1)
+        );
         let (replayed, _) =
-            Acceptor::on_hello(&secret, CLUSTER, 3, &[1, 2, 3], &hello, [9; 32]).expect("hello");
+            Acceptor::on_hello(&secret, CLUSTER, 3, &[1, 2, 3], &hello, [9; 32], false).expect("hello");
         assert_eq!(replayed.on_finish(&finish), Err(HandshakeError::Mac));
         // A challenge's MAC does not pass as a finish (the direction is in the transcript).
         let mut reflected = challenge;
@@ -470,7 +596,7 @@ mod tests {
         let checksum = xxh3_64(&reflected[..OFFSET_CHECKSUM]);
         reflected[OFFSET_CHECKSUM..].copy_from_slice(&checksum.to_le_bytes());
         let (acceptor, _) =
-            Acceptor::on_hello(&secret, CLUSTER, 3, &[1, 2, 3], &hello, [2; 32]).expect("hello");
+            Acceptor::on_hello(&secret, CLUSTER, 3, &[1, 2, 3], &hello, [2; 32], false).expect("hello");
         assert_eq!(acceptor.on_finish(&reflected), Err(HandshakeError::Mac));
     }
 
@@ -478,10 +604,10 @@ mod tests {
     fn hellos_that_break_the_rules_are_refused_by_name() {
         let secret = key("the secret!");
         let accept = |hello: &[u8; FRAME_SIZE]| {
-            Acceptor::on_hello(&secret, CLUSTER, 2, &[1, 2, 3], hello, [2; 32])
+            Acceptor::on_hello(&secret, CLUSTER, 2, &[1, 2, 3], hello, [2; 32], false)
                 .map(|(_, challenge)| challenge)
         };
-        let (_, from_3) = Dialler::start(&secret, CLUSTER, 1, 2, [1; 32]);
+        let (_, from_3) = Dialler::start(&secret, CLUSTER, 1, 2, [1; 32], false);
         let mut from_3 = from_3;
         from_3[OFFSET_DIALLER..OFFSET_DIALLER + 4].copy_from_slice(&3u32.to_le_bytes());
         let checksum = xxh3_64(&from_3[..OFFSET_CHECKSUM]);
@@ -493,7 +619,7 @@ mod tests {
                 acceptor: 2
             })
         );
-        let (_, to_3) = Dialler::start(&secret, CLUSTER, 1, 3, [1; 32]);
+        let (_, to_3) = Dialler::start(&secret, CLUSTER, 1, 3, [1; 32], false);
         assert_eq!(
             accept(&to_3),
             Err(HandshakeError::NotForUs {
@@ -501,14 +627,14 @@ mod tests {
                 ours: 2
             })
         );
-        let (_, from_0) = Dialler::start(&secret, CLUSTER, 0, 2, [1; 32]);
+        let (_, from_0) = Dialler::start(&secret, CLUSTER, 0, 2, [1; 32], false);
         assert_eq!(accept(&from_0), Err(HandshakeError::UnknownNode { claimed: 0 }));
-        let (_, other_cluster) = Dialler::start(&secret, CLUSTER + 1, 1, 2, [1; 32]);
+        let (_, other_cluster) = Dialler::start(&secret, CLUSTER + 1, 1, 2, [1; 32], false);
         assert!(matches!(
             accept(&other_cluster),
             Err(HandshakeError::Cluster { .. })
         ));
-        let (_, mut torn) = Dialler::start(&secret, CLUSTER, 1, 2, [1; 32]);
+        let (_, mut torn) = Dialler::start(&secret, CLUSTER, 1, 2, [1; 32], false);
         torn[50] ^= 1;
         assert_eq!(accept(&torn), Err(HandshakeError::NotAFrame));
         let http = {
@@ -526,10 +652,10 @@ mod tests {
         fn arbitrary_frames_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), FRAME_SIZE), flip in 0..FRAME_SIZE * 8) {
             let secret = key("the secret!");
             let frame: [u8; FRAME_SIZE] = bytes.try_into().expect("size");
-            let _ = Acceptor::on_hello(&secret, CLUSTER, 2, &[1, 2, 3], &frame, [2; 32]);
-            let (dialler, hello) = Dialler::start(&secret, CLUSTER, 1, 2, [1; 32]);
-            let _ = Dialler::start(&secret, CLUSTER, 1, 2, [1; 32]).0.on_challenge(&frame);
-            let (acceptor, mut challenge) = Acceptor::on_hello(&secret, CLUSTER, 2, &[1, 2, 3], &hello, [2; 32]).expect("hello");
+            let _ = Acceptor::on_hello(&secret, CLUSTER, 2, &[1, 2, 3], &frame, [2; 32], false);
+            let (dialler, hello) = Dialler::start(&secret, CLUSTER, 1, 2, [1; 32], false);
+            let _ = Dialler::start(&secret, CLUSTER, 1, 2, [1; 32], false).0.on_challenge(&frame);
+            let (acceptor, mut challenge) = Acceptor::on_hello(&secret, CLUSTER, 2, &[1, 2, 3], &hello, [2; 32], false).expect("hello");
             challenge[flip / 8] ^= 1 << (flip % 8);
             proptest::prop_assert!(dialler.on_challenge(&challenge).is_err());
             let _ = acceptor.on_finish(&frame);

@@ -21,14 +21,14 @@
 //! network belongs on a private network, or behind TLS.
 
 use crate::frame::{FrameError, MessageCheck, PrepareRule, assert_sendable, encode_header};
-use crate::handshake::{Acceptor, ClusterKey, Dialler, FRAME_SIZE, HandshakeError};
+use crate::handshake::{Acceptor, Authenticated, ClusterKey, Dialler, FRAME_SIZE, HandshakeError};
 use bytes::BytesMut;
 use cairn_vsr::constants::HEADER_SIZE;
 use cairn_vsr::header::{Command, Message};
 use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
@@ -81,6 +81,10 @@ pub struct BusConfig {
     /// Handshakes in progress from one IP address at once, so one host cannot take every
     /// slot from the others.
     pub handshakes_per_ip_max: usize,
+    /// Whether this node holds data of the cluster (its membership record): said in every
+    /// handshake, so a node starting without data tells a cluster being formed from one
+    /// whose data it lost. The node sets it once it has recorded its membership.
+    pub holds_data: Arc<AtomicBool>,
 }
 
 impl BusConfig {
@@ -109,6 +113,7 @@ impl BusConfig {
             handshake_timeout: Duration::from_secs(5),
             handshakes_max: 16,
             handshakes_per_ip_max: 4,
+            holds_data: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -239,6 +244,7 @@ impl Bus {
                         wake: Notify::new(),
                         live_connections: AtomicUsize::new(0),
                         generation: watch::Sender::new(0),
+                        holds_data: AtomicU8::new(HOLDS_DATA_UNKNOWN),
                         queue_messages_max: config.queue_messages_max,
                         queue_bytes_max: config.queue_bytes_max,
                     })
@@ -292,6 +298,16 @@ impl Bus {
         &self.counters
     }
 
+    /// Whether replica `to` said, in its last completed handshake with this node, that it
+    /// holds data of the cluster; `None` before any handshake completed.
+    pub fn peer_holds_data(&self, to: u8) -> Option<bool> {
+        match self.peer(to)?.holds_data.load(Ordering::Acquire) {
+            HOLDS_DATA_YES => Some(true),
+            HOLDS_DATA_NO => Some(false),
+            _ => None,
+        }
+    }
+
     /// Whether an authenticated connection to replica `to` is up now.
     pub fn is_connected(&self, to: u8) -> bool {
         self.peer(to)
@@ -342,6 +358,14 @@ struct Shared {
     shutdown: watch::Receiver<bool>,
 }
 
+const HOLDS_DATA_UNKNOWN: u8 = 0;
+const HOLDS_DATA_NO: u8 = 1;
+const HOLDS_DATA_YES: u8 = 2;
+
+fn holds_data_code(holds_data: bool) -> u8 {
+    if holds_data { HOLDS_DATA_YES } else { HOLDS_DATA_NO }
+}
+
 /// One peer: its send queue and its connection's state.
 struct Peer {
     id: u32,
@@ -355,6 +379,9 @@ struct Peer {
     /// Counts the peer's authenticated connections: a connection ends once a newer one
     /// has taken its place.
     generation: watch::Sender<u64>,
+    /// What the peer said in its last handshake: whether it holds data of the cluster
+    /// ([`HOLDS_DATA_UNKNOWN`] before any).
+    holds_data: AtomicU8,
     queue_messages_max: usize,
     queue_bytes_max: usize,
 }
@@ -532,12 +559,15 @@ async fn dial(shared: &Shared, peer: &Peer) -> Result<TcpStream, DialError> {
             shared.config.node_id,
             peer.id,
             rand::random(),
+            shared.config.holds_data.load(Ordering::Acquire),
         );
         stream.write_all(&hello).await?;
         let mut challenge = [0u8; FRAME_SIZE];
         stream.read_exact(&mut challenge).await?;
-        let finish = dialler.on_challenge(&challenge)?;
-        stream.write_all(&finish).await?;
+        let finished = dialler.on_challenge(&challenge)?;
+        stream.write_all(&finished.frame).await?;
+        peer.holds_data
+            .store(holds_data_code(finished.peer_holds_data), Ordering::Release);
         Ok::<TcpStream, DialError>(stream)
     };
     let mut shutdown = shared.shutdown.clone();
@@ -597,7 +627,7 @@ async fn accept_loop(shared: Arc<Shared>, peers: Vec<Option<Arc<Peer>>>, listene
         connections.spawn(async move {
             let authenticated = accept_handshake(&shared, stream).await;
             drop(slot);
-            let (peer_id, stream) = match authenticated {
+            let (authenticated, stream) = match authenticated {
                 Ok(authenticated) => authenticated,
                 Err(DialError::Handshake(error)) => {
                     shared.counters.handshakes_refused.fetch_add(1, Ordering::Relaxed);
@@ -610,9 +640,12 @@ async fn accept_loop(shared: Arc<Shared>, peers: Vec<Option<Arc<Peer>>>, listene
                     return;
                 }
             };
+            let peer_id = authenticated.peer;
             let Some(peer) = peers.iter().flatten().find(|peer| peer.id == peer_id).cloned() else {
                 return;
             };
+            peer.holds_data
+                .store(holds_data_code(authenticated.peer_holds_data), Ordering::Release);
             shared.counters.connections_established.fetch_add(1, Ordering::Relaxed);
             tracing::info!(peer_id, %address, "replica connection up (accepted)");
             let end = run_connection(&shared, &peer, stream).await;
@@ -642,7 +675,10 @@ impl Drop for HandshakeSlot {
 }
 
 /// The accepting side's handshake: the authenticated peer's id and the stream.
-async fn accept_handshake(shared: &Shared, mut stream: TcpStream) -> Result<(u32, TcpStream), DialError> {
+async fn accept_handshake(
+    shared: &Shared,
+    mut stream: TcpStream,
+) -> Result<(Authenticated, TcpStream), DialError> {
     let timeout = shared.config.handshake_timeout;
     let hello_timeout = timeout.min(HELLO_TIMEOUT);
     let handshake = async {
@@ -660,22 +696,24 @@ async fn accept_handshake(shared: &Shared, mut stream: TcpStream) -> Result<(u32
             &shared.ids,
             &hello,
             rand::random(),
+            shared.config.holds_data.load(Ordering::Acquire),
         )?;
         stream.write_all(&challenge).await?;
         let mut finish = [0u8; FRAME_SIZE];
         stream.read_exact(&mut finish).await?;
-        let peer = acceptor.on_finish(&finish)?;
-        Ok::<(u32, TcpStream), DialError>((peer, stream))
+        let authenticated = acceptor.on_finish(&finish)?;
+        Ok::<(Authenticated, TcpStream), DialError>((authenticated, stream))
     };
     let mut shutdown = shared.shutdown.clone();
-    let (peer, stream) = tokio::select! {
+    let (authenticated, stream) = tokio::select! {
         outcome = tokio::time::timeout(timeout, handshake) => outcome.map_err(|_| DialError::Timeout(timeout))??,
         _ = shutdown.changed() => return Err(DialError::Shutdown),
     };
+    let peer = authenticated.peer;
     if !shared.ids.contains(&peer) {
         return Err(DialError::Unknown(peer));
     }
-    Ok((peer, stream))
+    Ok((authenticated, stream))
 }
 
 fn log_end(peer: &Peer, end: &ConnectionEnd) {

@@ -99,6 +99,31 @@ async fn start_three() -> (Vec<Bus>, Vec<mpsc::Receiver<Received>>, Vec<SocketAd
     (buses, receivers, addresses)
 }
 
+/// Each side of every connection learns, from the handshake, whether the other holds data of
+/// the cluster: what a node without data asks at its first start.
+#[tokio::test]
+async fn every_node_learns_which_peers_hold_data() {
+    let (listeners, addresses) = bind_listeners::<3>().await;
+    let mut buses = Vec::new();
+    for (index, listener) in listeners.into_iter().enumerate() {
+        let config = config(index as u32 + 1, &addresses, SECRET);
+        // The middle node holds data: it dials node 3 and accepts node 1.
+        config
+            .holds_data
+            .store(index == 1, std::sync::atomic::Ordering::Release);
+        let (bus, _received) = Bus::start(config, listener).expect("start");
+        buses.push((bus, _received));
+    }
+    for (bus, _) in &buses {
+        for peer in (0..3u8).filter(|&peer| peer != bus.index()) {
+            eventually("the handshake tells what the peer holds", || {
+                bus.peer_holds_data(peer) == Some(peer == 1)
+            })
+            .await;
+        }
+    }
+}
+
 #[tokio::test]
 async fn three_nodes_connect_and_carry_messages_between_every_pair() {
     let (buses, mut receivers, _) = start_three().await;
@@ -219,6 +244,7 @@ async fn raw_connection(
         claimed,
         acceptor,
         [3; 32],
+        false,
     );
     stream.write_all(&hello).await?;
     let mut challenge = [0u8; FRAME_SIZE];
@@ -226,7 +252,7 @@ async fn raw_connection(
     let finish = dialler
         .on_challenge(&challenge)
         .map_err(|error| std::io::Error::other(error.to_string()))?;
-    stream.write_all(&finish).await?;
+    stream.write_all(&finish.frame).await?;
     Ok(stream)
 }
 
@@ -284,7 +310,14 @@ async fn the_acceptor_refuses_a_finish_that_does_not_verify() {
     let (two, mut two_received) = Bus::start(config(2, &addresses, SECRET), second).expect("start");
     // A dialler that does not check the Challenge and answers with a MAC it cannot make.
     let mut stream = TcpStream::connect(addresses[1]).await.expect("connect");
-    let (_, hello) = Dialler::start(&ClusterKey::derive(b"not the secret"), CLUSTER, 1, 2, [3; 32]);
+    let (_, hello) = Dialler::start(
+        &ClusterKey::derive(b"not the secret"),
+        CLUSTER,
+        1,
+        2,
+        [3; 32],
+        false,
+    );
     stream.write_all(&hello).await.expect("hello");
     let mut challenge = [0u8; FRAME_SIZE];
     stream.read_exact(&mut challenge).await.expect("challenge");
