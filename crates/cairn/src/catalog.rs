@@ -15,9 +15,12 @@
 //! - delete: metadata first, directories second. A crash in between leaves an orphan directory,
 //!   removed at boot, so deleted data never comes back.
 
-use crate::node::{GroupError, LocalGroup};
-use crate::partition::{PartitionData, PartitionIds, PartitionState, lock, remove_dir};
-use crate::partition_group::JournalOptions;
+use crate::node::{GroupError, Inbox, LocalGroup, Peers};
+use crate::partition::{
+    OpenError, PartitionData, PartitionIds, PartitionPeers, PartitionState, lock, remove_dir,
+};
+use crate::partition_group::{self, JournalOptions};
+use crate::replicas::{Pending, Replicas, Served};
 use crate::writer::{CommitCounters, WriterContext, WriterHandle};
 use cairn_machine::metadata::{
     Applied, Effect, Metadata, MetadataMachine, MetadataOp, OPERATION_METADATA, PartitionDoc, Stream,
@@ -25,12 +28,15 @@ use cairn_machine::metadata::{
 };
 use cairn_machine::partition::Owner;
 use cairn_storage::StorageError;
+use cairn_vsr::journal::BodyRule;
+use cairn_vsr::replica::StateMachine;
 use cairn_wire::codes;
 use cairn_wire::types::Identifier;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
 
 /// A partition at run time. Its log and offsets sit behind one mutex; sends reach the log only
 /// through the partition's writer (group commit, see `writer`).
@@ -46,6 +52,17 @@ pub struct Partition {
     writer: Mutex<Option<WriterHandle>>,
     /// Group-commit counters of this partition.
     pub counters: Arc<CommitCounters>,
+    /// In a cluster of several nodes: the node's replica network, which routes the
+    /// partition group's messages here until the partition is deleted.
+    hosted: Option<Hosted>,
+}
+
+/// A partition group hosted on the replica network.
+struct Hosted {
+    replicas: Arc<Replicas>,
+    group: u64,
+    /// Set to the partition's state once it exists, so the node's workers serve it.
+    pending: Arc<Pending>,
 }
 
 /// The run-time parts of one topic (its metadata is a `TopicDoc` in the committed state).
@@ -55,6 +72,9 @@ pub struct TopicRuntime {
     pub partitions: Vec<Arc<Partition>>,
     /// Round-robin cursor for balanced sends that the server resolves itself.
     pub balanced_cursor: AtomicU32,
+    /// When the topic was created: a topic deleted and created again with the same ids is
+    /// another topic (a cluster's backups follow the metadata by comparing it).
+    pub created_at_us: u64,
     /// Run-time membership of this topic's consumer groups, by group id (never persisted:
     /// membership belongs to client sessions).
     pub members: Mutex<BTreeMap<u32, Membership>>,
@@ -142,6 +162,67 @@ impl Membership {
     }
 }
 
+/// How the catalog's groups reach their peers, on a node of a cluster of several nodes.
+#[derive(Clone)]
+pub struct ClusterSeat {
+    pub replicas: Arc<Replicas>,
+    /// This node's replica index, and how many replicas every group has.
+    pub replica: u8,
+    pub replica_count: u8,
+    /// The cluster id every group carries.
+    pub cluster: u128,
+    pub tick: Duration,
+    /// How long a request waits for a quorum before its outcome is given up as unknown.
+    pub request_timeout: Duration,
+    /// Whether this start formats the metadata group when it has none: only when the node
+    /// forms the cluster (every node empty), never for a node that lost its files.
+    pub forming: bool,
+}
+
+impl ClusterSeat {
+    /// The peers of this node's replica of a group whose messages arrive in `inbox`.
+    fn peers(&self, inbox: Arc<Inbox>, format_if_missing: bool) -> Peers {
+        Peers {
+            replica: self.replica,
+            replica_count: self.replica_count,
+            cluster: self.cluster,
+            transport: self.replicas.transport(),
+            inbox,
+            tick: self.tick,
+            request_timeout: self.request_timeout,
+            format_if_missing,
+        }
+    }
+
+    /// Host partition `ids` (created as `doc` says) on the replica network: the peers its
+    /// replica opens with, and the hosting (served once the partition exists).
+    fn host(
+        &self,
+        ids: PartitionIds,
+        doc: PartitionDoc,
+        format_if_missing: bool,
+    ) -> (PartitionPeers, Hosted) {
+        let group = partition_group::cluster_group_id(
+            ids.stream_id,
+            ids.topic_id,
+            ids.partition_id,
+            doc.created_at_us,
+        );
+        let pending = Arc::new(Pending::default());
+        let inbox = self.replicas.add_group(group, pending.clone());
+        let peers = PartitionPeers {
+            peers: self.peers(inbox, format_if_missing),
+            group,
+        };
+        let hosted = Hosted {
+            replicas: self.replicas.clone(),
+            group,
+            pending,
+        };
+        (peers, hosted)
+    }
+}
+
 /// The whole catalog. Guarded by one `RwLock` in the server; partitions have their own locks.
 pub struct Catalog {
     pub data_dir: PathBuf,
@@ -156,6 +237,13 @@ pub struct Catalog {
     group: LocalGroup<MetadataMachine>,
     /// Run-time parts by (stream id, topic id): exactly the topics `meta` holds.
     runtime: BTreeMap<(u32, u32), TopicRuntime>,
+    /// In a cluster of several nodes: how the groups reach their peers.
+    seat: Option<ClusterSeat>,
+    /// The metadata op the run-time parts reflect (with peers, a backup applies ops the
+    /// catalog did not make, and the run-time parts follow: [`Catalog::reconcile`]).
+    reflected_op: u64,
+    /// Served by the node's workers once the catalog is shared ([`Catalog::share`]).
+    pending: Option<Arc<Pending>>,
 }
 
 pub fn metadata_path(data_dir: &Path) -> PathBuf {
@@ -196,10 +284,15 @@ impl Partition {
         doc: PartitionDoc,
         state: PartitionState,
         writers: &WriterContext,
+        hosted: Option<Hosted>,
     ) -> Partition {
         let state = Arc::new(Mutex::new(state));
         let counters = Arc::new(CommitCounters::default());
         let writer = writers.spawn(state.clone(), dir.clone(), counters.clone());
+        if let Some(hosted) = &hosted {
+            let served: Weak<dyn Served> = Arc::downgrade(&state) as Weak<Mutex<PartitionState>>;
+            hosted.pending.set(served);
+        }
         Partition {
             id: doc.id,
             created_at_us: doc.created_at_us,
@@ -207,6 +300,7 @@ impl Partition {
             state,
             writer: Mutex::new(Some(writer)),
             counters,
+            hosted,
         }
     }
 
@@ -227,9 +321,27 @@ impl Partition {
         ids: PartitionIds,
         doc: PartitionDoc,
         options: JournalOptions,
+        peers: Option<PartitionPeers>,
     ) -> PartitionState {
         debug_assert_eq!(ids.partition_id, doc.id);
-        match PartitionData::open(dir, ids, doc.purge_target, options) {
+        let opened = match peers {
+            // A replica whose directory is missing: the node stopped between applying the
+            // create and making its files (or joined after it); nothing of it was ever
+            // acknowledged here, so it starts as a new replica and catches up from its peers.
+            Some(peers) if !dir.exists() => {
+                tracing::info!(partition_dir = %dir.display(), "the metadata names a partition this node holds no files of: formatting its replica, which catches up from its peers");
+                let peers = PartitionPeers {
+                    peers: Peers {
+                        format_if_missing: true,
+                        ..peers.peers
+                    },
+                    ..peers
+                };
+                PartitionData::create(dir, ids, options, Some(peers)).map_err(OpenError::from)
+            }
+            peers => PartitionData::open(dir, ids, doc.purge_target, options, peers),
+        };
+        match opened {
             Ok(data) => PartitionState::Serving(Box::new(data)),
             Err(error) => {
                 tracing::error!(
@@ -252,18 +364,37 @@ impl Partition {
         ids: PartitionIds,
         options: JournalOptions,
         writers: &WriterContext,
+        seat: Option<&ClusterSeat>,
     ) -> Result<Partition, CatalogError> {
         if dir.exists() {
             tracing::warn!(partition_dir = %dir.display(), "removing orphan partition directory left by an interrupted create");
             remove_dir(&dir)?;
         }
-        let data = PartitionData::create(&dir, ids, options).map_err(CatalogError::Partition)?;
+        let (peers, hosted) = match seat {
+            Some(seat) => {
+                let (peers, hosted) = seat.host(ids, doc, true);
+                (Some(peers), Some(hosted))
+            }
+            None => (None, None),
+        };
+        let data = match PartitionData::create(&dir, ids, options, peers) {
+            Ok(data) => data,
+            Err(error) => {
+                if let Some(hosted) = &hosted {
+                    hosted.replicas.remove_group(hosted.group);
+                }
+                return Err(CatalogError::Partition(error));
+            }
+        };
         let state = PartitionState::Serving(Box::new(data));
-        Ok(Partition::assemble(dir, doc, state, writers))
+        Ok(Partition::assemble(dir, doc, state, writers, hosted))
     }
 
     /// Mark deleted (late writers see it) and remove the files.
     fn destroy(&self) -> Result<(), StorageError> {
+        if let Some(hosted) = &self.hosted {
+            hosted.replicas.remove_group(hosted.group);
+        }
         let mut state = lock(&self.state);
         *state = PartitionState::Deleted;
         drop(state);
@@ -296,25 +427,52 @@ struct Staged {
 impl Catalog {
     /// Load the catalog from `data_dir` (or start empty), opening every partition.
     /// The flag is true when no metadata existed (first start).
+    ///
+    /// With a `seat` (a node of a cluster of several), the metadata group and every
+    /// partition are this node's replicas of the cluster's groups: they come up as their
+    /// files say and reach a view with their peers; the catalog follows what the metadata
+    /// group applies ([`Catalog::reconcile`]).
     pub fn load(
         data_dir: &Path,
         segment_size_bytes: u64,
         relaxed: bool,
         writers: WriterContext,
+        seat: Option<ClusterSeat>,
     ) -> Result<(Catalog, bool), CatalogError> {
         std::fs::create_dir_all(data_dir).map_err(|source| StorageError::Io {
             path: data_dir.to_path_buf(),
             source,
         })?;
         let group_dir = metadata_group_dir(data_dir);
-        let mut group = LocalGroup::open(&group_dir, METADATA_GROUP, MetadataMachine::default)
-            .map_err(CatalogError::Group)?;
-        let legacy = migrate_document(data_dir, &mut group)?;
-        let first_start = !legacy && group.commit_op() == 0;
+        let (group, first_start, pending) = match &seat {
+            None => {
+                let mut group = LocalGroup::open(&group_dir, METADATA_GROUP, MetadataMachine::default)
+                    .map_err(CatalogError::Group)?;
+                let legacy = migrate_document(data_dir, &mut group)?;
+                let first_start = !legacy && group.commit_op() == 0;
+                (group, first_start, None)
+            }
+            Some(seat) => {
+                // A cluster's nodes never held a single node's data (`membership.rs`): there
+                // is no metadata document to migrate.
+                let pending = Arc::new(Pending::default());
+                let inbox = seat.replicas.add_group(METADATA_GROUP, pending.clone());
+                let group = LocalGroup::open_with_peers(
+                    &group_dir,
+                    METADATA_GROUP,
+                    &(MetadataMachine::body_verifies as BodyRule),
+                    MetadataMachine::default,
+                    Some(seat.peers(inbox, seat.forming)),
+                )
+                .map_err(CatalogError::Group)?;
+                let first_start = group.commit_op() == 0;
+                (group, first_start, Some(pending))
+            }
+        };
         let meta = &group.state_machine().state;
         let mut runtime = BTreeMap::new();
         // Every partition the metadata names, in (stream, topic, partition) order.
-        let mut to_open: Vec<(PathBuf, PartitionIds, PartitionDoc, JournalOptions)> = Vec::new();
+        let mut to_open: Vec<ToOpen> = Vec::new();
         for stream in meta.streams.values() {
             for topic in stream.topics.values() {
                 let options = JournalOptions {
@@ -328,19 +486,47 @@ impl Catalog {
                         partition_id: p.id,
                     };
                     let dir = partition_dir(data_dir, stream.id, topic.id, p.id);
-                    to_open.push((dir, ids, *p, options));
+                    let (peers, hosted) = match &seat {
+                        Some(seat) => {
+                            let (peers, hosted) = seat.host(ids, *p, false);
+                            (Some(peers), Some(hosted))
+                        }
+                        None => (None, None),
+                    };
+                    to_open.push(ToOpen {
+                        dir,
+                        ids,
+                        doc: *p,
+                        options,
+                        peers,
+                        hosted,
+                    });
                 }
-                runtime.insert((stream.id, topic.id), TopicRuntime::default());
+                runtime.insert(
+                    (stream.id, topic.id),
+                    TopicRuntime {
+                        created_at_us: topic.created_at_us,
+                        ..TopicRuntime::default()
+                    },
+                );
             }
         }
         // Recovery reads and verifies each partition's log: spread over the cores.
         let states = open_all(&to_open);
-        for ((dir, ids, doc, _), state) in to_open.into_iter().zip(states) {
-            let partition = Arc::new(Partition::assemble(dir, doc, state, &writers));
+        for (opened, state) in to_open.into_iter().zip(states) {
+            let ids = opened.ids;
+            let partition = Arc::new(Partition::assemble(
+                opened.dir,
+                opened.doc,
+                state,
+                &writers,
+                opened.hosted,
+            ));
             if let Some(topic) = runtime.get_mut(&(ids.stream_id, ids.topic_id)) {
                 topic.partitions.push(partition);
             }
         }
+        let reflected_op = group.commit_op();
         let catalog = Catalog {
             data_dir: data_dir.to_path_buf(),
             segment_size_bytes,
@@ -348,9 +534,180 @@ impl Catalog {
             writers,
             group,
             runtime,
+            seat,
+            reflected_op,
+            pending,
         };
-        catalog.remove_orphans()?;
+        // With peers the metadata comes up at its checkpoint, possibly below ops this node
+        // applied before it stopped: a directory it does not name yet may be a partition it
+        // replicated, so nothing is removed here; deletes remove what they delete.
+        if catalog.seat.is_none() {
+            catalog.remove_orphans()?;
+        }
         Ok((catalog, first_start))
+    }
+
+    /// Share the catalog: with peers, the node's workers serve the metadata group (its
+    /// peers' messages and ticks) through it from now on.
+    pub fn share(catalog: Catalog) -> Arc<RwLock<Catalog>> {
+        let pending = catalog.pending.clone();
+        let shared = Arc::new(RwLock::new(catalog));
+        if let Some(pending) = pending {
+            let served: Weak<dyn Served> = Arc::downgrade(&shared) as Weak<RwLock<Catalog>>;
+            pending.set(served);
+        }
+        shared
+    }
+
+    /// Serve the metadata group's peers' messages and tick it (a worker of the node), then
+    /// follow what it applied.
+    fn serve_peers(&mut self) {
+        if self.group.stopped_reason().is_some() {
+            return;
+        }
+        if let Err(error) = self.group.serve_inbox() {
+            tracing::error!(%error, "the metadata group's replica stopped while serving its peers' messages; metadata changes are refused until a restart");
+        }
+        self.reconcile();
+    }
+
+    /// The replica index of the metadata group's primary as this node sees it (`None`
+    /// during a view change); a node of one is always its own.
+    pub fn metadata_primary(&self) -> Option<u8> {
+        match &self.seat {
+            None => Some(0),
+            Some(_) => self.group.primary(),
+        }
+    }
+
+    /// With peers: remove the directories of streams and topics the metadata deleted while
+    /// this node did not follow (it was down, or behind). Ids are never reused, so a
+    /// directory whose id lies below the next id the metadata hands out, and which the
+    /// metadata does not name, belongs to a deleted stream or topic. One at or above it may
+    /// belong to a create this node's metadata has not reached yet (it may have replicated
+    /// its partitions before a restart), and stays.
+    fn remove_deleted_dirs(&self, meta: &Metadata) {
+        let Ok(streams) = read_numeric_dirs(&self.data_dir.join("streams")) else {
+            return;
+        };
+        for (stream_id, stream_dir) in streams {
+            let Some(stream) = meta.streams.get(&stream_id) else {
+                if stream_id < meta.next_stream_id {
+                    tracing::info!(dir = %stream_dir.display(), "removing the files of a stream deleted while this node did not follow");
+                    remove_dir_logged(&stream_dir);
+                }
+                continue;
+            };
+            let Ok(topics) = read_numeric_dirs(&stream_dir.join("topics")) else {
+                continue;
+            };
+            for (topic_id, topic_dir) in topics {
+                if topic_id < stream.next_topic_id && !stream.topics.contains_key(&topic_id) {
+                    tracing::info!(dir = %topic_dir.display(), "removing the files of a topic deleted while this node did not follow");
+                    remove_dir_logged(&topic_dir);
+                }
+            }
+        }
+    }
+
+    /// How the catalog's groups reach their peers, in a cluster of several nodes.
+    pub fn seat(&self) -> Option<&ClusterSeat> {
+        self.seat.as_ref()
+    }
+
+    /// With peers: make the run-time parts follow the committed metadata, after this node's
+    /// replica applied ops the catalog did not make (as a backup, or committed from an
+    /// earlier primary). Topics and partitions the metadata no longer names (or names as
+    /// created anew) go with their files, since their delete is committed; those it names and
+    /// the catalog lacks are opened: from their files when this node has them (it may have
+    /// replicated them before a restart brought its metadata back below their create), else
+    /// as new replicas, which catch up from their peers.
+    fn reconcile(&mut self) {
+        let Some(seat) = self.seat.clone() else {
+            return;
+        };
+        if self.group.commit_op() == self.reflected_op {
+            return;
+        }
+        self.reflected_op = self.group.commit_op();
+        let meta = self.meta().clone();
+        let topic_of =
+            |(stream_id, topic_id): (u32, u32)| meta.streams.get(&stream_id)?.topics.get(&topic_id);
+        let gone: Vec<(u32, u32)> = self
+            .runtime
+            .iter()
+            .filter(|(key, runtime)| {
+                topic_of(**key).is_none_or(|topic| topic.created_at_us != runtime.created_at_us)
+            })
+            .map(|(key, _)| *key)
+            .collect();
+        for key @ (stream_id, topic_id) in gone {
+            if let Some(runtime) = self.runtime.remove(&key) {
+                destroy_all(&runtime.partitions);
+            }
+            remove_dir_logged(&topic_dir(&self.data_dir, stream_id, topic_id));
+        }
+        self.remove_deleted_dirs(&meta);
+        for stream in meta.streams.values() {
+            for topic in stream.topics.values() {
+                let options = JournalOptions {
+                    segment_size_bytes: topic_segment_size(self.segment_size_bytes, topic),
+                    relaxed: self.relaxed,
+                };
+                let runtime = self
+                    .runtime
+                    .entry((stream.id, topic.id))
+                    .or_insert_with(|| TopicRuntime {
+                        created_at_us: topic.created_at_us,
+                        ..TopicRuntime::default()
+                    });
+                let kept = runtime
+                    .partitions
+                    .iter()
+                    .zip(&topic.partitions)
+                    .take_while(|(partition, doc)| {
+                        partition.id == doc.id && partition.created_at_us == doc.created_at_us
+                    })
+                    .count();
+                let mut changed = false;
+                if kept < runtime.partitions.len() {
+                    let removed: Vec<_> = runtime.partitions.drain(kept..).collect();
+                    destroy_all(&removed);
+                    changed = true;
+                }
+                for doc in &topic.partitions[kept..] {
+                    let ids = PartitionIds {
+                        stream_id: stream.id,
+                        topic_id: topic.id,
+                        partition_id: doc.id,
+                    };
+                    let dir = partition_dir(&self.data_dir, stream.id, topic.id, doc.id);
+                    let partition = if dir.exists() {
+                        // Replicated here before a restart brought the metadata back below
+                        // its create: its files are this replica.
+                        let (peers, hosted) = seat.host(ids, *doc, false);
+                        let state = Partition::open_state(&dir, ids, *doc, options, Some(peers));
+                        Partition::assemble(dir, *doc, state, &self.writers, Some(hosted))
+                    } else {
+                        match Partition::create(dir.clone(), *doc, ids, options, &self.writers, Some(&seat)) {
+                            Ok(partition) => partition,
+                            Err(error) => {
+                                tracing::error!(partition_dir = %dir.display(), %error, "cannot create this node's replica of a new partition: it is refused here (the other nodes keep it); a restart tries again");
+                                let state = PartitionState::Refused {
+                                    reason: error.to_string(),
+                                };
+                                Partition::assemble(dir, *doc, state, &self.writers, None)
+                            }
+                        }
+                    };
+                    runtime.partitions.push(Arc::new(partition));
+                    changed = true;
+                }
+                if changed {
+                    runtime.bump_generations();
+                }
+            }
+        }
     }
 
     /// Remove stream/topic/partition directories that metadata no longer names (a delete
@@ -391,7 +748,17 @@ impl Catalog {
     /// the group's state machine), and only then finish its effects (new partitions serve,
     /// deleted ones' files go). `Err(status)`: refused or not durable, and nothing of it is
     /// visible.
+    ///
+    /// With peers, only the metadata group's primary takes the op (`Err(58)` elsewhere:
+    /// nothing of it was kept, and the client may send it again to the primary); ops the
+    /// group commits meanwhile from an earlier primary are reflected first.
     pub fn commit(&mut self, op: &MetadataOp) -> Result<Applied, u32> {
+        if self.seat.is_some() {
+            if !self.group.takes_requests() {
+                return Err(codes::TRANSIENT_NOT_ACCEPTED);
+            }
+            self.reconcile();
+        }
         let mut next = self.meta().clone();
         let applied = next.apply(op)?;
         let staged = match self.stage(&next, &applied.effects) {
@@ -409,8 +776,19 @@ impl Catalog {
                 return Err(codes::INVALID_FORMAT);
             }
             Err(error @ GroupError::NotTaken { .. }) => {
-                tracing::warn!(%error, op = ?op_name(op), "metadata change not taken by the metadata log; nothing of it was kept");
+                // With peers: this node's replica is not the metadata group's primary (any
+                // more); the client may send the change again to the one that is.
+                tracing::debug!(%error, op = ?op_name(op), "metadata change not taken by the metadata log; nothing of it was kept");
                 self.unstage(&applied.effects, staged);
+                self.reconcile();
+                return Err(codes::TRANSIENT_NOT_ACCEPTED);
+            }
+            Err(error @ GroupError::OutcomeUnknown { .. }) => {
+                // The op may still commit: then the catalog follows it like any op it did
+                // not make (its partitions are formatted afresh when it applies).
+                tracing::warn!(%error, op = ?op_name(op), "metadata change got no reply from a quorum in time: it may or may not be applied; answered with an error");
+                self.unstage(&applied.effects, staged);
+                self.reconcile();
                 return Err(codes::ERROR);
             }
             Err(error) => {
@@ -426,6 +804,23 @@ impl Catalog {
             }
         };
         match replicated {
+            Ok(Ok(replicated)) if self.seat.is_some() => {
+                // With peers the group may have committed ops of an earlier primary before
+                // this one, so the op applied to a later state than the copy's.
+                if replicated == applied {
+                    self.finish(&replicated.effects, staged);
+                } else {
+                    self.unstage(&applied.effects, staged);
+                }
+                self.reconcile();
+                Ok(replicated)
+            }
+            Ok(Err(status)) if self.seat.is_some() => {
+                // Refused by the state it applied to (ops of an earlier primary came first).
+                self.unstage(&applied.effects, staged);
+                self.reconcile();
+                Err(status)
+            }
             Ok(Ok(replicated)) => {
                 debug_assert_eq!(replicated, applied, "the group applied the op as the copy did");
                 debug_assert!(*self.meta() == next, "the group's state is the copy's");
@@ -532,7 +927,7 @@ impl Catalog {
                 topic_id,
                 partition_id: doc.id,
             };
-            match Partition::create(dir, *doc, ids, options, &self.writers) {
+            match Partition::create(dir, *doc, ids, options, &self.writers, self.seat.as_ref()) {
                 Ok(partition) => partitions.push(Arc::new(partition)),
                 Err(error) => {
                     destroy_all(&partitions);
@@ -556,8 +951,19 @@ impl Catalog {
             match *effect {
                 Effect::CreateStream { .. } => {}
                 Effect::CreateTopic { stream_id, topic_id } => {
-                    self.runtime
-                        .insert((stream_id, topic_id), TopicRuntime::default());
+                    let created_at_us = self
+                        .meta()
+                        .streams
+                        .get(&stream_id)
+                        .and_then(|stream| stream.topics.get(&topic_id))
+                        .map_or(0, |topic| topic.created_at_us);
+                    self.runtime.insert(
+                        (stream_id, topic_id),
+                        TopicRuntime {
+                            created_at_us,
+                            ..TopicRuntime::default()
+                        },
+                    );
                 }
                 Effect::CreatePartitions {
                     stream_id, topic_id, ..
@@ -673,6 +1079,16 @@ impl Catalog {
     }
 }
 
+/// The metadata group of a node of a cluster: served by a worker when no request holds the
+/// catalog (a request holding it takes the group's inbox itself while it waits).
+impl Served for RwLock<Catalog> {
+    fn serve(&self) {
+        if let Ok(mut catalog) = self.try_write() {
+            catalog.serve_peers();
+        }
+    }
+}
+
 /// Every partition of the catalog now, in (stream, topic, partition) order, for a pass over
 /// them that takes each one's own lock (the catalog's is held only to list them).
 pub fn all_partitions(catalog: &RwLock<Catalog>) -> Vec<Arc<Partition>> {
@@ -686,9 +1102,19 @@ pub fn all_partitions(catalog: &RwLock<Catalog>) -> Vec<Arc<Partition>> {
         .collect()
 }
 
+/// A partition to open at boot.
+struct ToOpen {
+    dir: PathBuf,
+    ids: PartitionIds,
+    doc: PartitionDoc,
+    options: JournalOptions,
+    peers: Option<PartitionPeers>,
+    hosted: Option<Hosted>,
+}
+
 /// [`Partition::open_state`] of every partition in `to_open`, on up to as many threads as
 /// there are cores; the states in the same order.
-fn open_all(to_open: &[(PathBuf, PartitionIds, PartitionDoc, JournalOptions)]) -> Vec<PartitionState> {
+fn open_all(to_open: &[ToOpen]) -> Vec<PartitionState> {
     let threads = std::thread::available_parallelism()
         .map_or(1, usize::from)
         .clamp(1, 8)
@@ -700,10 +1126,16 @@ fn open_all(to_open: &[(PathBuf, PartitionIds, PartitionDoc, JournalOptions)]) -
             scope.spawn(|| {
                 loop {
                     let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some((dir, ids, doc, options)) = to_open.get(index) else {
+                    let Some(opening) = to_open.get(index) else {
                         break;
                     };
-                    let state = Partition::open_state(dir, *ids, *doc, *options);
+                    let state = Partition::open_state(
+                        &opening.dir,
+                        opening.ids,
+                        opening.doc,
+                        opening.options,
+                        opening.peers.clone(),
+                    );
                     lock(&opened)[index] = Some(state);
                 }
             });

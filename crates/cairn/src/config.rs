@@ -175,9 +175,47 @@ pub struct ClusterConfig {
     pub node_id: u32,
     /// Sorted by id: a node's replica index in every group is its position here.
     pub nodes: Vec<ClusterNode>,
+    /// The replica network's shared secret.
+    pub secret: ClusterSecret,
+}
+
+/// The replica network's shared secret: never printed (`Debug` shows its length only).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterSecret(pub(crate) String);
+
+impl ClusterSecret {
+    pub fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+impl std::fmt::Debug for ClusterSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ClusterSecret({} bytes)", self.0.len())
+    }
 }
 
 impl ClusterConfig {
+    /// This node's replica index: its position in the id-sorted node list.
+    pub fn replica_index(&self) -> u8 {
+        let index = self.nodes.iter().position(|node| node.id == self.node_id);
+        debug_assert!(index.is_some(), "a validated cluster lists its own node");
+        index.unwrap_or(0) as u8
+    }
+
+    /// The id every group of the cluster carries in every message: derived from the node
+    /// list (ids and replica addresses), so nodes formatted apart agree on it, and clusters
+    /// with different lists never take each other's messages.
+    pub fn cluster_id(&self) -> u128 {
+        let mut bytes = b"cairn cluster v1".to_vec();
+        for node in &self.nodes {
+            bytes.extend_from_slice(&node.id.to_le_bytes());
+            bytes.extend_from_slice(&(node.replica.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(node.replica.as_bytes());
+        }
+        xxhash_rust::xxh3::xxh3_128(&bytes)
+    }
+
     /// This node's entry (validation guarantees there is one).
     pub fn this_node(&self) -> &ClusterNode {
         let index = self.nodes.iter().position(|node| node.id == self.node_id);
@@ -426,6 +464,19 @@ impl Sources {
             cluster: self.cluster()?,
         };
         let mut config = config;
+        if let Some(cluster) = &config.cluster
+            && cluster.nodes.len() > 1
+            && config.durability == Durability::Relaxed
+        {
+            // A backup counting an unsynced prepare as durable would break quorum
+            // intersection after a power loss (`docs/replication.md`).
+            return Err(self.invalid(
+                "storage.durability",
+                "`relaxed` is for a single node: in a cluster of several nodes every replica makes a prepare \
+                 durable before it counts towards a quorum, so use `durable`"
+                    .to_string(),
+            ));
+        }
         if let Some(cluster) = &config.cluster {
             // A node listens where the node list says clients and peers reach it, unless the
             // listen address is configured (behind NAT, or a host name that resolves elsewhere).
@@ -503,7 +554,11 @@ impl Sources {
                 ),
             ));
         }
-        Ok(Some(ClusterConfig { node_id, nodes }))
+        Ok(Some(ClusterConfig {
+            node_id,
+            nodes,
+            secret: ClusterSecret(secret),
+        }))
     }
 
     fn raw(&self, path: &str) -> &RawValue {
@@ -686,7 +741,7 @@ pub fn split_host_port(host_port: &str) -> (&str, u16) {
 /// Where to listen for a `host:port` others dial: that address when it is an IP, every
 /// interface on its port when it is a host name (which may resolve to an address this host
 /// cannot bind, such as a Kubernetes service name).
-fn listen_address(host_port: &str) -> SocketAddr {
+pub fn listen_address(host_port: &str) -> SocketAddr {
     if let Ok(address) = host_port.parse::<SocketAddr>() {
         return address;
     }

@@ -200,8 +200,11 @@ pub struct Session {
 
 pub struct Server {
     pub config: Config,
-    pub catalog: RwLock<Catalog>,
+    /// Shared with the node's replica workers in a cluster (they serve the metadata group).
+    pub catalog: Arc<RwLock<Catalog>>,
     pub clock: Box<dyn Clock>,
+    /// This node's part of a cluster of several nodes.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
     pub limits: BatchLimits,
     pub started_at_us: u64,
     next_session_id: AtomicU64,
@@ -219,7 +222,12 @@ pub struct Server {
 const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 impl Server {
-    pub fn new(config: Config, catalog: Catalog, clock: Box<dyn Clock>) -> Server {
+    pub fn new(
+        config: Config,
+        catalog: Arc<RwLock<Catalog>>,
+        clock: Box<dyn Clock>,
+        cluster: Option<Arc<crate::cluster::Cluster>>,
+    ) -> Server {
         let limits = BatchLimits {
             message_payload_bytes_max: config.message_payload_bytes_max,
             user_headers_bytes_max: config.user_headers_bytes_max,
@@ -231,8 +239,9 @@ impl Server {
         let session_base = rand::random::<u32>() as u64 + 1;
         Server {
             config,
-            catalog: RwLock::new(catalog),
+            catalog,
             clock,
+            cluster,
             limits,
             started_at_us,
             next_session_id: AtomicU64::new(session_base << 16),
@@ -770,6 +779,13 @@ impl Server {
     // ---- system ----
 
     fn cluster_metadata(&self) -> Typed {
+        if let Some(cluster) = &self.cluster {
+            let metadata_primary = self.read().metadata_primary();
+            return Typed::ClusterMetadata {
+                name: "cairn".to_string(),
+                nodes: cluster.roster(metadata_primary),
+            };
+        }
         // One node: this one, Leader and Healthy. A `[cluster]` of one reports its entry of
         // the node list (the addresses clients are to use), under its id.
         let node = match &self.config.cluster {

@@ -14,6 +14,7 @@
 mod auth;
 mod bench;
 mod catalog;
+mod cluster;
 mod config;
 mod faults;
 mod handler;
@@ -154,16 +155,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some(cluster) = &config.cluster
-        && cluster.nodes.len() > 1
-    {
-        eprintln!(
-            "cairn: configuration refused: `cluster.nodes` lists {} nodes; this release runs a [cluster] of \
-             one node only (the replica network that joins several is not available yet). Nothing was written.",
-            cluster.nodes.len()
-        );
-        return ExitCode::from(2);
-    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -234,17 +225,32 @@ async fn serve(config: config::Config) -> Result<(), String> {
     // Held until the server has closed every partition: a second server on the same directory
     // is refused instead of corrupting it (and `cairn check` says the directory is in use).
     let _data_dir_lock = cairn_storage::lock::DataDirLock::acquire(&data_dir).map_err(|e| e.to_string())?;
-    // Before anything is formatted: a node's data belongs to one node of one node list.
-    membership::check_or_record(&data_dir, config.cluster.as_ref()).map_err(|e| e.to_string())?;
+    // Before anything is formatted: a node's data belongs to one node of one node list. A
+    // node of several records it once it knows the cluster is being formed (`cluster.rs`).
+    let cluster = match &config.cluster {
+        Some(cluster_config) if cluster_config.nodes.len() > 1 => Some(Arc::new(
+            cluster::Cluster::start(cluster_config, &data_dir).await?,
+        )),
+        _ => {
+            membership::check_or_record(&data_dir, config.cluster.as_ref()).map_err(|e| e.to_string())?;
+            None
+        }
+    };
     let (mut catalog, first_start) = catalog::Catalog::load(
         &data_dir,
         config.segment_size_bytes,
         config.durability == config::Durability::Relaxed,
         writers,
+        cluster.as_ref().map(|cluster| cluster.seat()),
     )
     .map_err(|e| format!("cannot load the data directory {}: {e}", data_dir.display()))?;
     let clock: Box<dyn handler::Clock> = Box::new(handler::SystemClock);
-    let generated_password = ensure_root_user(&mut catalog, &config, clock.now_us(), first_start)?;
+    // A cluster's root user is made by the metadata primary, once there is one (below).
+    let generated_password = match cluster {
+        None => ensure_root_user(&mut catalog, &config, clock.now_us(), first_start)?,
+        Some(_) => None,
+    };
+    let catalog = catalog::Catalog::share(catalog);
     let listener = tokio::net::TcpListener::bind(config.tcp_address)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.tcp_address))?;
@@ -268,7 +274,7 @@ async fn serve(config: config::Config) -> Result<(), String> {
         ),
         None => None,
     };
-    let server = Arc::new(handler::Server::new(config, catalog, clock));
+    let server = Arc::new(handler::Server::new(config, catalog, clock, cluster.clone()));
     server.bound_port.store(bound.port() as u32, Ordering::Relaxed);
     if let Some(http_bound) = http_bound {
         server
@@ -301,6 +307,14 @@ async fn serve(config: config::Config) -> Result<(), String> {
     tracing::info!(%bound, data_dir = %data_dir.display(), "serving");
 
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let root_user = cluster.as_ref().map(|_| {
+        tokio::spawn(cluster::ensure_root_user(
+            server.catalog.clone(),
+            server.config.root_password.clone(),
+            || handler::Clock::now_us(&handler::SystemClock),
+            shutdown_rx.clone(),
+        ))
+    });
     let reporting = tokio::spawn(report_counters(global_counters.clone(), shutdown_rx.clone()));
     let http_serving = http_listener
         .map(|listener| tokio::spawn(http::serve(server.clone(), listener, shutdown_rx.clone())));
@@ -357,7 +371,13 @@ async fn serve(config: config::Config) -> Result<(), String> {
     {
         tracing::error!(%error, "the flush task ended abnormally");
     }
+    if let Some(root_user) = root_user {
+        let _ = root_user.await;
+    }
     stop_partitions(&server).await;
+    if let Some(cluster) = &cluster {
+        cluster.stop().await;
+    }
     tracing::info!("group commit totals: {}", global_counters.snapshot().summary());
     tracing::info!("stopped cleanly");
     Ok(())
@@ -508,8 +528,17 @@ fn ensure_root_user(
     if !first_start {
         tracing::warn!("metadata has no root user: creating it");
     }
-    let (password, generated) = match &config.root_password {
-        Some(password) => (password.clone(), false),
+    create_root_user(catalog, config.root_password.clone(), now_us)
+}
+
+/// Commit the root user with `password`, or a generated one (returned).
+fn create_root_user(
+    catalog: &mut catalog::Catalog,
+    password: Option<String>,
+    now_us: u64,
+) -> Result<Option<String>, String> {
+    let (password, generated) = match password {
+        Some(password) => (password, false),
         None => (auth::random_secret(24), true),
     };
     let password_hash =

@@ -72,6 +72,26 @@ pub fn check_or_record(
     data_dir: &Path,
     cluster: Option<&ClusterConfig>,
 ) -> Result<Option<Membership>, MembershipError> {
+    match (check(data_dir, cluster)?, cluster) {
+        (Checked::Recorded(membership), _) => Ok(Some(membership)),
+        (Checked::Unrecorded, Some(cluster)) => record(data_dir, cluster).map(Some),
+        (Checked::Unrecorded, None) => Ok(None),
+    }
+}
+
+/// What [`check`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checked {
+    /// A record this start matches.
+    Recorded(Membership),
+    /// No record: with a `[cluster]`, an empty directory (or a single node's data that a
+    /// one-node `[cluster]` may take), which [`record`] makes this node's.
+    Unrecorded,
+}
+
+/// [`check_or_record`] without the write: a node of several decides first whether it forms
+/// the cluster (`cluster.rs`), then records.
+pub fn check(data_dir: &Path, cluster: Option<&ClusterConfig>) -> Result<Checked, MembershipError> {
     let path = data_dir.join(MEMBERSHIP_FILE);
     let io = |reason: String| MembershipError::Io {
         path: path.clone(),
@@ -117,7 +137,7 @@ pub fn check_or_record(
                     ),
                 ));
             }
-            Ok(Some(recorded))
+            Ok(Checked::Recorded(recorded))
         }
         (Some(recorded), None) if recorded.nodes.len() > 1 => Err(mismatch(
             "cluster",
@@ -128,7 +148,7 @@ pub fn check_or_record(
                 recorded.nodes.len()
             ),
         )),
-        (Some(recorded), None) => Ok(Some(recorded)),
+        (Some(recorded), None) => Ok(Checked::Recorded(recorded)),
         (None, Some(cluster)) if cluster.nodes.len() > 1 && holds_data(data_dir) => Err(mismatch(
             "cluster.nodes",
             format!(
@@ -137,19 +157,26 @@ pub fn check_or_record(
                 cluster.nodes.len()
             ),
         )),
-        (None, Some(cluster)) => {
-            let membership = Membership::of(cluster);
-            let bytes = serde_json::to_vec_pretty(&membership).map_err(|error| io(error.to_string()))?;
-            cairn_storage::atomic_file::write(&path, &bytes).map_err(|error| io(error.to_string()))?;
-            tracing::info!(
-                node_id = cluster.node_id,
-                nodes = cluster.nodes.len(),
-                "recorded this node's id and the cluster's node list in the data directory"
-            );
-            Ok(Some(membership))
-        }
-        (None, None) => Ok(None),
+        (None, _) => Ok(Checked::Unrecorded),
     }
+}
+
+/// Record `cluster` as what `data_dir` belongs to (after [`check`] found no record).
+pub fn record(data_dir: &Path, cluster: &ClusterConfig) -> Result<Membership, MembershipError> {
+    let path = data_dir.join(MEMBERSHIP_FILE);
+    let io = |reason: String| MembershipError::Io {
+        path: path.clone(),
+        reason,
+    };
+    let membership = Membership::of(cluster);
+    let bytes = serde_json::to_vec_pretty(&membership).map_err(|error| io(error.to_string()))?;
+    cairn_storage::atomic_file::write(&path, &bytes).map_err(|error| io(error.to_string()))?;
+    tracing::info!(
+        node_id = cluster.node_id,
+        nodes = cluster.nodes.len(),
+        "recorded this node's id and the cluster's node list in the data directory"
+    );
+    Ok(membership)
 }
 
 /// The first way `configured` differs from `recorded`, in words; `None` when they are equal.
@@ -202,6 +229,7 @@ mod tests {
         ClusterConfig {
             node_id,
             nodes: ids.iter().copied().map(node).collect(),
+            secret: crate::config::ClusterSecret("a secret of the tests".to_string()),
         }
     }
 

@@ -548,9 +548,6 @@ pub const INBOX_MESSAGES_MAX: usize = 1024;
 /// Most bytes one group's inbox holds: a few of the largest prepares.
 pub const INBOX_BYTES_MAX: usize = 4 * Shape::PARTITION.message_size_max;
 
-// The server's node shell (the replica network's receiving side and the workers) is the next
-// step of issue 14; until then only the tests with peers push and wait.
-#[cfg_attr(not(test), allow(dead_code))]
 impl Inbox {
     /// Queue `message`; `false` when the inbox was full and it was dropped.
     pub fn push(&self, message: Message) -> bool {
@@ -567,11 +564,13 @@ impl Inbox {
     }
 
     /// Messages dropped so far because the inbox was full.
+    #[cfg(test)]
     pub fn dropped(&self) -> u64 {
         self.queue().dropped
     }
 
     /// Wait until a message is waiting or `until` passes, taking nothing.
+    #[cfg(test)]
     pub fn wait_until(&self, until: Instant) {
         drop(self.wait_for_messages(until));
     }
@@ -954,14 +953,19 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         Err(refused(&self.files.dir, reason))
     }
 
+    /// The replica index of the group's primary as this replica sees it: the primary of its
+    /// view when it is in status normal, `None` during a view change or a recovery.
+    pub fn primary(&self) -> Option<u8> {
+        (self.replica.status() == Status::Normal)
+            .then(|| self.replica.config().primary_of(self.replica.view()))
+    }
+
     /// Whether the replica takes requests now: the group's primary, in status normal. A
     /// group of one always is once open.
     pub fn takes_requests(&self) -> bool {
         self.replica.status() == Status::Normal && self.replica.is_primary()
     }
 
-    /// (Used by the node shell's workers, issue 14's next step; by tests until then.)
-    #[cfg_attr(not(test), allow(dead_code))]
     /// What a node's worker does for a group with peers that no request holds: deliver every
     /// message waiting in the inbox, tick the replica if a tick is due, and perform what it
     /// asks. Returns when the next tick is due. A group of one has nothing to do.

@@ -10,7 +10,7 @@
 //!
 //! This module sits below the catalog, the writer and retention, and imports none of them.
 
-use crate::node::GroupError;
+use crate::node::{GroupError, Peers};
 use crate::partition_group::{
     self, JournalOptions, LogParams, PartitionError, PartitionGroup, PartitionStats,
 };
@@ -80,6 +80,15 @@ impl PartitionIds {
     }
 }
 
+/// This node's replica of a partition in a cluster of several nodes.
+#[derive(Clone)]
+pub struct PartitionPeers {
+    pub peers: Peers,
+    /// The group id: the partition's ids and its creation (`partition_group::cluster_group_id`),
+    /// so a partition deleted and created again with the same ids is another group.
+    pub group: u64,
+}
+
 /// Why a partition did not open at boot (it is refused; its files are left as they are).
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
@@ -133,11 +142,16 @@ pub enum FlushError {
 impl PartitionData {
     /// Open the partition in `dir`: recover its group, and finish a purge the metadata
     /// recorded up to `purge_target` that did not reach it (an op, like any purge).
+    ///
+    /// With peers (a cluster of several nodes) the replica comes up as whatever its files
+    /// say; an interrupted purge is finished by the group's primary, not at open (only the
+    /// primary takes ops).
     pub fn open(
         dir: &Path,
         ids: PartitionIds,
         purge_target: u64,
         options: JournalOptions,
+        peers: Option<PartitionPeers>,
     ) -> Result<PartitionData, OpenError> {
         if holds_record_log(dir) {
             return Err(OpenError::EarlierLayout {
@@ -152,7 +166,8 @@ impl PartitionData {
                 dir: dir.to_path_buf(),
             });
         }
-        let mut data = PartitionData::open_with(dir, ids, LogParams::new(ids.partition_id, options))?;
+        let with_peers = peers.is_some();
+        let mut data = PartitionData::open_in(dir, ids, LogParams::new(ids.partition_id, options), peers)?;
         if let Some(fault) = data.group.state_machine().fault() {
             return Err(OpenError::Faulted {
                 dir: dir.to_path_buf(),
@@ -164,27 +179,57 @@ impl PartitionData {
         // the partition's first append (`PartitionGroup::append_batch`), not written here: a
         // start writes nothing before the log prefix it took unread is verified, and a clean
         // stop before then keeps the reservation (`JournalLog::sync_for_stop`).
-        data.finish_purge(purge_target)?;
+        if !with_peers {
+            data.finish_purge(purge_target)?;
+        }
         Ok(data)
     }
 
-    /// Format the group of a new, empty partition in `dir`.
+    /// Format the group of a new, empty partition in `dir` (with peers: this node's new
+    /// replica of it).
     pub fn create(
         dir: &Path,
         ids: PartitionIds,
         options: JournalOptions,
+        peers: Option<PartitionPeers>,
     ) -> Result<PartitionData, GroupError> {
-        PartitionData::open_with(dir, ids, LogParams::new(ids.partition_id, options))
+        PartitionData::open_in(dir, ids, LogParams::new(ids.partition_id, options), peers)
     }
 
-    /// Open (or format) the group in `dir` with its journal made from `params`.
+    /// Open (or format) the group of one replica in `dir` with its journal made from `params`.
+    #[cfg(test)]
     pub fn open_with(dir: &Path, ids: PartitionIds, params: LogParams) -> Result<PartitionData, GroupError> {
-        let group = partition_group::open(dir, ids.group_id(), params)?;
+        PartitionData::open_in(dir, ids, params, None)
+    }
+
+    fn open_in(
+        dir: &Path,
+        ids: PartitionIds,
+        params: LogParams,
+        peers: Option<PartitionPeers>,
+    ) -> Result<PartitionData, GroupError> {
+        let group = match peers {
+            None => partition_group::open(dir, ids.group_id(), params)?,
+            Some(PartitionPeers { peers, group }) => {
+                partition_group::open_with_peers(dir, group, params, peers)?
+            }
+        };
         Ok(PartitionData {
             group,
             dir: dir.to_path_buf(),
             found_damage: None,
         })
+    }
+
+    /// Serve the messages of the group's peers and tick it (a worker of the node, when no
+    /// request holds the partition).
+    pub fn serve_peers(&mut self) {
+        if self.stopped_reason().is_some() {
+            return;
+        }
+        if let Err(error) = self.group.serve_inbox() {
+            tracing::error!(partition_dir = %self.dir.display(), %error, "the partition's replica stopped while serving its peers' messages; it takes no writes until a restart");
+        }
     }
 
     /// If the metadata's purge marker says offsets below `purge_target` are purged but the
@@ -515,9 +560,17 @@ impl PartitionData {
     fn op_status(&self, error: PartitionError, what: &str) -> u32 {
         match error {
             PartitionError::Status(status) => status,
-            PartitionError::Group(GroupError::WriteUndone { .. } | GroupError::NotTaken { .. }) => {
+            PartitionError::Group(GroupError::NotTaken { .. }) => {
+                tracing::debug!(partition_dir = %self.dir.display(), %error, "{what} was not taken: this replica is not the partition's primary now; nothing of it was stored");
+                codes::TRANSIENT_NOT_ACCEPTED
+            }
+            PartitionError::Group(GroupError::WriteUndone { .. }) => {
                 tracing::warn!(partition_dir = %self.dir.display(), %error, "{what} was not stored (the error says why): nothing of it was stored; the partition keeps serving");
                 WRITE_FAILED_STATUS
+            }
+            PartitionError::Group(GroupError::OutcomeUnknown { .. }) => {
+                tracing::warn!(partition_dir = %self.dir.display(), %error, "{what} got no reply from a quorum in time: it may or may not be applied; answered with an error, the partition keeps serving");
+                codes::ERROR
             }
             error => {
                 tracing::error!(
@@ -724,7 +777,7 @@ mod tests {
     #[test]
     fn requests_that_change_nothing_add_no_op() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut data = PartitionData::create(dir.path(), IDS, OPTIONS).expect("create");
+        let mut data = PartitionData::create(dir.path(), IDS, OPTIONS, None).expect("create");
         let batch = client_batch(3, 10, 1);
         assert_eq!(data.append(5, &[&batch]).expect("append"), vec![0]);
         let owner = Owner::ConsumerName("reader".into());
@@ -766,14 +819,14 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let missing = dir.path().join("missing");
         assert!(matches!(
-            PartitionData::open(&missing, IDS, 0, OPTIONS),
+            PartitionData::open(&missing, IDS, 0, OPTIONS, None),
             Err(OpenError::NotFormatted { .. })
         ));
         assert!(!missing.exists(), "nothing was created");
         let earlier = dir.path().join("earlier");
         std::fs::create_dir_all(earlier.join("offsets")).expect("mkdir");
         assert!(matches!(
-            PartitionData::open(&earlier, IDS, 0, OPTIONS),
+            PartitionData::open(&earlier, IDS, 0, OPTIONS, None),
             Err(OpenError::EarlierLayout { .. })
         ));
     }

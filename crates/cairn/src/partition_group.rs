@@ -32,7 +32,7 @@
 //!
 //! The server runs every partition as such a group (`crate::partition::PartitionData`).
 
-use crate::node::{GroupError, GroupJournal, LocalGroup, NamedCheckpoint};
+use crate::node::{GroupError, GroupJournal, LocalGroup, NamedCheckpoint, Peers};
 use bytes::Bytes;
 use cairn_machine::partition::{self, OPERATION_APPEND, Owner, PartitionMachine};
 use cairn_storage::StorageError;
@@ -600,6 +600,37 @@ pub type PartitionGroup = LocalGroup<PartitionMachine, LogJournal>;
 pub fn open(dir: &Path, group: u64, params: LogParams) -> Result<PartitionGroup, GroupError> {
     let partition_id = params.partition_id;
     LocalGroup::open_with(dir, group, &params, move || PartitionMachine::new(partition_id))
+}
+
+/// Open (or format, when `peers` says the group is new to this node) this node's replica of
+/// partition group `group` in `dir`, with peers.
+pub fn open_with_peers(
+    dir: &Path,
+    group: u64,
+    params: LogParams,
+    peers: Peers,
+) -> Result<PartitionGroup, GroupError> {
+    let partition_id = params.partition_id;
+    LocalGroup::open_with_peers(
+        dir,
+        group,
+        &params,
+        move || PartitionMachine::new(partition_id),
+        Some(peers),
+    )
+}
+
+/// The group id of a partition in a cluster of several nodes: its ids and its creation time
+/// (the op that created it stamps it), so a partition deleted and created again with the
+/// same ids is another group, and a replica that missed the delete never takes the new
+/// group's messages as the old one's (`docs/cluster.md`). Top bit set, as [`group_id`].
+pub fn cluster_group_id(stream_id: u32, topic_id: u32, partition_id: u32, created_at_us: u64) -> u64 {
+    let mut ids = [0u8; 20];
+    ids[..4].copy_from_slice(&stream_id.to_le_bytes());
+    ids[4..8].copy_from_slice(&topic_id.to_le_bytes());
+    ids[8..12].copy_from_slice(&partition_id.to_le_bytes());
+    ids[12..].copy_from_slice(&created_at_us.to_le_bytes());
+    xxhash_rust::xxh3::xxh3_64_with_seed(&ids, 0x0c1a_57e4) | 1 << 63
 }
 
 /// The group id of partition `(stream, topic, partition)`: derived from ids that never

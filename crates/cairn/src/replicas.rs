@@ -17,19 +17,15 @@
 //! A group is scheduled at most once at a time (a flag set when queued, cleared when a worker
 //! takes it), so a busy group costs one slot in the queue however many messages it gets.
 
-// The server wires this in with the multi-node start (issue 14's next step); until then
-// only its tests run it.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use crate::node::{GroupJournal, Inbox, LocalGroup, Transport};
-use crate::partition::lock;
+use crate::partition::{PartitionState, lock};
 use cairn_bus::{Bus, Received};
 use cairn_vsr::header::{Command, Message};
 use cairn_vsr::node::{heartbeat_commits, heartbeat_messages, push_heartbeat_entry};
 use cairn_vsr::replica::StateMachine;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 /// How a worker serves a group.
@@ -53,6 +49,38 @@ where
             && let Err(error) = group.serve_inbox()
         {
             tracing::error!(%error, "a replicated group stopped while serving its peers' messages");
+        }
+    }
+}
+
+/// A partition of this node: its worker serves it only while it is serving and its lock is
+/// free (a request holding it takes the inbox itself).
+impl Served for Mutex<PartitionState> {
+    fn serve(&self) {
+        let Ok(mut state) = self.try_lock() else {
+            return;
+        };
+        if let PartitionState::Serving(data) = &mut *state {
+            data.serve_peers();
+        }
+    }
+}
+
+/// A group whose holder is made after its inbox (the replica opens with the inbox): served
+/// once [`Pending::set`] names the holder, and never after the holder is dropped.
+#[derive(Default)]
+pub struct Pending(OnceLock<Weak<dyn Served>>);
+
+impl Pending {
+    pub fn set(&self, served: Weak<dyn Served>) {
+        let _ = self.0.set(served);
+    }
+}
+
+impl Served for Pending {
+    fn serve(&self) {
+        if let Some(served) = self.0.get().and_then(Weak::upgrade) {
+            served.serve();
         }
     }
 }
@@ -160,6 +188,11 @@ impl Replicas {
         let previous = write(&self.groups).insert(group, entry);
         debug_assert!(previous.is_none(), "group {group} hosted twice");
         inbox
+    }
+
+    /// Stop hosting `group` (deleted): its messages are dropped from now on.
+    pub fn remove_group(&self, group: u64) {
+        write(&self.groups).remove(&group);
     }
 
     /// How a group's replica sends to its peers.
@@ -623,6 +656,259 @@ mod tests {
         for (bus, replicas, _) in nodes {
             bus.shutdown().await;
             blocking(move || replicas.stop()).await;
+        }
+    }
+
+    // ---- catalogs of a cluster ----
+
+    type SharedCatalog = Arc<RwLock<crate::catalog::Catalog>>;
+
+    /// The ids the first stream and its first topic get.
+    const STREAM: u32 = 0;
+    const TOPIC: u32 = 0;
+    const DOOMED: u32 = 1;
+
+    /// One node's catalog with peers: its metadata group and partitions over its bus.
+    struct CatalogNode {
+        bus: Arc<Bus>,
+        replicas: Arc<Replicas>,
+        catalog: SharedCatalog,
+    }
+
+    async fn start_catalog(
+        dir: &Path,
+        index: u8,
+        listener: tokio::net::TcpListener,
+        addresses: &[std::net::SocketAddr],
+        forming: bool,
+    ) -> CatalogNode {
+        let (bus, replicas) = start_bus(index, listener, addresses);
+        let seat = crate::catalog::ClusterSeat {
+            replicas: replicas.clone(),
+            replica: index,
+            replica_count: 3,
+            cluster: CLUSTER,
+            tick: Duration::from_millis(10),
+            request_timeout: Duration::from_secs(20),
+            forming,
+        };
+        let writers = crate::writer::WriterContext::new(tokio::runtime::Handle::current());
+        let dir = dir.to_path_buf();
+        let (catalog, _) =
+            blocking(move || crate::catalog::Catalog::load(&dir, 64 * 1024, false, writers, Some(seat)))
+                .await
+                .expect("load the catalog");
+        CatalogNode {
+            bus,
+            replicas,
+            catalog: crate::catalog::Catalog::share(catalog),
+        }
+    }
+
+    impl CatalogNode {
+        /// As close to SIGKILL as one process gets: nothing more is served or sent, and every
+        /// group is dropped without a close.
+        async fn crash(self) {
+            self.bus.shutdown().await;
+            let replicas = self.replicas.clone();
+            blocking(move || replicas.stop()).await;
+            for partition in crate::catalog::all_partitions(&self.catalog) {
+                *lock(&partition.state) = PartitionState::Closed;
+                if let Some(writer) = partition.take_writer() {
+                    writer.close().await;
+                }
+            }
+        }
+
+        fn topic_partitions(&self, stream_id: u32, topic_id: u32) -> Option<usize> {
+            let catalog = self.catalog.read().expect("catalog");
+            catalog
+                .topic(stream_id, topic_id)
+                .map(|topic| topic.partitions.len())
+        }
+
+        /// The next offset of partition `partition_id` of the test's topic, if it serves.
+        fn next_offset(&self, partition_id: usize) -> Option<u64> {
+            let partition = {
+                let catalog = self.catalog.read().expect("catalog");
+                catalog
+                    .topic(STREAM, TOPIC)?
+                    .partitions
+                    .get(partition_id)?
+                    .clone()
+            };
+            let state = lock(&partition.state);
+            match &*state {
+                PartitionState::Serving(data) => Some(data.stats().messages_count),
+                _ => None,
+            }
+        }
+    }
+
+    /// Commit `op` on `node`, retrying while its replica is not (yet) the primary (58).
+    async fn commit_eventually(node: &CatalogNode, op: MetadataOp) -> cairn_machine::metadata::Applied {
+        let deadline = Instant::now() + WITHIN;
+        loop {
+            let (catalog, op) = (node.catalog.clone(), op.clone());
+            match blocking(move || catalog.write().expect("catalog").commit(&op)).await {
+                Ok(applied) => return applied,
+                Err(cairn_wire::codes::TRANSIENT_NOT_ACCEPTED) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(status) => panic!("the metadata change was refused with status {status}"),
+            }
+        }
+    }
+
+    /// Append a batch of 10 to partition `partition_id` of the test's topic on `node`, retrying
+    /// while its replica is not (yet) the partition's primary.
+    async fn append_eventually(node: &CatalogNode, partition_id: usize, fill: u8) -> u64 {
+        let partition = {
+            let catalog = node.catalog.read().expect("catalog");
+            catalog.topic(STREAM, TOPIC).expect("topic").partitions[partition_id].clone()
+        };
+        let deadline = Instant::now() + WITHIN;
+        loop {
+            let partition = partition.clone();
+            let appended = blocking(move || {
+                let batch = client_batch(10, 100, fill);
+                let mut state = lock(&partition.state);
+                let data =
+                    crate::partition::serving(&mut state).map_err(|status| format!("status {status}"))?;
+                data.append(1_000, &[&batch[..]]).map_err(|error| match error {
+                    crate::partition_group::PartitionError::Group(GroupError::NotTaken { .. }) => {
+                        "not taken".to_string()
+                    }
+                    error => format!("{error:?}"),
+                })
+            })
+            .await;
+            match appended {
+                Ok(offsets) => return offsets[0],
+                Err(error) if error == "not taken" && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                Err(error) => panic!("the append failed: {error}"),
+            }
+        }
+    }
+
+    /// Three nodes' catalogs, each with its metadata group and partitions replicated over
+    /// the bus: metadata changes made on the primary reach the backups, whose catalogs make
+    /// the new partitions' replicas; appends replicate; when the node holding the primaries
+    /// dies, the others take over both the metadata and the partition, offsets continue;
+    /// a delete made meanwhile removes the topic's files on the backup; and the dead node,
+    /// restarted from its files (its metadata comes up below both), removes the deleted
+    /// topic's files and catches its partition up from where its files end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn catalogs_follow_the_metadata_and_replicate_partitions_across_nodes() {
+        let temp = tempfile::tempdir().expect("tempdir");
+        let (listeners, addresses) = bind_three().await;
+        let mut nodes = Vec::new();
+        let mut listeners = listeners.into_iter();
+        for index in 0..3u8 {
+            let dir = temp.path().join(format!("node-{index}"));
+            let listener = listeners.next().expect("listener");
+            nodes.push(Some(start_catalog(&dir, index, listener, &addresses, true).await));
+        }
+        let first = nodes[0].as_ref().expect("up");
+        let created_at_us = 1_700_000_000_000_000;
+        let applied = commit_eventually(
+            first,
+            MetadataOp::CreateStream {
+                name: "orders".to_string(),
+                created_at_us,
+            },
+        )
+        .await;
+        assert_eq!(
+            applied.effects,
+            [cairn_machine::metadata::Effect::CreateStream { stream_id: STREAM }]
+        );
+        commit_eventually(
+            first,
+            MetadataOp::CreateTopic {
+                stream_id: STREAM,
+                name: "created".to_string(),
+                created_at_us,
+                partitions_count: 2,
+                settings: Default::default(),
+            },
+        )
+        .await;
+        commit_eventually(
+            first,
+            MetadataOp::CreateTopic {
+                stream_id: STREAM,
+                name: "doomed".to_string(),
+                created_at_us,
+                partitions_count: 1,
+                settings: Default::default(),
+            },
+        )
+        .await;
+        for node in nodes.iter().flatten() {
+            eventually("every node's catalog holds the new topics' partitions", || {
+                node.topic_partitions(STREAM, TOPIC) == Some(2)
+                    && node.topic_partitions(STREAM, DOOMED) == Some(1)
+            })
+            .await;
+        }
+        for fill in 0..3u8 {
+            let offset = append_eventually(nodes[0].as_ref().expect("up"), 0, fill).await;
+            assert_eq!(offset, u64::from(fill) * 10);
+        }
+        for node in nodes.iter().flatten() {
+            eventually("every replica of partition 0 holds the appends", || {
+                node.next_offset(0) == Some(30)
+            })
+            .await;
+        }
+
+        nodes[0].take().expect("up").crash().await;
+        let second = nodes[1].as_ref().expect("up");
+        let survivor = nodes[2].as_ref().expect("up");
+        // Whichever of the two became primary takes the appends; the other answers 58.
+        let offset = tokio::select! {
+            offset = append_eventually(second, 0, 7) => offset,
+            offset = append_eventually(survivor, 0, 7) => offset,
+        };
+        assert_eq!(offset, 30, "offsets continue after the failover");
+        let applied = tokio::select! {
+            applied = commit_eventually(second, MetadataOp::DeleteTopic { stream_id: STREAM, topic_id: DOOMED }) => applied,
+            applied = commit_eventually(survivor, MetadataOp::DeleteTopic { stream_id: STREAM, topic_id: DOOMED }) => applied,
+        };
+        assert!(!applied.effects.is_empty());
+        let topic_dir = |index: usize| {
+            crate::catalog::topic_dir(&temp.path().join(format!("node-{index}")), STREAM, DOOMED)
+        };
+        for (index, node) in nodes.iter().enumerate() {
+            if let Some(node) = node {
+                eventually("the backups drop the deleted topic and its files", || {
+                    node.topic_partitions(STREAM, DOOMED).is_none() && !topic_dir(index).exists()
+                })
+                .await;
+            }
+        }
+        assert!(
+            topic_dir(0).exists(),
+            "the dead node still holds the topic's files"
+        );
+
+        let listener = tokio::net::TcpListener::bind(addresses[0]).await.expect("rebind");
+        let restarted = start_catalog(&temp.path().join("node-0"), 0, listener, &addresses, false).await;
+        eventually(
+            "the restarted node follows the delete it missed and catches up its partition from its files",
+            || {
+                restarted.topic_partitions(STREAM, DOOMED).is_none()
+                    && !topic_dir(0).exists()
+                    && restarted.next_offset(0) == Some(40)
+            },
+        )
+        .await;
+        restarted.crash().await;
+        for node in nodes.into_iter().flatten() {
+            node.crash().await;
         }
     }
 }

@@ -23,8 +23,30 @@ use std::process::ExitCode;
 const EXIT_FINDINGS: u8 = 1;
 const EXIT_USAGE_OR_IO: u8 = 2;
 
+/// `Some(refusal)` when `data_dir` holds a node of a cluster of several nodes: its groups are
+/// replicas among peers, which the offline tools do not recover yet (they recover a group of
+/// one, as a single node's). Nothing is read beyond the membership record.
+fn cluster_node_refusal(tool: &str, data_dir: &Path) -> Option<String> {
+    let bytes =
+        cairn_storage::atomic_file::read(&data_dir.join(crate::membership::MEMBERSHIP_FILE)).ok()??;
+    let membership: crate::membership::Membership = serde_json::from_slice(&bytes).ok()?;
+    (membership.nodes.len() > 1).then(|| {
+        format!(
+            "cairn {tool}: {} holds node {} of a {}-node cluster; `cairn {tool}` works on a single node's data \
+             directory only (it does not recover a replica among peers yet). Nothing was read or changed",
+            data_dir.display(),
+            membership.node_id,
+            membership.nodes.len()
+        )
+    })
+}
+
 /// `cairn check <data-dir>`.
 pub fn run_check(data_dir: &Path) -> ExitCode {
+    if let Some(refusal) = cluster_node_refusal("check", data_dir) {
+        eprintln!("{refusal}");
+        return ExitCode::from(EXIT_USAGE_OR_IO);
+    }
     match check::check_data_dir_with(data_dir, metadata_report(data_dir), &crate::partition::check) {
         Ok(report) => {
             print!("{report}");
@@ -100,6 +122,10 @@ pub fn run_repair(accept_loss: bool, target: &str, data_dir: &Path) -> ExitCode 
         eprintln!(
             "cairn repair: refused: a repair loses every message from the damage on; pass --accept-loss to say so (nothing was changed)"
         );
+        return ExitCode::from(EXIT_USAGE_OR_IO);
+    }
+    if let Some(refusal) = cluster_node_refusal("repair", data_dir) {
+        eprintln!("{refusal}");
         return ExitCode::from(EXIT_USAGE_OR_IO);
     }
     let (stream_id, topic_id, partition_id) = match parse_target(target) {

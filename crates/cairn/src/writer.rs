@@ -600,9 +600,19 @@ fn outcomes_of(
             );
             vec![Err(codes::ERROR); sends_count]
         }
-        Err(PartitionError::Group(
-            error @ (GroupError::WriteUndone { .. } | GroupError::NotTaken { .. }),
-        )) => {
+        Err(PartitionError::Group(error @ GroupError::NotTaken { .. })) => {
+            // With peers: this replica is not the partition's primary (now). The client may
+            // send again, here or elsewhere: nothing of it was prepared.
+            tracing::debug!(partition_dir = %shared.dir.display(), %error, sends = sends_count, "append not taken: this replica is not the partition's primary now; nothing of it was stored");
+            vec![Err(codes::TRANSIENT_NOT_ACCEPTED); sends_count]
+        }
+        Err(PartitionError::Group(error @ GroupError::OutcomeUnknown { .. })) => {
+            // Answered with a plain error, not 57: the SDK would send it again, and nothing
+            // yet recognises the repeat, so it could be stored twice.
+            tracing::warn!(partition_dir = %shared.dir.display(), %error, sends = sends_count, "append got no reply from a quorum in time: the sends may or may not be stored; answered with an error, the partition keeps serving");
+            vec![Err(codes::ERROR); sends_count]
+        }
+        Err(PartitionError::Group(error @ GroupError::WriteUndone { .. })) => {
             tracing::warn!(
                 partition_dir = %shared.dir.display(),
                 %error,

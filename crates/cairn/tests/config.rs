@@ -218,8 +218,7 @@ async fn root_password_is_generated_once_and_stored_hashed() {
 
 /// A `[cluster]` table of one node is served as one node, and command 12 reports its entry of
 /// the node list. The node list and id are recorded at the first start: a later start with
-/// another list or id is refused naming the key, and nothing of the data changes. A list of
-/// several nodes is refused before anything is written (the replica network is not built yet).
+/// another list or id is refused naming the key, and nothing of the data changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_node_cluster_is_served_and_its_node_list_is_kept() {
     let dir = temp_dir();
@@ -239,23 +238,6 @@ async fn a_one_node_cluster_is_served_and_its_node_list_is_kept() {
         path.to_str().expect("utf-8").to_string()
     };
     let one = write_config("one.toml", 1, &[(1, "127.0.0.1:17401")]);
-    let three = write_config(
-        "three.toml",
-        1,
-        &[
-            (1, "127.0.0.1:17401"),
-            (2, "127.0.0.1:17402"),
-            (3, "127.0.0.1:17403"),
-        ],
-    );
-
-    // Several nodes: refused before the data directory exists.
-    let stderr = refused_start(&["--data-dir", data_text, "--config", &three], &[]);
-    assert!(
-        stderr.contains("cluster.nodes") && stderr.contains("one node only"),
-        "{stderr}"
-    );
-    assert!(!data.exists(), "nothing was written");
 
     // One node: served; the listen addresses given explicitly win over the entry's.
     let server = TestServer::start_with(&data, &["--config", &one], &[]);

@@ -1,0 +1,270 @@
+//! A node of a cluster of several nodes (a `[cluster]` listing more than one): the start of
+//! its replica network and the seat its catalog's groups open with, the first start's
+//! decision (form the cluster, or refuse a node that lost its data), the root user, and the
+//! roster command 12 reports. `docs/cluster.md` describes the whole.
+//!
+//! Start order (`main.rs`): [`Cluster::start`] binds the replica listener, starts the bus
+//! and, at a node's first start, waits until every peer has said in its handshake whether it
+//! holds data of the cluster: none does, so the cluster is being formed and this node
+//! records its membership and formats its groups; one does, so this node lost its data and
+//! is refused (rejoining by state transfer is not built yet), with nothing written. Then the
+//! replica workers start and the catalog loads with [`Cluster::seat`].
+
+use crate::catalog::{Catalog, ClusterSeat, METADATA_GROUP};
+use crate::config::ClusterConfig;
+use crate::membership::{self, Checked};
+use crate::replicas::Replicas;
+use cairn_bus::{Bus, BusConfig, ClusterKey, NodeAddress};
+use cairn_machine::metadata::MetadataMachine;
+use cairn_machine::partition::PartitionMachine;
+use cairn_vsr::constants::Shape;
+use cairn_vsr::journal::BodyRule;
+use cairn_vsr::replica::StateMachine;
+use cairn_wire::reply;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+/// Wall time of one replica tick: heartbeats every 10 ticks, a backup's view-change
+/// timeout 50 to 75 ticks, so a dead primary is replaced well within 2 s.
+pub const TICK: Duration = Duration::from_millis(10);
+/// How long a request waits for a quorum before its outcome is given up as unknown.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Threads serving the groups' messages from peers and their ticks.
+const WORKERS: usize = 2;
+/// How often the first start says which peers it still waits for.
+const WAITING_REPORT_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Command 12's roles and statuses (`iggy_common` `ClusterNodeRole`, `ClusterNodeStatus`).
+const ROLE_LEADER: u8 = 0;
+const ROLE_FOLLOWER: u8 = 1;
+const STATUS_HEALTHY: u8 = 0;
+const STATUS_UNREACHABLE: u8 = 3;
+
+/// This node's part of the cluster at run time.
+pub struct Cluster {
+    pub config: ClusterConfig,
+    pub bus: Arc<Bus>,
+    pub replicas: Arc<Replicas>,
+    /// This node's replica index.
+    pub index: u8,
+    seat: ClusterSeat,
+}
+
+impl Cluster {
+    /// Start the replica network of this node, deciding at a first start whether the
+    /// cluster is being formed (every peer up and without data) or this node lost its data
+    /// (refused). Returns once the catalog may load.
+    pub async fn start(config: &ClusterConfig, data_dir: &Path) -> Result<Cluster, String> {
+        let recorded = match membership::check(data_dir, Some(config)).map_err(|error| error.to_string())? {
+            Checked::Recorded(_) => true,
+            Checked::Unrecorded => false,
+        };
+        let entry = config.this_node();
+        let address = crate::config::listen_address(&entry.replica);
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .map_err(|error| format!("cannot listen for replica traffic on {address}: {error}"))?;
+        let holds_data = Arc::new(AtomicBool::new(recorded));
+        let nodes = config
+            .nodes
+            .iter()
+            .map(|node| NodeAddress {
+                id: node.id,
+                replica: node.replica.clone(),
+            })
+            .collect();
+        let cluster_id = config.cluster_id();
+        let mut bus_config = BusConfig::new(
+            cluster_id,
+            config.node_id,
+            nodes,
+            ClusterKey::derive(config.secret.as_bytes()),
+            Arc::new(prepare_rule),
+            Shape::PARTITION.message_size_max,
+        );
+        bus_config.holds_data = holds_data.clone();
+        let (bus, received) =
+            cairn_bus::Bus::start(bus_config, listener).map_err(|error| error.to_string())?;
+        let bus = Arc::new(bus);
+        let index = config.replica_index();
+        if !recorded {
+            if let Err(refusal) = wait_to_form(&bus, config).await {
+                bus.shutdown().await;
+                return Err(refusal);
+            }
+            membership::record(data_dir, config).map_err(|error| error.to_string())?;
+            holds_data.store(true, Ordering::Release);
+            tracing::info!("every node is up without data: this node forms the cluster with them");
+        }
+        let replicas = Replicas::start(bus.clone(), cluster_id, received, WORKERS, TICK);
+        // The metadata group is formatted when this node forms the cluster, or when its
+        // membership is recorded and the group is not yet formatted (a stop between the two:
+        // the group never existed here, so it never acknowledged anything).
+        let forming = !crate::node::is_formatted(&crate::catalog::metadata_group_dir(data_dir));
+        let seat = ClusterSeat {
+            replicas: replicas.clone(),
+            replica: index,
+            replica_count: config.nodes.len() as u8,
+            cluster: cluster_id,
+            tick: TICK,
+            request_timeout: REQUEST_TIMEOUT,
+            forming,
+        };
+        Ok(Cluster {
+            config: config.clone(),
+            bus,
+            replicas,
+            index,
+            seat,
+        })
+    }
+
+    /// The seat the catalog's groups open with.
+    pub fn seat(&self) -> ClusterSeat {
+        self.seat.clone()
+    }
+
+    /// Command 12's nodes as this node sees them: every node of the list in id order, the
+    /// metadata group's primary as the one Leader (none during a view change: clients ask
+    /// again), this node and the peers it is connected to Healthy, the others Unreachable.
+    pub fn roster(&self, metadata_primary: Option<u8>) -> Vec<reply::ClusterNode> {
+        self.config
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(index, node)| {
+                let index = index as u8;
+                let (host, tcp_port) = crate::config::split_host_port(&node.tcp);
+                let reachable = index == self.index || self.bus.is_connected(index);
+                reply::ClusterNode {
+                    name: format!("cairn-{}", node.id),
+                    ip: host.to_string(),
+                    tcp_port,
+                    quic_port: 0,
+                    http_port: crate::config::split_host_port(&node.http).1,
+                    websocket_port: 0,
+                    role: if metadata_primary == Some(index) {
+                        ROLE_LEADER
+                    } else {
+                        ROLE_FOLLOWER
+                    },
+                    status: if reachable {
+                        STATUS_HEALTHY
+                    } else {
+                        STATUS_UNREACHABLE
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// Stop serving the groups and close the replica network (the clean stop, after the
+    /// partitions closed).
+    pub async fn stop(&self) {
+        let replicas = self.replicas.clone();
+        let _ = tokio::task::spawn_blocking(move || replicas.stop()).await;
+        self.bus.shutdown().await;
+    }
+}
+
+/// How a group's prepares verify: the metadata's or a partition's state machine.
+fn prepare_rule(group: u64) -> BodyRule {
+    if group == METADATA_GROUP {
+        MetadataMachine::body_verifies
+    } else {
+        PartitionMachine::body_verifies
+    }
+}
+
+/// A first start: wait until every peer has said whether it holds data of the cluster.
+/// `Ok` when none does (the cluster is being formed); a refusal when one does (this node's
+/// data directory is empty, but the cluster exists: it lost its data).
+async fn wait_to_form(bus: &Bus, config: &ClusterConfig) -> Result<(), String> {
+    let peers: Vec<(u8, u32)> = config
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(index, node)| (index as u8, node.id))
+        .filter(|(index, _)| *index != bus.index())
+        .collect();
+    let mut reported = Instant::now();
+    loop {
+        if let Some((_, id)) = peers
+            .iter()
+            .find(|(index, _)| bus.peer_holds_data(*index) == Some(true))
+        {
+            return Err(format!(
+                "this node's data directory holds no data of the cluster, and node {id} holds the cluster's data: \
+                 this node lost its data (or was never part of the cluster as formed). A node that lost its data \
+                 must rejoin by state transfer from its peers, which this release does not do yet; nothing was \
+                 written. Until then the cluster runs on its other nodes"
+            ));
+        }
+        let waiting: Vec<String> = peers
+            .iter()
+            .filter(|(index, _)| bus.peer_holds_data(*index).is_none())
+            .map(|(_, id)| id.to_string())
+            .collect();
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        if reported.elapsed() >= WAITING_REPORT_INTERVAL {
+            tracing::info!(
+                waiting_for = %waiting.join(", "),
+                "first start: waiting for every node to be up before the cluster is formed (each with an empty data directory)"
+            );
+            reported = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The root user of a new cluster: made by whichever node's metadata replica is the
+/// primary (the others see it when the op applies). Runs in the background until the
+/// metadata holds it or the server stops. Returns the generated password when this node
+/// made the user with one.
+pub async fn ensure_root_user(
+    catalog: Arc<RwLock<Catalog>>,
+    password: Option<String>,
+    now_us: impl Fn() -> u64 + Send + 'static,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let outcome = {
+            let (catalog, password) = (catalog.clone(), password.clone());
+            let now_us = now_us();
+            tokio::task::spawn_blocking(move || {
+                let mut catalog = match catalog.write() {
+                    Ok(catalog) => catalog,
+                    Err(poisoned) => poisoned.into_inner(),
+                };
+                if catalog.meta().user(crate::auth::ROOT_USER_ID).is_some() {
+                    return Ok(None);
+                }
+                if catalog.metadata_primary() != catalog.seat().map(|seat| seat.replica) {
+                    return Err(None);
+                }
+                crate::create_root_user(&mut catalog, password, now_us).map_err(Some)
+            })
+            .await
+        };
+        match outcome {
+            Ok(Ok(None)) => return,
+            Ok(Ok(Some(generated))) => {
+                println!(
+                    "Generated a password for the root user `iggy` (shown once, stored only as a hash): {generated}"
+                );
+                return;
+            }
+            Ok(Err(Some(error))) => tracing::warn!(%error, "creating the root user failed; trying again"),
+            Ok(Err(None)) => {}
+            Err(error) => tracing::error!(%error, "creating the root user panicked; trying again"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}

@@ -1,0 +1,368 @@
+//! Three `cairn` processes on loopback, one cluster: they form it together at their first
+//! start, every node reports the same roster with one leader, what a client sends through
+//! any node is replicated byte for byte to every node's log, and when the leader is killed
+//! the others elect a new one that takes sends with offsets continuing.
+
+mod common;
+
+use common::*;
+use iggy::prelude::*;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const SECRET: &str = "the cluster test's shared secret";
+/// Bound for anything the cluster should do on its own (form, elect, replicate).
+const WITHIN: Duration = Duration::from_secs(30);
+
+/// One node of the test cluster: its configuration file, data directory and client address.
+struct Node {
+    config: PathBuf,
+    data: PathBuf,
+    tcp: SocketAddr,
+}
+
+/// Ports free on loopback now (held together while chosen, so they differ).
+fn free_ports(count: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..count)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
+        .collect();
+    listeners
+        .iter()
+        .map(|listener| listener.local_addr().expect("address").port())
+        .collect()
+}
+
+/// The three nodes' configuration files (the layout) under `dir`.
+fn write_configs(dir: &Path) -> Vec<Node> {
+    let ports = free_ports(9);
+    let mut list = String::new();
+    for id in 0..3 {
+        list.push_str(&format!(
+            "[[cluster.nodes]]\nid = {}\ntcp = \"127.0.0.1:{}\"\nhttp = \"127.0.0.1:{}\"\nreplica = \"127.0.0.1:{}\"\n",
+            id + 1,
+            ports[id],
+            ports[3 + id],
+            ports[6 + id]
+        ));
+    }
+    (0..3)
+        .map(|index| {
+            let config = dir.join(format!("node-{}.toml", index + 1));
+            let text = format!(
+                "[cluster]\nnode_id = {}\nsecret = \"{SECRET}\"\n{list}",
+                index + 1
+            );
+            std::fs::write(&config, text).expect("write the config");
+            Node {
+                config,
+                data: dir.join(format!("data-{}", index + 1)),
+                tcp: SocketAddr::from(([127, 0, 0, 1], ports[index])),
+            }
+        })
+        .collect()
+}
+
+/// Start the nodes at once (a first start waits for every peer before it is ready).
+fn start_all(nodes: &[&Node]) -> Vec<TestServer> {
+    let starting: Vec<_> = nodes
+        .iter()
+        .map(|node| {
+            let (config, data) = (node.config.clone(), node.data.clone());
+            std::thread::spawn(move || {
+                let (config, data_text) = (
+                    config.to_str().expect("utf-8").to_string(),
+                    data.to_str().expect("utf-8").to_string(),
+                );
+                TestServer::start_args(&data, &["--data-dir", &data_text, "--config", &config], &[])
+            })
+        })
+        .collect();
+    starting
+        .into_iter()
+        .map(|thread| thread.join().expect("a node started"))
+        .collect()
+}
+
+/// An SDK client of `addr` that follows the cluster (leader redirection, reconnection),
+/// signed in as root once the cluster has made the root user.
+async fn cluster_client(addr: SocketAddr) -> IggyClient {
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let config = TcpClientConfig {
+            server_address: addr.to_string(),
+            ..Default::default()
+        };
+        let client = IggyClient::new(ClientWrapper::Tcp(
+            TcpClient::create(std::sync::Arc::new(config)).expect("TcpClient::create"),
+        ));
+        let signed_in = async {
+            client.connect().await?;
+            client.login_user(ROOT_USER, ROOT_PASSWORD).await
+        };
+        match tokio::time::timeout(Duration::from_secs(10), signed_in).await {
+            Ok(Ok(_)) => return client,
+            outcome => {
+                assert!(
+                    Instant::now() < deadline,
+                    "could not sign in to the cluster through {addr} within {WITHIN:?}: {outcome:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Wait until `client`'s node reports every node healthy and exactly one leader; its name.
+async fn leader_of(client: &IggyClient, expected_healthy: usize) -> String {
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let metadata = client.get_cluster_metadata().await.expect("cluster metadata");
+        assert_eq!(metadata.nodes.len(), 3, "every node of the list is reported");
+        let leaders: Vec<&ClusterNode> = metadata
+            .nodes
+            .iter()
+            .filter(|node| node.role == ClusterNodeRole::Leader)
+            .collect();
+        let healthy = metadata
+            .nodes
+            .iter()
+            .filter(|node| node.status == ClusterNodeStatus::Healthy)
+            .count();
+        if leaders.len() == 1 && healthy == expected_healthy {
+            return leaders[0].name.clone();
+        }
+        assert!(leaders.len() <= 1, "two leaders reported: {metadata:?}");
+        assert!(
+            Instant::now() < deadline,
+            "no single leader with {expected_healthy} healthy nodes within {WITHIN:?}: {metadata:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Send `count` batches of 10 to `partition`, retrying a batch the cluster did not take
+/// (status 58: no primary yet) within the bound; every batch is acknowledged once.
+async fn send_batches(
+    client: &IggyClient,
+    stream: u32,
+    topic: u32,
+    partition: u32,
+    first_id: u128,
+    count: u32,
+) {
+    for batch in 0..count {
+        let messages: Vec<(u128, Vec<u8>)> = (0..10)
+            .map(|i| {
+                let id = first_id + u128::from(batch * 10 + i);
+                (id, payload_for(id, 200))
+            })
+            .collect();
+        let deadline = Instant::now() + WITHIN;
+        loop {
+            match send_batch(client, stream, topic, partition, &messages).await {
+                Ok(()) => break,
+                Err(error) if error.as_code() == 58 && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(error) => panic!("batch {batch} to partition {partition} failed: {error}"),
+            }
+        }
+    }
+}
+
+/// Poll the whole partition until it holds `count` messages (a replica answers at its commit
+/// point, which after a restart or a failover reaches what was committed before within a few
+/// heartbeats), and check it never holds more.
+async fn poll_until(
+    client: &IggyClient,
+    stream: u32,
+    topic: u32,
+    partition: u32,
+    count: usize,
+) -> Vec<IggyMessage> {
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let polled = poll_all(client, stream, topic, partition, 50, 10_000).await;
+        assert!(
+            polled.len() <= count,
+            "more messages than were acknowledged: {}",
+            polled.len()
+        );
+        if polled.len() == count {
+            return polled;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the partition holds {} of the {count} acknowledged messages after {WITHIN:?}",
+            polled.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every segment log of every partition directory under `data`, by path relative to it.
+fn segment_logs_of(data: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    let mut logs = std::collections::BTreeMap::new();
+    let mut pending = vec![data.join("streams")];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|extension| extension == "log") {
+                let relative = path.strip_prefix(data).expect("under data").to_path_buf();
+                logs.insert(relative, std::fs::read(&path).expect("read a segment"));
+            }
+        }
+    }
+    logs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_form_a_cluster_replicate_sends_and_fail_over() {
+    let dir = temp_dir();
+    let nodes = write_configs(dir.path());
+    let servers = start_all(&nodes.iter().collect::<Vec<_>>());
+    for node in &nodes {
+        assert!(
+            node.data.join("membership").exists(),
+            "every node recorded its membership"
+        );
+    }
+
+    // Through a follower: the SDK signs in, learns the roster and follows the leader.
+    let client = cluster_client(nodes[1].tcp).await;
+    assert_eq!(
+        leader_of(&client, 3).await,
+        "cairn-1",
+        "view 0: the first node leads"
+    );
+    let (stream, topic) = create_stream_topic(&client, "orders", "created", 2).await;
+    send_batches(&client, stream, topic, 0, 1, 10).await;
+    send_batches(&client, stream, topic, 1, 1_000, 5).await;
+    let polled = poll_all(&client, stream, topic, 0, 50, 1_000).await;
+    assert_eq!(polled.len(), 100);
+    for (offset, message) in polled.iter().enumerate() {
+        assert_eq!(message.header.offset, offset as u64);
+        assert_eq!(
+            message.payload.as_ref(),
+            payload_for(message.header.id, 200).as_slice()
+        );
+    }
+    drop(client);
+
+    // A clean stop of every node: every node's segment logs hold the same bytes (one
+    // replicated log, written alike everywhere).
+    for server in servers {
+        stop_node(server);
+    }
+    let first = segment_logs_of(&nodes[0].data);
+    assert!(
+        first.len() >= 2,
+        "both partitions have a segment log: {:?}",
+        first.keys()
+    );
+    for node in &nodes[1..] {
+        assert!(
+            segment_logs_of(&node.data) == first,
+            "node {} holds other segment bytes than node 1",
+            node.data.display()
+        );
+    }
+
+    // Restarted, the cluster serves what it held; when its leader dies, another node leads,
+    // and sends go on with offsets above every acknowledged one.
+    let mut servers: Vec<Option<TestServer>> = start_all(&nodes.iter().collect::<Vec<_>>())
+        .into_iter()
+        .map(Some)
+        .collect();
+    let client = cluster_client(nodes[2].tcp).await;
+    let leader = leader_of(&client, 3).await;
+    let leader_index = ["cairn-1", "cairn-2", "cairn-3"]
+        .iter()
+        .position(|name| *name == leader)
+        .expect("a node of the list");
+    poll_until(&client, stream, topic, 0, 100).await;
+    drop(client);
+    servers[leader_index].take().expect("running").kill();
+    let survivor = (leader_index + 1) % 3;
+    let client = cluster_client(nodes[survivor].tcp).await;
+    let new_leader = leader_of(&client, 2).await;
+    assert_ne!(new_leader, leader, "a live node leads");
+    send_batches(&client, stream, topic, 0, 5_000, 3).await;
+    let polled = poll_until(&client, stream, topic, 0, 130).await;
+    for (offset, message) in polled.iter().enumerate() {
+        assert_eq!(
+            message.header.offset, offset as u64,
+            "offsets continue without a gap"
+        );
+    }
+    drop(client);
+
+    // The killed node's disk is lost: started with an empty data directory, it learns from
+    // its peers' handshakes that the cluster holds data, and is refused with nothing written
+    // (a node that lost its data must not vote as a new one).
+    let wiped = &nodes[leader_index];
+    std::fs::remove_dir_all(&wiped.data).expect("wipe");
+    let (code, stderr) = run_to_exit(&wiped.data, &wiped.config);
+    assert_ne!(code, Some(0));
+    assert!(stderr.contains("lost its data"), "{stderr}");
+    assert!(!wiped.data.join("membership").exists(), "nothing was recorded");
+    assert!(!wiped.data.join("vsr").exists(), "nothing was formatted");
+    for server in servers.into_iter().flatten() {
+        stop_node(server);
+    }
+}
+
+/// Run `cairn serve` on `data` with `config` until it exits by itself (bounded); its exit code
+/// and standard error.
+fn run_to_exit(data: &Path, config: &Path) -> (Option<i32>, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data)
+        .arg("--config")
+        .arg(config)
+        .env("CAIRN_ROOT_PASSWORD", ROOT_PASSWORD)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run cairn");
+    let deadline = Instant::now() + WITHIN;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("cairn did not exit within {WITHIN:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr).expect("stderr");
+    (status.code(), stderr)
+}
+
+/// SIGTERM, and a clean exit. (`cairn check` does not verify a cluster node's directory
+/// yet: it says so and exits 2, which this checks too.)
+fn stop_node(mut server: TestServer) {
+    let data = server.data_dir().to_path_buf();
+    let status = server.terminate();
+    assert!(
+        status.success(),
+        "a node did not stop cleanly: {status:?}; stderr tail:\n{}",
+        server.logs()
+    );
+    let check = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("check")
+        .arg(&data)
+        .output()
+        .expect("run cairn check");
+    assert_eq!(check.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&check.stderr).contains("cluster"));
+}
