@@ -784,6 +784,29 @@ pub fn describe_keys() -> String {
 
 #[cfg(test)]
 mod tests {
+
+    /// The three files of `deploy/local/` (README.md, "Run a three-node cluster") are valid
+    /// and describe one cluster: the same list and secret, each node its own entry.
+    #[test]
+    fn the_local_three_node_configs_describe_one_cluster() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/local");
+        let mut clusters = Vec::new();
+        for node in 1..=3u32 {
+            let mut sources = Sources::defaults();
+            sources
+                .apply_file(&dir.join(format!("node-{node}.toml")))
+                .expect("the file is read");
+            let config = sources.build().expect("the file is valid");
+            let cluster = config.cluster.expect("a [cluster] table");
+            assert_eq!(cluster.node_id, node);
+            assert_eq!(config.tcp_address.to_string(), cluster.this_node().tcp);
+            clusters.push(cluster);
+        }
+        assert!(clusters.iter().all(|cluster| cluster.nodes == clusters[0].nodes
+            && cluster.secret == clusters[0].secret
+            && cluster.cluster_id() == clusters[0].cluster_id()));
+    }
+
     use super::*;
 
     #[test]

@@ -196,6 +196,20 @@ pub struct Session {
     pub user_id: Option<u32>,
     /// The session value handed out at login (> 0); 0 before login.
     pub session_id: u64,
+    /// The client id the SDK puts in its request headers (its VSR client id), as of the
+    /// last request (set by the TCP shell). A routing reply names it.
+    pub vsr_client: u128,
+    /// The connection whose consumer this one acts for (consumer-group membership): set by
+    /// AttachConsumerSession on a data connection the SDK opened to a partition's primary.
+    pub consumer_of: Option<u32>,
+}
+
+impl Session {
+    /// The client id consumer-group membership knows this connection by: its own, or the
+    /// coordinator connection's it was attached to.
+    pub fn member_id(&self) -> u32 {
+        self.consumer_of.unwrap_or(self.client_id)
+    }
 }
 
 pub struct Server {
@@ -262,6 +276,8 @@ impl Server {
             transport,
             user_id: None,
             session_id: 0,
+            vsr_client: 0,
+            consumer_of: None,
         }
     }
 
@@ -347,6 +363,21 @@ impl Server {
             }
             Command::GetStats => Ok(Typed::Stats(Box::new(self.stats()))),
             Command::GetClusterMetadata => Ok(self.cluster_metadata()),
+            Command::GetPollRouting {
+                stream,
+                topic,
+                partition_id,
+                ..
+            }
+            | Command::GetConsumerOffsetRouting {
+                stream,
+                topic,
+                partition_id,
+                ..
+            } => self.route(session, &stream, &topic, partition_id),
+            Command::AttachConsumerSession {
+                session: attached, ..
+            } => self.attach_consumer(session, attached),
             Command::GetMe => Ok(Typed::Client(Some(self.client_record(session)))),
             Command::GetStream { stream } => {
                 let catalog = self.read();
@@ -820,6 +851,81 @@ impl Server {
         }
     }
 
+    /// Commands 103 and 123: the node holding the primary of the partition a poll or an
+    /// offset write names (the metadata primary's node when it names none: a consumer
+    /// group's partition is picked where the poll is served), and the coordinator
+    /// connection's identity for the data connection to attach (14). 58 when no primary is
+    /// known now (a view change): the SDK asks again.
+    fn route(
+        &self,
+        session: &Session,
+        stream: &Identifier,
+        topic: &Identifier,
+        partition_id: Option<u32>,
+    ) -> Reply {
+        let (partition, metadata_primary) = {
+            let catalog = self.read();
+            let topic = find_topic(&catalog, stream, topic)?;
+            let partition = match partition_id {
+                Some(id) => Some(
+                    topic
+                        .partitions
+                        .get(id as usize)
+                        .cloned()
+                        .ok_or(codes::PARTITION_NOT_FOUND)?,
+                ),
+                None => None,
+            };
+            (partition, catalog.metadata_primary())
+        };
+        let primary = match partition {
+            Some(partition) => match &*lock(&partition.state) {
+                PartitionState::Serving(data) => data.primary(),
+                _ => None,
+            },
+            None => metadata_primary,
+        };
+        let node = match &self.cluster {
+            Some(cluster) => {
+                let index = primary.ok_or(codes::TRANSIENT_NOT_ACCEPTED)?;
+                cluster
+                    .roster(metadata_primary)
+                    .into_iter()
+                    .nth(usize::from(index))
+                    .ok_or(codes::TRANSIENT_NOT_ACCEPTED)?
+            }
+            None => match self.cluster_metadata() {
+                Typed::ClusterMetadata { mut nodes, .. } if !nodes.is_empty() => nodes.remove(0),
+                _ => return Err(codes::ERROR),
+            },
+        };
+        Ok(Typed::PollRoute {
+            client: session.vsr_client,
+            session: session.session_id,
+            // Cairn's reply headers carry commit 0, so the client's watermark stays 0.
+            metadata_watermark: 0,
+            primary: node,
+        })
+    }
+
+    /// Command 14 on a data connection: act for the consumer of the coordinator connection
+    /// whose login session the routing reply named, when it is this node's and the same
+    /// user's (its consumer-group membership then counts here). A session of another node
+    /// leaves this connection acting for itself.
+    fn attach_consumer(&self, session: &mut Session, attached: u64) -> Reply {
+        match self.client_of_session(attached) {
+            Some((client_id, user_id)) if user_id == session.user_id => {
+                session.consumer_of = Some(client_id);
+                Ok(Typed::Empty)
+            }
+            Some(_) => Err(codes::UNAUTHORIZED),
+            None => {
+                session.consumer_of = None;
+                Ok(Typed::Empty)
+            }
+        }
+    }
+
     fn tcp_port(&self) -> u16 {
         // The configured port, or the one the listener actually bound (port 0 configs).
         match self.bound_port.load(Ordering::Relaxed) {
@@ -975,7 +1081,7 @@ impl Server {
                         members
                             .get(&group_id)
                             .and_then(|m| {
-                                let index = m.position(session.client_id)?;
+                                let index = m.position(session.member_id())?;
                                 m.members
                                     .get(index)
                                     .and_then(|member| member.last_served)
@@ -1012,7 +1118,7 @@ impl Server {
         let Some(membership) = members.get_mut(&group_id) else {
             return Err(codes::CONSUMER_GROUP_MEMBER_NOT_FOUND);
         };
-        let Some(index) = membership.position(session.client_id) else {
+        let Some(index) = membership.position(session.member_id()) else {
             return Err(codes::CONSUMER_GROUP_MEMBER_NOT_FOUND);
         };
         let partition_id = match partition_id {

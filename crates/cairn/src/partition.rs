@@ -221,6 +221,12 @@ impl PartitionData {
         })
     }
 
+    /// The replica index of the partition group's primary as this replica sees it (`None`
+    /// during a view change).
+    pub fn primary(&self) -> Option<u8> {
+        self.group.primary()
+    }
+
     /// Serve the messages of the group's peers and tick it (a worker of the node, when no
     /// request holds the partition).
     pub fn serve_peers(&mut self) {

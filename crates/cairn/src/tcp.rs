@@ -173,6 +173,7 @@ impl Connection {
         let Some(mut session) = self.session.take() else {
             return Ok(false);
         };
+        session.vsr_client = header.client;
         tracing::debug!(
             client_id = session.client_id,
             command = command.name(),

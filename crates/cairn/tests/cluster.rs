@@ -253,6 +253,73 @@ async fn three_nodes_form_a_cluster_replicate_sends_and_fail_over() {
             payload_for(message.header.id, 200).as_slice()
         );
     }
+
+    // A consumer polling with auto-commit and storing offsets: with several nodes the SDK
+    // asks where the partition's primary is (103, 123), attaches a data connection there
+    // (14) and polls (104) and writes offsets (121) on it.
+    let consumer = Consumer::new(id_num(42));
+    for round in 0..3u64 {
+        let polled = client
+            .poll_messages(
+                &id_num(stream),
+                &id_num(topic),
+                Some(0),
+                &consumer,
+                &PollingStrategy::next(),
+                10,
+                true,
+            )
+            .await
+            .expect("a routed poll with auto-commit");
+        let offsets: Vec<u64> = polled
+            .messages
+            .iter()
+            .map(|message| message.header.offset)
+            .collect();
+        assert_eq!(offsets, (round * 10..round * 10 + 10).collect::<Vec<u64>>());
+    }
+    let stored = client
+        .get_consumer_offset(&consumer, &id_num(stream), &id_num(topic), Some(0))
+        .await
+        .expect("get the offset")
+        .expect("an offset is stored");
+    assert_eq!(
+        stored.stored_offset, 29,
+        "auto-commit stored the last polled offset"
+    );
+    client
+        .store_consumer_offset(&consumer, &id_num(stream), &id_num(topic), Some(0), 60)
+        .await
+        .expect("a routed offset store");
+    let stored = client
+        .get_consumer_offset(&consumer, &id_num(stream), &id_num(topic), Some(0))
+        .await
+        .expect("get the offset")
+        .expect("an offset is stored");
+    assert_eq!(stored.stored_offset, 60);
+    // A consumer-group member polls its partitions through its data connection, which
+    // acts for the member's coordinator connection.
+    client
+        .create_consumer_group(&id_num(stream), &id_num(topic), "readers")
+        .await
+        .expect("create a consumer group");
+    client
+        .join_consumer_group(&id_num(stream), &id_num(topic), &id_name("readers"))
+        .await
+        .expect("join");
+    let polled = client
+        .poll_messages(
+            &id_num(stream),
+            &id_num(topic),
+            None,
+            &Consumer::group(id_name("readers")),
+            &PollingStrategy::next(),
+            5,
+            true,
+        )
+        .await
+        .expect("a group member's routed poll");
+    assert_eq!(polled.messages.len(), 5);
     drop(client);
 
     // A clean stop of every node: every node's segment logs hold the same bytes (one

@@ -293,7 +293,61 @@ async fn item12_missing_objects_are_empty_ok_replies() {
     server.stop();
 }
 
-/// Item 17: unknown op-2 code → status 3; the SDK reports InvalidCommand.
+/// The SDK's routing commands, on one node (the SDK sends them only to a cluster of
+/// several, but a node answers them alike): 103 and 123 hand back this connection's client
+/// id and login session and name this node as the partition's primary; a partition that
+/// does not exist is not routed; 14 attaches; 104 is answered as a poll.
+#[tokio::test]
+async fn routing_commands_on_one_node_name_this_node() {
+    let dir = temp_dir();
+    let server = TestServer::start(dir.path());
+    let (mut raw, s, t) = raw_setup(&server, "route", 1).await;
+    let le_u64 = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+    let le_u32 = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
+    let routes = [
+        (103u32, enc::poll(1, s, t, Some(0), (1, 0), 10, false)),
+        (123, enc::consumer_offset_target(1, s, t, Some(0))),
+    ];
+    for (code, body) in routes {
+        let f = raw.call(code, &body).await;
+        assert_eq!(f.status(), 0, "code {code}");
+        assert_eq!(f.operation(), op::NON_REPLICATED);
+        let body = &f.body;
+        assert_eq!(
+            u128::from_le_bytes(body[..16].try_into().expect("16 bytes")),
+            raw.client
+        );
+        assert_eq!(le_u64(body, 16), raw.session);
+        assert_eq!(le_u64(body, 24), 0, "metadata watermark");
+        let name_len = le_u32(body, 32) as usize;
+        assert_eq!(&body[36..36 + name_len], b"cairn");
+        let ip_at = 36 + name_len;
+        let ip_len = le_u32(body, ip_at) as usize;
+        assert_eq!(&body[ip_at + 4..ip_at + 4 + ip_len], b"127.0.0.1");
+        let ports_at = ip_at + 4 + ip_len;
+        let tcp_port = u16::from_le_bytes([body[ports_at], body[ports_at + 1]]);
+        assert_eq!(tcp_port, server.addr().port());
+        assert_eq!(body.len(), ports_at + 8 + 2, "four ports, role, status");
+        assert_eq!(body[ports_at + 8], 0, "leader");
+    }
+    let f = raw
+        .call(123, &enc::consumer_offset_target(1, s, t, Some(5)))
+        .await;
+    assert_eq!(f.status(), 3007, "PartitionNotFound");
+    let mut attach = raw.client.to_le_bytes().to_vec();
+    attach.extend_from_slice(&raw.session.to_le_bytes());
+    attach.extend_from_slice(&0u64.to_le_bytes());
+    let f = raw.call(14, &attach).await;
+    assert_eq!(f.status(), 0);
+    assert!(f.body.is_empty());
+    let f = raw
+        .call(104, &enc::poll(1, s, t, Some(0), (1, 0), 10, false))
+        .await;
+    assert_eq!(f.status(), 0, "answered as a poll of an empty partition");
+}
+
+/// Item 17: unknown op-2 code → status 3; the SDK reports InvalidCommand. The cluster
+/// routing codes (14, 103, 104, 123) decode their bodies.
 /// Item 18: DeleteSegments (op 138) → empty body, no result section.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn items17_18_unknown_code_and_delete_segments() {
@@ -301,12 +355,19 @@ async fn items17_18_unknown_code_and_delete_segments() {
     let server = TestServer::start(dir.path());
     let (mut raw, s, t) = raw_setup(&server, "segs", 1).await;
 
-    for unknown in [9999u32, 7, 150, 14, 103, 104, 123] {
+    for unknown in [9999u32, 7, 150] {
         let f = raw.call(unknown, &[1, 2, 3]).await;
         assert!(f.is_reply(), "code {unknown}: expected a reply");
         assert_eq!(f.status(), 3, "code {unknown}: InvalidCommand");
         assert!(f.body.is_empty());
         assert_eq!(f.operation(), op::NON_REPLICATED);
+    }
+    // The cluster routing codes are known: a body that is not theirs is InvalidFormat (4).
+    for routing in [14u32, 103, 104, 123] {
+        let f = raw.call(routing, &[1, 2, 3]).await;
+        assert!(f.is_reply(), "code {routing}: expected a reply");
+        assert_eq!(f.status(), 4, "code {routing}: InvalidFormat");
+        assert!(f.body.is_empty());
     }
     // The connection still works afterwards.
     let f = raw.call(code::PING, &[]).await;

@@ -385,6 +385,8 @@ pub fn target_of(command: &Command) -> (Option<&Identifier>, Option<&Identifier>
         | PollMessages { stream, topic, .. }
         | FlushUnsavedBuffer { stream, topic, .. }
         | GetConsumerOffset { stream, topic, .. }
+        | GetPollRouting { stream, topic, .. }
+        | GetConsumerOffsetRouting { stream, topic, .. }
         | StoreConsumerOffset { stream, topic, .. }
         | DeleteConsumerOffset { stream, topic, .. }
         | GetConsumerGroup { stream, topic, .. }
@@ -429,6 +431,7 @@ pub fn authorize(user: &UserPermissionsView<'_>, command: &Command, ids: &Resolv
         | LoginWithToken { .. }
         | Logout
         | GetClusterMetadata
+        | AttachConsumerSession { .. }
         | GetMe
         | DescribeOptions { .. }
         | GetPersonalAccessTokens
@@ -460,6 +463,8 @@ pub fn authorize(user: &UserPermissionsView<'_>, command: &Command, ids: &Resolv
         SendMessages { .. } | FlushUnsavedBuffer { .. } => user.send(s, t),
         PollMessages { .. }
         | GetConsumerOffset { .. }
+        | GetPollRouting { .. }
+        | GetConsumerOffsetRouting { .. }
         | StoreConsumerOffset { .. }
         | DeleteConsumerOffset { .. }
         | JoinConsumerGroup { .. }

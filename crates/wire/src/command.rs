@@ -123,6 +123,29 @@ pub enum Command {
         topic: Identifier,
         partition_id: Option<u32>,
     },
+    /// 103 (with more than one node): where to poll. The body is a PollMessages body; only
+    /// what names the partition matters.
+    GetPollRouting {
+        consumer: Consumer,
+        stream: Identifier,
+        topic: Identifier,
+        partition_id: Option<u32>,
+    },
+    /// 123 (with more than one node): where to write an offset. The body is a
+    /// GetConsumerOffset body.
+    GetConsumerOffsetRouting {
+        consumer: Consumer,
+        stream: Identifier,
+        topic: Identifier,
+        partition_id: Option<u32>,
+    },
+    /// 14: bind this (data) connection to the consumer of the coordinator connection the
+    /// routing reply named.
+    AttachConsumerSession {
+        client: u128,
+        session: u64,
+        metadata_watermark: u64,
+    },
     GetConsumerGroup {
         stream: Identifier,
         topic: Identifier,
@@ -309,6 +332,9 @@ impl Command {
             Command::PollMessages { .. } => "PollMessages",
             Command::FlushUnsavedBuffer { .. } => "FlushUnsavedBuffer",
             Command::GetConsumerOffset { .. } => "GetConsumerOffset",
+            Command::GetPollRouting { .. } => "GetPollRouting",
+            Command::GetConsumerOffsetRouting { .. } => "GetConsumerOffsetRouting",
+            Command::AttachConsumerSession { .. } => "AttachConsumerSession",
             Command::GetConsumerGroup { .. } => "GetConsumerGroup",
             Command::GetConsumerGroups { .. } => "GetConsumerGroups",
             Command::SyncConsumerGroup { .. } => "SyncConsumerGroup",
@@ -421,7 +447,14 @@ fn decode_non_replicated(code: u32, body: &[u8]) -> Result<Command, DecodeError>
         },
         32 => Command::GetUsers,
         41 => Command::GetPersonalAccessTokens,
-        100 => Command::PollMessages {
+        14 => Command::AttachConsumerSession {
+            client: r.u128("attached client id")?,
+            session: r.u64("attached session")?,
+            metadata_watermark: r.u64("metadata watermark")?,
+        },
+        // 104 (PollMessagesOnPrimary) is a poll sent to the partition's primary: the same body
+        // and the same reply.
+        100 | 104 => Command::PollMessages {
             consumer: r.consumer()?,
             stream: r.identifier()?,
             topic: r.identifier()?,
@@ -436,7 +469,26 @@ fn decode_non_replicated(code: u32, body: &[u8]) -> Result<Command, DecodeError>
             partition_id: r.u32("partition id")?,
             fsync: r.u8("fsync")? != 0,
         },
+        103 => {
+            let routed = Command::GetPollRouting {
+                consumer: r.consumer()?,
+                stream: r.identifier()?,
+                topic: r.identifier()?,
+                partition_id: r.optional_partition()?,
+            };
+            // The rest of the poll: checked, and not needed to route it.
+            r.polling_strategy()?;
+            r.u32("poll count")?;
+            r.u8("auto commit")?;
+            routed
+        }
         120 => Command::GetConsumerOffset {
+            consumer: r.consumer()?,
+            stream: r.identifier()?,
+            topic: r.identifier()?,
+            partition_id: r.optional_partition()?,
+        },
+        123 => Command::GetConsumerOffsetRouting {
             consumer: r.consumer()?,
             stream: r.identifier()?,
             topic: r.identifier()?,
@@ -467,8 +519,6 @@ fn decode_non_replicated(code: u32, body: &[u8]) -> Result<Command, DecodeError>
             topic: r.identifier()?,
             group: r.identifier()?,
         },
-        // 14, 103, 104 and 123 are multi-node routing codes a single node never serves; they
-        // fall through with every other unknown code.
         _ => {
             return Err(DecodeError::UnknownCommand {
                 operation: operation::NON_REPLICATED,

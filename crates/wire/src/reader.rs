@@ -67,6 +67,10 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(self.array(what)?))
     }
 
+    pub(crate) fn u128(&mut self, what: &'static str) -> Result<u128, DecodeError> {
+        Ok(u128::from_le_bytes(self.array(what)?))
+    }
+
     /// Everything left in the body (option blocks run to the end).
     pub(crate) fn rest(&mut self) -> &'a [u8] {
         let rest = self.buf.get(self.pos..).unwrap_or(&[]);

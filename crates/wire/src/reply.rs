@@ -156,15 +156,36 @@ pub fn cluster_metadata(out: &mut Vec<u8>, cluster_name: &str, nodes: &[ClusterN
     put_long_str(out, cluster_name);
     put_u32(out, len_u32(nodes.len()));
     for node in nodes {
-        put_long_str(out, &node.name);
-        put_long_str(out, &node.ip);
-        put_u16(out, node.tcp_port);
-        put_u16(out, node.quic_port);
-        put_u16(out, node.http_port);
-        put_u16(out, node.websocket_port);
-        out.push(node.role);
-        out.push(node.status);
+        cluster_node(out, node);
     }
+}
+
+/// One node record of cluster metadata: name, IP, four ports, role, status.
+fn cluster_node(out: &mut Vec<u8>, node: &ClusterNode) {
+    put_long_str(out, &node.name);
+    put_long_str(out, &node.ip);
+    put_u16(out, node.tcp_port);
+    put_u16(out, node.quic_port);
+    put_u16(out, node.http_port);
+    put_u16(out, node.websocket_port);
+    out.push(node.role);
+    out.push(node.status);
+}
+
+/// GetPollRouting (103) and GetConsumerOffsetRouting (123) payload: the 32-byte attach block
+/// (client u128, session u64, metadata watermark u64), then the partition primary's node
+/// record as in [`cluster_metadata`].
+pub fn poll_route(
+    out: &mut Vec<u8>,
+    client: u128,
+    session: u64,
+    metadata_watermark: u64,
+    primary: &ClusterNode,
+) {
+    out.extend_from_slice(&client.to_le_bytes());
+    out.extend_from_slice(&session.to_le_bytes());
+    out.extend_from_slice(&metadata_watermark.to_le_bytes());
+    cluster_node(out, primary);
 }
 
 /// GetStats payload (§6.1), every field present, no cache entries.

@@ -25,6 +25,14 @@ pub enum Typed {
         name: String,
         nodes: Vec<reply::ClusterNode>,
     },
+    /// Commands 103 and 123: the coordinator connection's identity to attach with, then the
+    /// partition primary's node record.
+    PollRoute {
+        client: u128,
+        session: u64,
+        metadata_watermark: u64,
+        primary: reply::ClusterNode,
+    },
     /// GetMe (always some), GetClient: the record with its consumer groups.
     Client(Option<reply::ClientRecord>),
     /// GetClients: records without their group entries.
@@ -110,6 +118,12 @@ impl Typed {
             } => reply::login_response(&mut out, *user_id, *session_id, server_version),
             Typed::Stats(stats) => reply::stats(&mut out, stats),
             Typed::ClusterMetadata { name, nodes } => reply::cluster_metadata(&mut out, name, nodes),
+            Typed::PollRoute {
+                client,
+                session,
+                metadata_watermark,
+                primary,
+            } => reply::poll_route(&mut out, *client, *session, *metadata_watermark, primary),
             Typed::Client(Some(client)) => reply::client_details(&mut out, client),
             Typed::Clients(clients) => {
                 for client in clients {

@@ -34,6 +34,8 @@ const PERMISSION_ENTRIES_MAX: usize = 10_000;
 #[derive(Debug, Clone)]
 pub struct ClientEntry {
     pub user_id: Option<u32>,
+    /// The login session handed out to it (0 before login).
+    pub session_id: u64,
     pub transport: u8,
     pub address: String,
 }
@@ -51,6 +53,7 @@ impl Server {
             session.client_id,
             ClientEntry {
                 user_id: session.user_id,
+                session_id: session.session_id,
                 transport: session.transport,
                 address: session.address.clone(),
             },
@@ -66,7 +69,19 @@ impl Server {
     pub(super) fn note_user(&self, session: &Session) {
         if let Some(entry) = self.clients().get_mut(&session.client_id) {
             entry.user_id = session.user_id;
+            entry.session_id = session.session_id;
         }
+    }
+
+    /// The live client signed in with login session `session_id` (> 0), and its user.
+    pub(super) fn client_of_session(&self, session_id: u64) -> Option<(u32, Option<u32>)> {
+        if session_id == 0 {
+            return None;
+        }
+        self.clients()
+            .iter()
+            .find(|(_, entry)| entry.session_id == session_id)
+            .map(|(client_id, entry)| (*client_id, entry.user_id))
     }
 
     /// End the session's login: group memberships go, the user id is cleared.

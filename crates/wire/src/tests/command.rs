@@ -369,29 +369,76 @@ fn flush_and_offsets() {
 
 #[test]
 fn unknown_op2_codes() {
-    for code in [
-        0,
-        2,
-        14,
-        38,
-        39,
-        40,
-        44,
-        45,
-        101,
-        103,
-        104,
-        121,
-        123,
-        202,
-        503,
-        999,
-        u32::MAX,
-    ] {
+    for code in [0, 2, 38, 39, 40, 44, 45, 101, 121, 202, 503, 999, u32::MAX] {
         let err = op2(code, B::new()).unwrap_err();
         assert_eq!(err, DecodeError::UnknownCommand { operation: 2, code });
         assert_eq!(err.status(), 3);
     }
+}
+
+/// The SDK's routing commands with more than one node (docs/cluster.md): 103 carries a
+/// whole poll and routes by its partition, 123 a GetConsumerOffset body, 104 is a poll, 14
+/// is exactly 32 bytes.
+#[test]
+fn cluster_routing_commands() {
+    let poll = || {
+        B::new()
+            .u8(1)
+            .id_num(7)
+            .id_num(1)
+            .id_num(2)
+            .u8(1)
+            .u32(3)
+            .u8(5)
+            .u64(0)
+            .u32(10)
+            .u8(1)
+    };
+    assert_eq!(
+        op2(103, poll()),
+        Ok(Command::GetPollRouting {
+            consumer: Consumer::Consumer(num(7)),
+            stream: num(1),
+            topic: num(2),
+            partition_id: Some(3),
+        })
+    );
+    assert_eq!(
+        op2(104, poll()),
+        Ok(Command::PollMessages {
+            consumer: Consumer::Consumer(num(7)),
+            stream: num(1),
+            topic: num(2),
+            partition_id: Some(3),
+            strategy: PollingStrategy::Next,
+            count: 10,
+            auto_commit: true,
+        })
+    );
+    assert_eq!(
+        op2(123, B::new().u8(2).id_str("g").id_num(1).id_num(2).u8(0).u32(0)),
+        Ok(Command::GetConsumerOffsetRouting {
+            consumer: Consumer::Group(named("g")),
+            stream: num(1),
+            topic: num(2),
+            partition_id: None,
+        })
+    );
+    assert_eq!(
+        op2(14, B::new().u128(9).u64(4).u64(2)),
+        Ok(Command::AttachConsumerSession {
+            client: 9,
+            session: 4,
+            metadata_watermark: 2,
+        })
+    );
+    malformed(op2(14, B::new().u128(9).u64(4)));
+    malformed(op2(14, B::new().u128(9).u64(4).u64(2).u8(0)));
+    // A routing request whose poll part is cut short is refused like the poll.
+    malformed(op2(
+        103,
+        B::new().u8(1).id_num(7).id_num(1).id_num(2).u8(1).u32(3),
+    ));
 }
 
 #[test]
