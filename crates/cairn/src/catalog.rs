@@ -244,6 +244,9 @@ pub struct Catalog {
     reflected_op: u64,
     /// Served by the node's workers once the catalog is shared ([`Catalog::share`]).
     pending: Option<Arc<Pending>>,
+    /// With peers: partitions made for metadata ops whose outcome was unknown (no quorum
+    /// reply in time). Adopted if the op commits; removed once it cannot.
+    staged_unknown: Vec<Staged>,
 }
 
 pub fn metadata_path(data_dir: &Path) -> PathBuf {
@@ -329,7 +332,7 @@ impl Partition {
             // create and making its files (or joined after it); nothing of it was ever
             // acknowledged here, so it starts as a new replica and catches up from its peers.
             Some(peers) if !dir.exists() => {
-                tracing::info!(partition_dir = %dir.display(), "the metadata names a partition this node holds no files of: formatting its replica, which catches up from its peers");
+                tracing::info!(partition_dir = %dir.display(), "the metadata names a partition this node holds no files of (it stopped after applying the create and before making them): formatting a new replica, which catches up from its peers");
                 let peers = PartitionPeers {
                     peers: Peers {
                         format_if_missing: true,
@@ -485,7 +488,7 @@ impl Catalog {
                         topic_id: topic.id,
                         partition_id: p.id,
                     };
-                    let dir = partition_dir(data_dir, stream.id, topic.id, p.id);
+                    let dir = replica_dir(data_dir, seat.as_ref(), ids, p);
                     let (peers, hosted) = match &seat {
                         Some(seat) => {
                             let (peers, hosted) = seat.host(ids, *p, false);
@@ -537,12 +540,18 @@ impl Catalog {
             seat,
             reflected_op,
             pending,
+            staged_unknown: Vec::new(),
         };
         // With peers the metadata comes up at its checkpoint, possibly below ops this node
         // applied before it stopped: a directory it does not name yet may be a partition it
-        // replicated, so nothing is removed here; deletes remove what they delete.
-        if catalog.seat.is_none() {
-            catalog.remove_orphans()?;
+        // replicated, so only streams and topics whose delete is certain go (ids are never
+        // reused); deletes remove what they delete.
+        match &catalog.seat {
+            None => catalog.remove_orphans()?,
+            Some(_) => {
+                let meta = catalog.meta().clone();
+                catalog.remove_deleted_dirs(&meta);
+            }
         }
         Ok((catalog, first_start))
     }
@@ -681,7 +690,12 @@ impl Catalog {
                         topic_id: topic.id,
                         partition_id: doc.id,
                     };
-                    let dir = partition_dir(&self.data_dir, stream.id, topic.id, doc.id);
+                    let dir = replica_dir(&self.data_dir, Some(&seat), ids, doc);
+                    if let Some(adopted) = take_staged(&mut self.staged_unknown, ids, doc) {
+                        runtime.partitions.push(adopted);
+                        changed = true;
+                        continue;
+                    }
                     let partition = if dir.exists() {
                         // Replicated here before a restart brought the metadata back below
                         // its create: its files are this replica.
@@ -692,7 +706,7 @@ impl Catalog {
                         match Partition::create(dir.clone(), *doc, ids, options, &self.writers, Some(&seat)) {
                             Ok(partition) => partition,
                             Err(error) => {
-                                tracing::error!(partition_dir = %dir.display(), %error, "cannot create this node's replica of a new partition: it is refused here (the other nodes keep it); a restart tries again");
+                                tracing::error!(partition_dir = %dir.display(), %error, "cannot create this node's replica of a new partition: it is refused on this node, which takes no part in its group (the other nodes go on with it); what was written of it is left as it is");
                                 let state = PartitionState::Refused {
                                     reason: error.to_string(),
                                 };
@@ -754,11 +768,20 @@ impl Catalog {
     /// group commits meanwhile from an earlier primary are reflected first.
     pub fn commit(&mut self, op: &MetadataOp) -> Result<Applied, u32> {
         if self.seat.is_some() {
-            if !self.group.takes_requests() {
+            // Decided on the whole committed state: a new primary first commits what earlier
+            // views prepared (the catalog reflects it, below), so no op applies before this
+            // one, and a directory this op would create that exists holds nothing committed.
+            if !self.group.is_caught_up() {
                 return Err(codes::TRANSIENT_NOT_ACCEPTED);
             }
             self.reconcile();
+            // Ops whose outcome was unknown and that this view's log does not hold never
+            // commit now: their new partitions go.
+            for created in std::mem::take(&mut self.staged_unknown) {
+                destroy_all(&created.partitions);
+            }
         }
+        let reflected_before = self.group.commit_op();
         let mut next = self.meta().clone();
         let applied = next.apply(op)?;
         let staged = match self.stage(&next, &applied.effects) {
@@ -780,15 +803,14 @@ impl Catalog {
                 // more); the client may send the change again to the one that is.
                 tracing::debug!(%error, op = ?op_name(op), "metadata change not taken by the metadata log; nothing of it was kept");
                 self.unstage(&applied.effects, staged);
-                self.reconcile();
                 return Err(codes::TRANSIENT_NOT_ACCEPTED);
             }
             Err(error @ GroupError::OutcomeUnknown { .. }) => {
-                // The op may still commit: then the catalog follows it like any op it did
-                // not make (its partitions are formatted afresh when it applies).
+                // The op may still commit (in another view, with this node's staged replicas
+                // taking part): they stay, adopted when it applies (`reconcile`), removed
+                // once a caught-up primary's log shows it never will.
                 tracing::warn!(%error, op = ?op_name(op), "metadata change got no reply from a quorum in time: it may or may not be applied; answered with an error");
-                self.unstage(&applied.effects, staged);
-                self.reconcile();
+                self.staged_unknown.extend(staged);
                 return Err(codes::ERROR);
             }
             Err(error) => {
@@ -805,20 +827,24 @@ impl Catalog {
         };
         match replicated {
             Ok(Ok(replicated)) if self.seat.is_some() => {
-                // With peers the group may have committed ops of an earlier primary before
-                // this one, so the op applied to a later state than the copy's.
+                // With peers the replica may have lost its view while the request waited and
+                // applied another primary's ops before this one (the op then applied to a
+                // later state than the copy's). What is not this op's own effect, the
+                // node's workers reflect (`reconcile`); nothing here takes partition locks
+                // but this op's own effects, since the caller may hold some (a purge).
                 if replicated == applied {
                     self.finish(&replicated.effects, staged);
+                    if self.group.commit_op() == reflected_before + 1 {
+                        self.reflected_op = self.group.commit_op();
+                    }
                 } else {
                     self.unstage(&applied.effects, staged);
                 }
-                self.reconcile();
                 Ok(replicated)
             }
             Ok(Err(status)) if self.seat.is_some() => {
-                // Refused by the state it applied to (ops of an earlier primary came first).
+                // Refused by the state it applied to (another primary's ops came first).
                 self.unstage(&applied.effects, staged);
-                self.reconcile();
                 Err(status)
             }
             Ok(Ok(replicated)) => {
@@ -921,12 +947,12 @@ impl Catalog {
         };
         let mut partitions = Vec::with_capacity(count as usize);
         for doc in topic.partitions.iter().skip(first as usize).take(count as usize) {
-            let dir = partition_dir(&self.data_dir, stream_id, topic_id, doc.id);
             let ids = PartitionIds {
                 stream_id,
                 topic_id,
                 partition_id: doc.id,
             };
+            let dir = replica_dir(&self.data_dir, self.seat.as_ref(), ids, doc);
             match Partition::create(dir, *doc, ids, options, &self.writers, self.seat.as_ref()) {
                 Ok(partition) => partitions.push(Arc::new(partition)),
                 Err(error) => {
@@ -1102,6 +1128,43 @@ pub fn all_partitions(catalog: &RwLock<Catalog>) -> Vec<Arc<Partition>> {
         .collect()
 }
 
+/// Where partition `ids` (created as `doc` says) keeps its files: `partitions/<id>`, and in a
+/// cluster of several nodes `partitions/<id>-<created_at_us>`, so a partition deleted and
+/// created again with the same id never shares a directory with its earlier incarnation (a
+/// node that restarts below the delete must neither take one's files for the other's nor
+/// remove the later one's when it replays the delete).
+fn replica_dir(
+    data_dir: &Path,
+    seat: Option<&ClusterSeat>,
+    ids: PartitionIds,
+    doc: &PartitionDoc,
+) -> PathBuf {
+    let dir = partition_dir(data_dir, ids.stream_id, ids.topic_id, ids.partition_id);
+    match seat {
+        None => dir,
+        Some(_) => dir.with_file_name(format!("{}-{}", ids.partition_id, doc.created_at_us)),
+    }
+}
+
+/// The partition staged for `ids` created as `doc`, taken out of `staged`, if there is one.
+fn take_staged(staged: &mut Vec<Staged>, ids: PartitionIds, doc: &PartitionDoc) -> Option<Arc<Partition>> {
+    for created in staged.iter_mut() {
+        if (created.stream_id, created.topic_id) != (ids.stream_id, ids.topic_id) {
+            continue;
+        }
+        if let Some(position) = created
+            .partitions
+            .iter()
+            .position(|partition| partition.id == doc.id && partition.created_at_us == doc.created_at_us)
+        {
+            let partition = created.partitions.remove(position);
+            staged.retain(|created| !created.partitions.is_empty());
+            return Some(partition);
+        }
+    }
+    None
+}
+
 /// A partition to open at boot.
 struct ToOpen {
     dir: PathBuf,
@@ -1162,8 +1225,16 @@ fn topic_segment_size(server: u64, topic: &TopicDoc) -> u64 {
 
 fn destroy_all(partitions: &[Arc<Partition>]) {
     for partition in partitions {
-        if let Err(error) = partition.destroy() {
-            tracing::warn!(%error, partition_dir = %partition.dir.display(), "cannot remove a deleted partition's files; they are removed at the next start");
+        match partition.destroy() {
+            Ok(()) => {}
+            // With peers a start removes no partition directory (the metadata comes up
+            // below ops this node applied, so it cannot tell a deleted one).
+            Err(error) if partition.hosted.is_some() => {
+                tracing::warn!(%error, partition_dir = %partition.dir.display(), "cannot remove a deleted partition's files; they stay until removed by hand (the partition is deleted)")
+            }
+            Err(error) => {
+                tracing::warn!(%error, partition_dir = %partition.dir.display(), "cannot remove a deleted partition's files; they are removed at the next start")
+            }
         }
     }
 }

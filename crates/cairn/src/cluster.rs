@@ -50,6 +50,8 @@ pub struct Cluster {
     /// This node's replica index.
     pub index: u8,
     seat: ClusterSeat,
+    /// This node's membership record as the start found or made it.
+    membership: membership::Membership,
 }
 
 impl Cluster {
@@ -58,15 +60,15 @@ impl Cluster {
     /// (refused). Returns once the catalog may load.
     pub async fn start(config: &ClusterConfig, data_dir: &Path) -> Result<Cluster, String> {
         let recorded = match membership::check(data_dir, Some(config)).map_err(|error| error.to_string())? {
-            Checked::Recorded(_) => true,
-            Checked::Unrecorded => false,
+            Checked::Recorded(membership) => Some(membership),
+            Checked::Unrecorded => None,
         };
         let entry = config.this_node();
         let address = crate::config::listen_address(&entry.replica);
         let listener = tokio::net::TcpListener::bind(address)
             .await
             .map_err(|error| format!("cannot listen for replica traffic on {address}: {error}"))?;
-        let holds_data = Arc::new(AtomicBool::new(recorded));
+        let holds_data = Arc::new(AtomicBool::new(recorded.is_some()));
         let nodes = config
             .nodes
             .iter()
@@ -89,20 +91,26 @@ impl Cluster {
             cairn_bus::Bus::start(bus_config, listener).map_err(|error| error.to_string())?;
         let bus = Arc::new(bus);
         let index = config.replica_index();
-        if !recorded {
-            if let Err(refusal) = wait_to_form(&bus, config).await {
-                bus.shutdown().await;
-                return Err(refusal);
+        let membership = match recorded {
+            Some(membership) => membership,
+            None => {
+                if let Err(refusal) = wait_to_form(&bus, config).await {
+                    bus.shutdown().await;
+                    return Err(refusal);
+                }
+                let membership = membership::record(data_dir, config).map_err(|error| error.to_string())?;
+                holds_data.store(true, Ordering::Release);
+                tracing::info!("every node is up without data: this node forms the cluster with them");
+                membership
             }
-            membership::record(data_dir, config).map_err(|error| error.to_string())?;
-            holds_data.store(true, Ordering::Release);
-            tracing::info!("every node is up without data: this node forms the cluster with them");
-        }
+        };
         let replicas = Replicas::start(bus.clone(), cluster_id, received, WORKERS, TICK);
-        // The metadata group is formatted when this node forms the cluster, or when its
-        // membership is recorded and the group is not yet formatted (a stop between the two:
-        // the group never existed here, so it never acknowledged anything).
-        let forming = !crate::node::is_formatted(&crate::catalog::metadata_group_dir(data_dir));
+        // The metadata group is formatted when this node forms the cluster, or after a stop
+        // between the record and the format (the group never existed here, so it never
+        // acknowledged anything). Once formatted, the record says so: a start that finds no
+        // group then lost it, and is refused.
+        let forming = !membership.metadata_formatted
+            && !crate::node::is_formatted(&crate::catalog::metadata_group_dir(data_dir));
         let seat = ClusterSeat {
             replicas: replicas.clone(),
             replica: index,
@@ -118,7 +126,14 @@ impl Cluster {
             replicas,
             index,
             seat,
+            membership,
         })
+    }
+
+    /// Note in the membership record that the metadata group is formatted (after the
+    /// catalog loaded).
+    pub fn note_metadata_formatted(&self, data_dir: &Path) -> Result<(), String> {
+        membership::note_metadata_formatted(data_dir, &self.membership).map_err(|error| error.to_string())
     }
 
     /// The seat the catalog's groups open with.
@@ -223,17 +238,38 @@ async fn wait_to_form(bus: &Bus, config: &ClusterConfig) -> Result<(), String> {
 
 /// The root user of a new cluster: made by whichever node's metadata replica is the
 /// primary (the others see it when the op applies). Runs in the background until the
-/// metadata holds it or the server stops. Returns the generated password when this node
-/// made the user with one.
+/// metadata holds it or the server stops. A password this node generated (none configured)
+/// is printed when this node made the user with it, or when its attempt had no definite
+/// answer (then it is the password if that attempt took effect).
 pub async fn ensure_root_user(
     catalog: Arc<RwLock<Catalog>>,
     password: Option<String>,
     now_us: impl Fn() -> u64 + Send + 'static,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let (password, generated) = match password {
+        Some(password) => (password, false),
+        None => (crate::auth::random_secret(24), true),
+    };
+    let hashed = {
+        let password = password.clone();
+        tokio::task::spawn_blocking(move || crate::auth::hash_secret(&password)).await
+    };
+    let password_hash = match hashed {
+        Ok(Ok(hash)) => hash,
+        Ok(Err(error)) => {
+            tracing::error!(%error, "cannot hash the root password; the root user is not made by this node");
+            return;
+        }
+        Err(error) => {
+            tracing::error!(%error, "hashing the root password panicked; the root user is not made by this node");
+            return;
+        }
+    };
+    let mut shown = false;
     loop {
         let outcome = {
-            let (catalog, password) = (catalog.clone(), password.clone());
+            let (catalog, password_hash) = (catalog.clone(), password_hash.clone());
             let now_us = now_us();
             tokio::task::spawn_blocking(move || {
                 let mut catalog = match catalog.write() {
@@ -241,24 +277,41 @@ pub async fn ensure_root_user(
                     Err(poisoned) => poisoned.into_inner(),
                 };
                 if catalog.meta().user(crate::auth::ROOT_USER_ID).is_some() {
-                    return Ok(None);
+                    return Ok(false);
                 }
                 if catalog.metadata_primary() != catalog.seat().map(|seat| seat.replica) {
                     return Err(None);
                 }
-                crate::create_root_user(&mut catalog, password, now_us).map_err(Some)
+                catalog
+                    .commit(&cairn_machine::metadata::MetadataOp::CreateRoot {
+                        password_hash,
+                        created_at_us: now_us,
+                    })
+                    .map(|_| true)
+                    .map_err(Some)
             })
             .await
         };
         match outcome {
-            Ok(Ok(None)) => return,
-            Ok(Ok(Some(generated))) => {
-                println!(
-                    "Generated a password for the root user `iggy` (shown once, stored only as a hash): {generated}"
-                );
+            Ok(Ok(made)) => {
+                if made && generated && !shown {
+                    println!(
+                        "Generated a password for the root user `iggy` (shown once, stored only as a hash): {password}"
+                    );
+                }
                 return;
             }
-            Ok(Err(Some(error))) => tracing::warn!(%error, "creating the root user failed; trying again"),
+            Ok(Err(Some(status))) if status == cairn_wire::codes::TRANSIENT_NOT_ACCEPTED => {}
+            Ok(Err(Some(status))) => {
+                if generated && !shown && status == cairn_wire::codes::ERROR {
+                    shown = true;
+                    println!(
+                        "Generated a password for the root user `iggy` (shown once, stored only as a hash): {password} \
+                         (making the root user had no definite answer; if it took effect, this is its password)"
+                    );
+                }
+                tracing::warn!(status, "creating the root user failed; trying again");
+            }
             Ok(Err(None)) => {}
             Err(error) => tracing::error!(%error, "creating the root user panicked; trying again"),
         }

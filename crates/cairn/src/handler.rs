@@ -964,17 +964,23 @@ impl Server {
                 .unwrap_or(1),
             ..reply::Stats::default()
         };
+        let mut partitions = Vec::new();
         for topic in catalog.all_topics() {
             s.topics_count += 1;
             s.partitions_count += topic.partitions_count();
             s.consumer_groups_count += topic.doc.consumer_groups.len() as u32;
-            for partition in topic.partitions {
-                if let PartitionState::Serving(data) = &*lock(&partition.state) {
-                    let log_stats = data.stats();
-                    s.segments_count += log_stats.segments_count;
-                    s.messages_count += log_stats.messages_count;
-                    s.messages_size_bytes += log_stats.size_bytes;
-                }
+            partitions.extend(topic.partitions.iter().cloned());
+        }
+        // The partitions' locks are taken after the catalog's is released: a partition's may
+        // be held while its request waits for a quorum, and the catalog's must stay free
+        // meanwhile (a cluster's metadata group is served under it).
+        drop(catalog);
+        for partition in partitions {
+            if let PartitionState::Serving(data) = &*lock(&partition.state) {
+                let log_stats = data.stats();
+                s.segments_count += log_stats.segments_count;
+                s.messages_count += log_stats.messages_count;
+                s.messages_size_bytes += log_stats.size_bytes;
             }
         }
         s

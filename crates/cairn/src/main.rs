@@ -244,6 +244,9 @@ async fn serve(config: config::Config) -> Result<(), String> {
         cluster.as_ref().map(|cluster| cluster.seat()),
     )
     .map_err(|e| format!("cannot load the data directory {}: {e}", data_dir.display()))?;
+    if let Some(cluster) = &cluster {
+        cluster.note_metadata_formatted(&data_dir)?;
+    }
     let clock: Box<dyn handler::Clock> = Box::new(handler::SystemClock);
     // A cluster's root user is made by the metadata primary, once there is one (below).
     let generated_password = match cluster {

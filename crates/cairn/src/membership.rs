@@ -24,6 +24,11 @@ pub struct Membership {
     pub node_id: u32,
     /// Sorted by id, as the configuration's list.
     pub nodes: Vec<ClusterNode>,
+    /// Set once this node's metadata group is formatted (a node of several): a later start
+    /// that finds no metadata group lost it, and must not format a new one. Unset between
+    /// the record and the format (a stop there left no group that ever voted).
+    #[serde(default)]
+    pub metadata_formatted: bool,
 }
 
 impl Membership {
@@ -32,6 +37,7 @@ impl Membership {
             format: FORMAT,
             node_id: cluster.node_id,
             nodes: cluster.nodes.clone(),
+            metadata_formatted: false,
         }
     }
 }
@@ -161,6 +167,25 @@ pub fn check(data_dir: &Path, cluster: Option<&ClusterConfig>) -> Result<Checked
     }
 }
 
+/// Note in the record that this node's metadata group is formatted (a node of several, once
+/// its catalog loaded).
+pub fn note_metadata_formatted(data_dir: &Path, recorded: &Membership) -> Result<(), MembershipError> {
+    if recorded.metadata_formatted {
+        return Ok(());
+    }
+    let path = data_dir.join(MEMBERSHIP_FILE);
+    let io = |reason: String| MembershipError::Io {
+        path: path.clone(),
+        reason,
+    };
+    let membership = Membership {
+        metadata_formatted: true,
+        ..recorded.clone()
+    };
+    let bytes = serde_json::to_vec_pretty(&membership).map_err(|error| io(error.to_string()))?;
+    cairn_storage::atomic_file::write(&path, &bytes).map_err(|error| io(error.to_string()))
+}
+
 /// Record `cluster` as what `data_dir` belongs to (after [`check`] found no record).
 pub fn record(data_dir: &Path, cluster: &ClusterConfig) -> Result<Membership, MembershipError> {
     let path = data_dir.join(MEMBERSHIP_FILE);
@@ -238,6 +263,28 @@ mod tests {
             Err(MembershipError::Mismatch { key, reason, .. }) => (key.to_string(), reason),
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    /// A node of several records first, then notes that its metadata group is formatted;
+    /// later starts read the note, and the list checks are unchanged by it.
+    #[test]
+    fn the_metadata_format_is_noted_once_recorded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let three = cluster(1, &[1, 2, 3]);
+        assert_eq!(
+            check(dir.path(), Some(&three)).expect("checked"),
+            Checked::Unrecorded
+        );
+        let recorded = record(dir.path(), &three).expect("recorded");
+        assert!(!recorded.metadata_formatted);
+        note_metadata_formatted(dir.path(), &recorded).expect("noted");
+        let Checked::Recorded(found) = check(dir.path(), Some(&three)).expect("checked") else {
+            panic!("recorded");
+        };
+        assert!(found.metadata_formatted);
+        assert_eq!(found.nodes, recorded.nodes);
+        let (key, _) = refusal(check_or_record(dir.path(), Some(&cluster(2, &[1, 2, 3]))));
+        assert_eq!(key, "cluster.node_id");
     }
 
     #[test]

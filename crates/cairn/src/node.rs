@@ -960,6 +960,13 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             .then(|| self.replica.config().primary_of(self.replica.view()))
     }
 
+    /// Whether the replica takes requests and has applied every op its log holds: a new
+    /// primary first commits what earlier views prepared, and a decision made on its state
+    /// before then would miss those ops.
+    pub fn is_caught_up(&self) -> bool {
+        self.takes_requests() && self.replica.commit_min() == self.replica.op()
+    }
+
     /// Whether the replica takes requests now: the group's primary, in status normal. A
     /// group of one always is once open.
     pub fn takes_requests(&self) -> bool {

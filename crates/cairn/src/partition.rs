@@ -144,8 +144,8 @@ impl PartitionData {
     /// recorded up to `purge_target` that did not reach it (an op, like any purge).
     ///
     /// With peers (a cluster of several nodes) the replica comes up as whatever its files
-    /// say; an interrupted purge is finished by the group's primary, not at open (only the
-    /// primary takes ops).
+    /// say, and an interrupted purge is not finished at open: only the group's primary may
+    /// add an op, and none does it yet (`docs/cluster.md`).
     pub fn open(
         dir: &Path,
         ids: PartitionIds,

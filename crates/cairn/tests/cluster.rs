@@ -383,6 +383,18 @@ async fn three_nodes_form_a_cluster_replicate_sends_and_fail_over() {
     for server in servers.into_iter().flatten() {
         stop_node(server);
     }
+
+    // A node that lost its metadata group's files (the rest of its data kept) is refused at
+    // start: its record says the group was formatted, so it is not made anew.
+    let damaged = &nodes[survivor];
+    std::fs::remove_dir_all(damaged.data.join("vsr").join("metadata")).expect("remove the metadata group");
+    let (code, stderr) = run_to_exit(&damaged.data, &damaged.config);
+    assert_ne!(code, Some(0));
+    assert!(stderr.contains("no formatted group here"), "{stderr}");
+    assert!(
+        !damaged.data.join("vsr").join("metadata").exists(),
+        "nothing was formatted"
+    );
 }
 
 /// Run `cairn serve` on `data` with `config` until it exits by itself (bounded); its exit code
