@@ -34,7 +34,7 @@ use cairn_wire::codes;
 use cairn_wire::types::Identifier;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
@@ -177,6 +177,9 @@ pub struct ClusterSeat {
     /// Whether this start formats the metadata group when it has none: only when the node
     /// forms the cluster (every node empty), never for a node that lost its files.
     pub forming: bool,
+    /// Set while this node's metadata replica is the primary (the leader clients are sent
+    /// to): the partitions' replicas here then take their groups' primaries over.
+    pub leads_metadata: Arc<AtomicBool>,
 }
 
 impl ClusterSeat {
@@ -213,6 +216,7 @@ impl ClusterSeat {
         let peers = PartitionPeers {
             peers: self.peers(inbox, format_if_missing),
             group,
+            leads_metadata: self.leads_metadata.clone(),
         };
         let hosted = Hosted {
             replicas: self.replicas.clone(),
@@ -576,6 +580,10 @@ impl Catalog {
         }
         if let Err(error) = self.group.serve_inbox() {
             tracing::error!(%error, "the metadata group's replica stopped while serving its peers' messages; metadata changes are refused until a restart");
+        }
+        if let Some(seat) = &self.seat {
+            seat.leads_metadata
+                .store(self.group.takes_requests(), Ordering::Release);
         }
         self.reconcile();
     }

@@ -119,6 +119,7 @@ impl Cluster {
             tick: TICK,
             request_timeout: REQUEST_TIMEOUT,
             forming,
+            leads_metadata: Arc::default(),
         };
         Ok(Cluster {
             config: config.clone(),

@@ -960,6 +960,19 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             .then(|| self.replica.config().primary_of(self.replica.view()))
     }
 
+    /// With peers: start a view change to the next view this replica leads, when it is a
+    /// backup in status normal (`Replica::lead`). Whether it started one.
+    pub fn lead(&mut self) -> Result<bool, GroupError> {
+        if self.peers.is_none() {
+            return Ok(false);
+        }
+        let started = self.replica.lead();
+        if started {
+            self.pump()?;
+        }
+        Ok(started)
+    }
+
     /// Whether the replica takes requests and has applied every op its log holds: a new
     /// primary first commits what earlier views prepared, and a decision made on its state
     /// before then would miss those ops.
@@ -1268,6 +1281,17 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                     if let Err(error) = self.pump() {
                         failure = Some(error);
                         break;
+                    }
+                    // A request whose replica lost its view while it waited is answered by
+                    // the new view: committed and applied here, its reply is in the client
+                    // table (only a primary sends replies).
+                    for &lane in &lanes {
+                        let Lane { client, request, .. } = self.lanes[lane];
+                        if self.lanes[lane].reply.is_none()
+                            && let Some(reply) = self.replica.committed_reply(client, request)
+                        {
+                            self.lanes[lane].reply = Some(reply.clone());
+                        }
                     }
                     if lanes.iter().all(|&lane| self.lanes[lane].reply.is_some()) {
                         break;

@@ -23,7 +23,9 @@ use cairn_storage::read::{ReadOutcome, ReadPart};
 use cairn_wire::codes;
 use cairn_wire::types::PollingStrategy;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Status answered for every request to a partition that failed to open (damage or IO
 /// error at boot). 3003 CannotOpenPartitionLogFile: the 0.11 SDK does not retry it.
@@ -64,7 +66,17 @@ pub struct PartitionData {
     /// Damage a read met (a sealed segment a start took from its summary is verified only
     /// when read): the holder of the lock refuses the partition ([`refuse_for_damage`]).
     found_damage: Option<StorageError>,
+    /// With peers: whether this node is the metadata group's primary (the leader clients
+    /// are sent to), and since when this replica, a backup, has seen another node lead the
+    /// partition while this node leads the metadata.
+    follows_leader: Option<(Arc<AtomicBool>, Option<Instant>)>,
 }
+
+/// How long a partition's primary may sit on another node than the leader's before the
+/// leader's replica takes it over: clients send to the leader (the SDK follows command 12),
+/// and a send elsewhere is not taken. Past a failover's settling, well within the SDK's 2 s
+/// of retrying a send that was not taken.
+const FOLLOW_LEADER_AFTER: Duration = Duration::from_millis(500);
 
 /// Which partition a directory holds: the ids its group id derives from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +99,8 @@ pub struct PartitionPeers {
     /// The group id: the partition's ids and its creation (`partition_group::cluster_group_id`),
     /// so a partition deleted and created again with the same ids is another group.
     pub group: u64,
+    /// Set while this node is the metadata group's primary: the partition's primary follows.
+    pub leads_metadata: Arc<AtomicBool>,
 }
 
 /// Why a partition did not open at boot (it is refused; its files are left as they are).
@@ -208,16 +222,22 @@ impl PartitionData {
         params: LogParams,
         peers: Option<PartitionPeers>,
     ) -> Result<PartitionData, GroupError> {
-        let group = match peers {
-            None => partition_group::open(dir, ids.group_id(), params)?,
-            Some(PartitionPeers { peers, group }) => {
-                partition_group::open_with_peers(dir, group, params, peers)?
-            }
+        let (group, follows_leader) = match peers {
+            None => (partition_group::open(dir, ids.group_id(), params)?, None),
+            Some(PartitionPeers {
+                peers,
+                group,
+                leads_metadata,
+            }) => (
+                partition_group::open_with_peers(dir, group, params, peers)?,
+                Some((leads_metadata, None)),
+            ),
         };
         Ok(PartitionData {
             group,
             dir: dir.to_path_buf(),
             found_damage: None,
+            follows_leader,
         })
     }
 
@@ -235,6 +255,51 @@ impl PartitionData {
         }
         if let Err(error) = self.group.serve_inbox() {
             tracing::error!(partition_dir = %self.dir.display(), %error, "the partition's replica stopped while serving its peers' messages; it takes no writes until a restart");
+            return;
+        }
+        self.follow_leader();
+    }
+
+    /// Start a view change to lead the partition from this replica (tests move a
+    /// partition's primary away from the leader's node with it).
+    #[cfg(test)]
+    pub fn lead(&mut self) -> bool {
+        self.group.lead().unwrap_or(false)
+    }
+
+    /// Whether this replica is its group's primary, in status normal.
+    #[cfg(test)]
+    pub fn takes_requests(&self) -> bool {
+        self.group.takes_requests()
+    }
+
+    /// On the leader's node: a replica that has been a backup of another node's primary for
+    /// [`FOLLOW_LEADER_AFTER`] starts a view change to a view it leads, so the partition's
+    /// primary is where clients send (a view change is safe at any time).
+    fn follow_leader(&mut self) {
+        let Some((leads_metadata, misaligned_since)) = &mut self.follows_leader else {
+            return;
+        };
+        let misaligned = leads_metadata.load(Ordering::Acquire)
+            && self.group.primary().is_some()
+            && !self.group.takes_requests();
+        if !misaligned {
+            *misaligned_since = None;
+            return;
+        }
+        let since = *misaligned_since.get_or_insert_with(Instant::now);
+        if since.elapsed() < FOLLOW_LEADER_AFTER {
+            return;
+        }
+        *misaligned_since = None;
+        match self.group.lead() {
+            Ok(true) => {
+                tracing::info!(partition_dir = %self.dir.display(), "the partition's primary is on another node than the leader's: this node's replica starts a view change to lead it")
+            }
+            Ok(false) => {}
+            Err(error) => {
+                tracing::error!(partition_dir = %self.dir.display(), %error, "the partition's replica stopped while starting a view change; it takes no writes until a restart")
+            }
         }
     }
 

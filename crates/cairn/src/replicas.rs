@@ -691,6 +691,7 @@ mod tests {
             tick: Duration::from_millis(10),
             request_timeout: Duration::from_secs(20),
             forming,
+            leads_metadata: Arc::default(),
         };
         let writers = crate::writer::WriterContext::new(tokio::runtime::Handle::current());
         let dir = dir.to_path_buf();
@@ -725,6 +726,23 @@ mod tests {
             catalog
                 .topic(stream_id, topic_id)
                 .map(|topic| topic.partitions.len())
+        }
+
+        fn leads_metadata(&self) -> bool {
+            let catalog = self.catalog.read().expect("catalog");
+            catalog.metadata_primary() == Some(self.bus.index())
+        }
+
+        fn partition(&self, partition_id: usize) -> Arc<crate::catalog::Partition> {
+            let catalog = self.catalog.read().expect("catalog");
+            catalog.topic(STREAM, TOPIC).expect("topic").partitions[partition_id].clone()
+        }
+
+        fn partition_takes_requests(&self, partition_id: usize) -> bool {
+            match &*lock(&self.partition(partition_id).state) {
+                PartitionState::Serving(data) => data.takes_requests(),
+                _ => false,
+            }
         }
 
         /// The next offset of partition `partition_id` of the test's topic, if it serves.
@@ -874,6 +892,38 @@ mod tests {
             offset = append_eventually(survivor, 0, 7) => offset,
         };
         assert_eq!(offset, 30, "offsets continue after the failover");
+
+        // The partition's primary moved to the node that does not lead the metadata: the
+        // leader's replica takes it back (clients send to the leader).
+        eventually("one survivor leads the metadata", || {
+            second.leads_metadata() || survivor.leads_metadata()
+        })
+        .await;
+        let (leader, other) = if second.leads_metadata() {
+            (second, survivor)
+        } else {
+            (survivor, second)
+        };
+        let moved = {
+            let other = other.partition(0);
+            blocking(move || match &mut *lock(&other.state) {
+                PartitionState::Serving(data) => data.lead(),
+                _ => false,
+            })
+            .await
+        };
+        if moved {
+            eventually(
+                "the partition's primary moves to the node leading the metadata",
+                || leader.partition_takes_requests(0),
+            )
+            .await;
+        }
+        assert_eq!(
+            append_eventually(leader, 0, 8).await,
+            40,
+            "the leader's node takes sends again"
+        );
         let applied = tokio::select! {
             applied = commit_eventually(second, MetadataOp::DeleteTopic { stream_id: STREAM, topic_id: DOOMED }) => applied,
             applied = commit_eventually(survivor, MetadataOp::DeleteTopic { stream_id: STREAM, topic_id: DOOMED }) => applied,
@@ -902,7 +952,7 @@ mod tests {
             || {
                 restarted.topic_partitions(STREAM, DOOMED).is_none()
                     && !topic_dir(0).exists()
-                    && restarted.next_offset(0) == Some(40)
+                    && restarted.next_offset(0) == Some(50)
             },
         )
         .await;

@@ -865,6 +865,17 @@ impl<S: StateMachine> Replica<S> {
         self.config.primary_of(self.view) == self.config.replica
     }
 
+    /// The reply to `client`'s request `request` once it committed and applied here, as the
+    /// client table holds it (replicated state: a backup has it too, so a request whose
+    /// primary lost its view while the request waited learns its outcome when the new view
+    /// commits it).
+    pub fn committed_reply(&self, client: u128, request: u64) -> Option<&Message> {
+        self.client_table
+            .entry(client)
+            .filter(|entry| entry.request == request)
+            .map(|entry| &entry.reply)
+    }
+
     /// The header of committed op `op`, if this replica still holds it.
     pub fn committed_header(&self, op: u64) -> Option<Header> {
         if op == 0 || op > self.commit_min {
@@ -1815,6 +1826,26 @@ impl<S: StateMachine> Replica<S> {
 
     /// Move to view `view` in status view-change and persist it; StartViewChange leaves once
     /// the view is durable.
+    /// A backup in status normal starts a view change to the next view it is the primary
+    /// of (the shell moves a group's primary to where its clients are). As safe as any view
+    /// change: the new view's log holds every committed op. Returns whether it started one.
+    pub fn lead(&mut self) -> bool {
+        if self.status != Status::Normal || self.is_primary() {
+            return false;
+        }
+        let count = u32::from(self.config.replica_count);
+        let replica = u32::from(self.config.replica);
+        let current = self.view % count;
+        let ahead = (replica + count - current) % count;
+        let Some(view) = self.view.checked_add(ahead) else {
+            return false;
+        };
+        debug_assert_eq!(self.config.primary_of(view), self.config.replica);
+        self.start_view_change(view);
+        self.progress();
+        true
+    }
+
     fn start_view_change(&mut self, view: u32) {
         assert!(view > self.view || (view == self.view && self.status == Status::Normal));
         self.view = view;

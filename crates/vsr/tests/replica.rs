@@ -418,6 +418,32 @@ fn a_backup_behind_an_idle_primary_catches_up_from_its_heartbeats() {
     cluster.assert_agree();
 }
 
+/// A backup asked to lead starts a view change to the next view it is the primary of: the
+/// others follow, it becomes the primary with every committed op, and commits new ones.
+#[test]
+fn a_backup_that_leads_becomes_the_primary_and_keeps_every_commit() {
+    let mut cluster = Cluster::new(3);
+    let session = cluster.register();
+    cluster.request(1, 1, session, b"one");
+    assert!(cluster.reply_for(1).is_some());
+    assert!(!cluster.replicas[0].lead(), "the primary does not lead again");
+    assert!(cluster.replicas[2].lead());
+    cluster.settle();
+    cluster.tick(5);
+    assert_eq!(cluster.primary(), 2);
+    assert_eq!(cluster.replicas[2].view(), 2);
+    cluster.request(2, 1, session, b"two");
+    assert_eq!(
+        cluster
+            .reply_for(2)
+            .expect("committed by the new primary")
+            .header
+            .op,
+        3
+    );
+    cluster.assert_agree();
+}
+
 #[test]
 fn a_lost_acknowledgement_is_recovered_by_retransmission() {
     let mut cluster = Cluster::new(3);
