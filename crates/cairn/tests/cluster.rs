@@ -482,33 +482,7 @@ async fn killing_the_leader_under_load_loses_nothing_acknowledged() {
     drop(admin);
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut producers = Vec::new();
-    for partition in 0..4u32 {
-        let (stop, address) = (stop.clone(), nodes[partition as usize % 3].tcp);
-        producers.push(tokio::spawn(async move {
-            let client = cluster_client(address).await;
-            let mut produced = Produced::default();
-            let mut next_id = u128::from(partition + 1) << 64;
-            while !stop.load(std::sync::atomic::Ordering::Acquire) {
-                let messages: Vec<(u128, Vec<u8>)> = (0..10)
-                    .map(|i| {
-                        let id = next_id + i;
-                        (id, payload_for(id, 100))
-                    })
-                    .collect();
-                next_id += 10;
-                let ids = messages.iter().map(|(id, _)| *id);
-                match send_batch(&client, stream, topic, partition, &messages).await {
-                    Ok(()) => produced.acknowledged.extend(ids),
-                    Err(_) => {
-                        produced.uncertain.extend(ids);
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                }
-            }
-            produced
-        }));
-    }
+    let producers = spawn_producers(&nodes, stream, topic, &stop, &Default::default());
 
     for kill in 0..kills {
         // Let the producers get acknowledgements in, then kill whoever leads now.
@@ -538,12 +512,106 @@ async fn killing_the_leader_under_load_loses_nothing_acknowledged() {
         servers[index] = Some(start_all(&[&nodes[index]]).remove(0));
     }
     tokio::time::sleep(Duration::from_millis(700)).await;
+    let client = stop_and_verify(&nodes, stream, topic, &stop, producers).await;
+    drop(client);
+    stop_and_compare_segments(&nodes, servers).await;
+}
+
+/// Every node's SIGKILLed at once under load from four producers, and restarted: every
+/// acknowledged message is there, and new ones get offsets after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_every_node_at_once_under_load_loses_nothing_acknowledged() {
+    let dir = temp_dir();
+    let nodes = write_configs(dir.path());
+    let mut servers = start_all(&nodes.iter().collect::<Vec<_>>());
+    let admin = cluster_client(nodes[0].tcp).await;
+    leader_of(&admin, 3).await;
+    let (stream, topic) = create_stream_topic(&admin, "load", "t", 4).await;
+    drop(admin);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acknowledged = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let producers = spawn_producers(&nodes, stream, topic, &stop, &acknowledged);
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    for server in servers.drain(..) {
+        server.kill();
+    }
+    let before_restart = acknowledged.load(std::sync::atomic::Ordering::Acquire);
+    let servers: Vec<Option<TestServer>> = start_all(&nodes.iter().collect::<Vec<_>>())
+        .into_iter()
+        .map(Some)
+        .collect();
+    // The producers reconnect and go on: the restarted cluster acknowledges more.
+    let deadline = Instant::now() + WITHIN;
+    while acknowledged.load(std::sync::atomic::Ordering::Acquire) < before_restart + 40 {
+        assert!(
+            Instant::now() < deadline,
+            "the restarted cluster acknowledged nothing new"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let client = stop_and_verify(&nodes, stream, topic, &stop, producers).await;
+    drop(client);
+    stop_and_compare_segments(&nodes, servers).await;
+}
+
+/// Four producers, one partition each, connected to different nodes: batches of 10 until
+/// `stop`, each batch acknowledged or, on an error, uncertain (never sent again).
+fn spawn_producers(
+    nodes: &[Node],
+    stream: u32,
+    topic: u32,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    acknowledged_batches: &std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> Vec<tokio::task::JoinHandle<Produced>> {
+    (0..4u32)
+        .map(|partition| {
+            let (stop, address) = (stop.clone(), nodes[partition as usize % 3].tcp);
+            let acknowledged_batches = acknowledged_batches.clone();
+            tokio::spawn(async move {
+                let client = cluster_client(address).await;
+                let mut produced = Produced::default();
+                let mut next_id = u128::from(partition + 1) << 64;
+                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    let messages: Vec<(u128, Vec<u8>)> = (0..10)
+                        .map(|i| {
+                            let id = next_id + i;
+                            (id, payload_for(id, 100))
+                        })
+                        .collect();
+                    next_id += 10;
+                    let ids = messages.iter().map(|(id, _)| *id);
+                    match send_batch(&client, stream, topic, partition, &messages).await {
+                        Ok(()) => {
+                            produced.acknowledged.extend(ids);
+                            acknowledged_batches.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                        }
+                        Err(_) => {
+                            produced.uncertain.extend(ids);
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                }
+                produced
+            })
+        })
+        .collect()
+}
+
+/// Stop the producers, then check every partition through the cluster: every acknowledged
+/// message stored exactly once with its payload, nothing stored that was not sent, offsets
+/// without a gap. Returns the client it checked with.
+async fn stop_and_verify(
+    nodes: &[Node],
+    stream: u32,
+    topic: u32,
+    stop: &std::sync::atomic::AtomicBool,
+    producers: Vec<tokio::task::JoinHandle<Produced>>,
+) -> IggyClient {
     stop.store(true, std::sync::atomic::Ordering::Release);
     let mut produced = Vec::new();
     for producer in producers {
         produced.push(producer.await.expect("a producer ended"));
     }
-
     let client = cluster_client(nodes[0].tcp).await;
     leader_of(&client, 3).await;
     for (partition, produced) in produced.iter().enumerate() {
@@ -553,11 +621,10 @@ async fn killing_the_leader_under_load_loses_nothing_acknowledged() {
         );
         let acknowledged: std::collections::BTreeSet<u128> = produced.acknowledged.iter().copied().collect();
         let uncertain: std::collections::BTreeSet<u128> = produced.uncertain.iter().copied().collect();
-        let expected_at_least = acknowledged.len();
         let deadline = Instant::now() + WITHIN;
         let stored = loop {
-            let stored = poll_all(&client, stream, topic, partition as u32, 1_000, 1_000_000).await;
-            if stored.len() >= expected_at_least || Instant::now() >= deadline {
+            let stored = poll_all(&client, stream, topic, partition as u32, 1_000, 10_000_000).await;
+            if stored.len() >= acknowledged.len() || Instant::now() >= deadline {
                 break stored;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -597,9 +664,13 @@ async fn killing_the_leader_under_load_loses_nothing_acknowledged() {
             stored.len()
         );
     }
-    drop(client);
-    // A node restarted last catches up by repair after the load stops: wait until every
-    // node's segment logs have the same lengths, then stop them and compare the bytes.
+    client
+}
+
+/// Wait until every node's segment logs have the same lengths (a node restarted last
+/// catches up by repair after the load stops), stop every node cleanly, and check their
+/// segment logs hold the same bytes.
+async fn stop_and_compare_segments(nodes: &[Node], servers: Vec<Option<TestServer>>) {
     let deadline = Instant::now() + WITHIN;
     while Instant::now() < deadline {
         let lengths: Vec<std::collections::BTreeMap<PathBuf, usize>> = nodes
