@@ -513,8 +513,7 @@ async fn killing_the_leader_under_load_loses_nothing_acknowledged() {
     }
     tokio::time::sleep(Duration::from_millis(700)).await;
     let client = stop_and_verify(&nodes, stream, topic, &stop, producers).await;
-    drop(client);
-    stop_and_compare_segments(&nodes, servers).await;
+    stop_and_compare_segments(&nodes, servers, client, (stream, topic)).await;
 }
 
 /// Every node's SIGKILLed at once under load from four producers, and restarted: every
@@ -550,8 +549,74 @@ async fn killing_every_node_at_once_under_load_loses_nothing_acknowledged() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let client = stop_and_verify(&nodes, stream, topic, &stop, producers).await;
+    stop_and_compare_segments(&nodes, servers, client, (stream, topic)).await;
+}
+
+/// The leader is stopped (SIGSTOP) for 10 s under load and then continued: the others
+/// elect a new leader and go on meanwhile; the old one acknowledges nothing the new view did
+/// not commit (every acknowledged message is stored, once), and rejoins (the nodes end
+/// byte-identical).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopped_for_ten_seconds_acknowledges_nothing_lost_and_rejoins() {
+    let dir = temp_dir();
+    let nodes = write_configs(dir.path());
+    let servers: Vec<Option<TestServer>> = start_all(&nodes.iter().collect::<Vec<_>>())
+        .into_iter()
+        .map(Some)
+        .collect();
+    let admin = cluster_client(nodes[0].tcp).await;
+    let leader = leader_of(&admin, 3).await;
+    let (stream, topic) = create_stream_topic(&admin, "load", "t", 4).await;
+    drop(admin);
+    let index = ["cairn-1", "cairn-2", "cairn-3"]
+        .iter()
+        .position(|name| *name == leader)
+        .expect("a node of the list");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acknowledged = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let producers = spawn_producers(&nodes, stream, topic, &stop, &acknowledged);
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let pid = servers[index].as_ref().expect("running").pid() as libc::pid_t;
+    // SAFETY: kill(2) with a signal number on our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let stopped_at = Instant::now();
+    // The producers were sent to the leader and wait for it. A client of another node,
+    // once the others have had time to elect (the SDK follows the leader it is told of, and
+    // a stopped process's kernel still accepts connections), sees a new leader and sends
+    // through it.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let other = (index + 1) % 3;
+    let client = cluster_client(nodes[other].tcp).await;
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let metadata = client.get_cluster_metadata().await.expect("cluster metadata");
+        let leaders: Vec<&str> = metadata
+            .nodes
+            .iter()
+            .filter(|node| node.role == ClusterNodeRole::Leader)
+            .map(|node| node.name.as_str())
+            .collect();
+        if leaders.len() == 1 && leaders[0] != leader {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new leader while the old one is stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    send_batches(&client, stream, topic, 0, 9_000_000, 1).await;
+    eprintln!(
+        "leader stopped: a batch committed through a new leader {} ms later",
+        stopped_at.elapsed().as_millis()
+    );
     drop(client);
-    stop_and_compare_segments(&nodes, servers).await;
+    tokio::time::sleep(Duration::from_secs(10).saturating_sub(stopped_at.elapsed())).await;
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let client = stop_and_verify(&nodes, stream, topic, &stop, producers).await;
+    stop_and_compare_segments(&nodes, servers, client, (stream, topic)).await;
 }
 
 /// Four producers, one partition each, connected to different nodes: batches of 10 until
@@ -667,10 +732,29 @@ async fn stop_and_verify(
     client
 }
 
-/// Wait until every node's segment logs have the same lengths (a node restarted last
-/// catches up by repair after the load stops), stop every node cleanly, and check their
-/// segment logs hold the same bytes.
-async fn stop_and_compare_segments(nodes: &[Node], servers: Vec<Option<TestServer>>) {
+/// One last batch to every partition through `client`, then wait until every node's segment
+/// logs have the same lengths (a node restarted last catches up by repair), stop every node
+/// cleanly, and check their segment logs hold the same bytes. The last batch makes the whole
+/// of every log committed: a replica's log may end in a prepare its view change dropped
+/// (never committed, not counted by its durable log head), which the next op overwrites.
+async fn stop_and_compare_segments(
+    nodes: &[Node],
+    servers: Vec<Option<TestServer>>,
+    client: IggyClient,
+    (stream, topic): (u32, u32),
+) {
+    for partition in 0..4 {
+        send_batches(
+            &client,
+            stream,
+            topic,
+            partition,
+            9_500_000 + u128::from(partition) * 100,
+            1,
+        )
+        .await;
+    }
+    drop(client);
     let deadline = Instant::now() + WITHIN;
     while Instant::now() < deadline {
         let lengths: Vec<std::collections::BTreeMap<PathBuf, usize>> = nodes
