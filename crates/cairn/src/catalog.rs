@@ -724,6 +724,7 @@ impl Catalog {
                     };
                     runtime.partitions.push(Arc::new(partition));
                     changed = true;
+                    keep_serving(Some(&seat), &mut self.group);
                 }
                 if changed {
                     runtime.bump_generations();
@@ -878,7 +879,7 @@ impl Catalog {
     }
 
     /// The part of an op's effects that comes before it is durable.
-    fn stage(&self, next: &Metadata, effects: &[Effect]) -> Result<Vec<Staged>, CatalogError> {
+    fn stage(&mut self, next: &Metadata, effects: &[Effect]) -> Result<Vec<Staged>, CatalogError> {
         let mut staged: Vec<Staged> = Vec::new();
         for effect in effects {
             let result = match *effect {
@@ -937,7 +938,7 @@ impl Catalog {
     }
 
     fn create_partitions(
-        &self,
+        &mut self,
         next: &Metadata,
         stream_id: u32,
         topic_id: u32,
@@ -962,7 +963,10 @@ impl Catalog {
             };
             let dir = replica_dir(&self.data_dir, self.seat.as_ref(), ids, doc);
             match Partition::create(dir, *doc, ids, options, &self.writers, self.seat.as_ref()) {
-                Ok(partition) => partitions.push(Arc::new(partition)),
+                Ok(partition) => {
+                    partitions.push(Arc::new(partition));
+                    keep_serving(self.seat.as_ref(), &mut self.group);
+                }
                 Err(error) => {
                     destroy_all(&partitions);
                     return Err(error);
@@ -1079,7 +1083,12 @@ impl Catalog {
 
     fn topic_of<'a>(&'a self, stream_id: u32, doc: &'a TopicDoc) -> Option<Topic<'a>> {
         let runtime = self.runtime.get(&(stream_id, doc.id));
-        debug_assert!(runtime.is_some(), "every committed topic has its run-time parts");
+        // With peers the metadata replica may have applied a create the catalog follows at
+        // its next reconcile; until then the topic is not found here.
+        debug_assert!(
+            runtime.is_some() || self.seat.is_some(),
+            "every committed topic has its run-time parts"
+        );
         let runtime = runtime?;
         Some(Topic {
             stream_id,
@@ -1110,6 +1119,19 @@ impl Catalog {
             .streams
             .values()
             .flat_map(|stream| self.topics_of(stream))
+    }
+}
+
+/// Between the partitions of a long creation (each is formatted with its barriers) under the
+/// catalog's lock: with peers, serve the metadata group as its worker would (it is served
+/// under this lock), so a primary goes on heartbeating and its backups do not start a view
+/// change meanwhile.
+fn keep_serving(seat: Option<&ClusterSeat>, group: &mut LocalGroup<MetadataMachine>) {
+    if seat.is_none() || group.stopped_reason().is_some() {
+        return;
+    }
+    if let Err(error) = group.serve_inbox() {
+        tracing::error!(%error, "the metadata group's replica stopped while serving its peers' messages; metadata changes are refused until a restart");
     }
 }
 

@@ -57,6 +57,9 @@ const RECOVERY_TICKS_MAX: u64 = 20_000;
 /// Ticks a request may wait for its reply once the group is up. A one-replica primary in
 /// status normal answers without any.
 const REQUEST_TICKS_MAX: u64 = 20_000;
+/// Most ticks a group with peers takes at once when it was served late.
+const TICKS_CATCH_UP_MAX: u32 = 10;
+
 /// With peers, ticks between handing a request that has no reply to the replica again.
 const REQUEST_RESEND_TICKS: u32 = 10;
 
@@ -1388,8 +1391,19 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         if now < self.next_tick {
             return false;
         }
-        self.replica.on_tick();
-        self.next_tick = now + tick;
+        // Every tick whose time has come, so logical time keeps pace with wall time although
+        // an idle group is served only every few ticks (`replicas.rs`); a process that stalled
+        // for longer catches up at most `TICKS_CATCH_UP_MAX` at once.
+        let due = (now - self.next_tick).as_nanos() / tick.as_nanos().max(1) + 1;
+        let ticks = due.min(TICKS_CATCH_UP_MAX as u128) as u32;
+        for _ in 0..ticks {
+            self.replica.on_tick();
+        }
+        self.next_tick = if due > u128::from(TICKS_CATCH_UP_MAX) {
+            now + tick
+        } else {
+            self.next_tick + tick * ticks
+        };
         true
     }
 

@@ -7,7 +7,8 @@
 //! - **Workers.** A few threads take scheduled groups and serve them ([`Served::serve`]: a
 //!   group's `serve_inbox` under its lock). A group whose lock a request holds is skipped: the
 //!   request takes the inbox itself while it waits, and the next tick schedules it again.
-//! - **Ticks.** Every tick every group is scheduled, so each replica ticks by wall time.
+//! - **Ticks.** Every few ticks every group is scheduled and takes the ticks due since, so
+//!   each replica ticks by wall time.
 //! - **Sending.** [`Replicas::transport`] hands a group's messages to the bus, except its
 //!   `Commit` heartbeats: those of every group are gathered per peer and sent at each tick
 //!   as one `Heartbeats` message (`cairn_vsr::node`), which the receiving node splits back
@@ -27,6 +28,11 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
+
+/// Every group is served every this many ticks, taking the ticks due since (a group with
+/// messages is served as they arrive, and a request ticks its group itself): an idle group
+/// costs a fifth of serving it every tick, and its timeouts keep their length.
+const SCHEDULE_ALL_EVERY_TICKS: u64 = 5;
 
 /// How a worker serves a group.
 pub trait Served: Send + Sync {
@@ -154,6 +160,7 @@ impl Replicas {
                 .name("cairn-replica-ticks".to_string())
                 .spawn(move || {
                     let mut next = Instant::now();
+                    let mut ticks = 0u64;
                     while !replicas.stopping.load(Ordering::Acquire) {
                         next += tick;
                         let now = Instant::now();
@@ -164,7 +171,10 @@ impl Replicas {
                             next = now;
                         }
                         replicas.send_heartbeats();
-                        replicas.schedule_all();
+                        ticks += 1;
+                        if ticks.is_multiple_of(SCHEDULE_ALL_EVERY_TICKS) {
+                            replicas.schedule_all();
+                        }
                     }
                 });
             match spawned {
