@@ -785,6 +785,48 @@ pub fn describe_keys() -> String {
 #[cfg(test)]
 mod tests {
 
+    /// The configuration in `deploy/kubernetes/cairn.yaml`'s ConfigMap is valid for every
+    /// pod, with the node id and secret the StatefulSet puts in the environment, and listens
+    /// on every interface (the node list holds the pods' DNS names).
+    #[test]
+    fn the_kubernetes_config_is_valid_for_every_pod() {
+        let manifest = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes/cairn.yaml"),
+        )
+        .expect("the manifest");
+        let mut lines = manifest.lines().skip_while(|line| line.trim() != "cairn.toml: |");
+        assert!(lines.next().is_some(), "the ConfigMap holds cairn.toml");
+        let toml: String = lines
+            .take_while(|line| line.starts_with("    ") || line.trim().is_empty())
+            .map(|line| format!("{}\n", line.get(4..).unwrap_or("")))
+            .collect();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cairn.toml");
+        std::fs::write(&path, toml).expect("write");
+        for node_id in 1..=3u32 {
+            let mut sources = Sources::defaults();
+            sources.apply_file(&path).expect("the file is read");
+            sources
+                .apply_env([
+                    ("CAIRN_CLUSTER_NODE_ID".to_string(), node_id.to_string()),
+                    (
+                        "CAIRN_CLUSTER_SECRET".to_string(),
+                        "a secret of sixteen bytes or more".to_string(),
+                    ),
+                ])
+                .expect("the environment is read");
+            let config = sources.build().expect("valid");
+            let cluster = config.cluster.expect("a [cluster] table");
+            assert_eq!(cluster.node_id, node_id);
+            assert_eq!(cluster.nodes.len(), 3);
+            assert_eq!(config.tcp_address.to_string(), "0.0.0.0:8090");
+            assert_eq!(
+                listen_address(&cluster.this_node().replica).to_string(),
+                "0.0.0.0:7090"
+            );
+        }
+    }
+
     /// The three files of `deploy/local/` (README.md, "Run a three-node cluster") are valid
     /// and describe one cluster: the same list and secret, each node its own entry.
     #[test]
