@@ -1145,6 +1145,42 @@ impl Served for RwLock<Catalog> {
     }
 }
 
+/// Every group's replica on this node, for `cairn status`: the metadata group, then each
+/// partition (`stream/topic/partition`) in catalog order. A partition whose lock a request
+/// holds (it waits for a quorum) is reported without positions rather than waited for.
+pub fn replica_statuses(catalog: &RwLock<Catalog>) -> Vec<(String, Option<crate::node::ReplicaStatus>)> {
+    let (metadata, partitions) = {
+        let catalog = match catalog.read() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let partitions: Vec<(String, Arc<Partition>)> = catalog
+            .all_topics()
+            .flat_map(|topic| {
+                topic.partitions.iter().map(move |partition| {
+                    (
+                        format!("{}/{}/{}", topic.stream_id, topic.doc.id, partition.id),
+                        partition.clone(),
+                    )
+                })
+            })
+            .collect();
+        (catalog.group.replica_status(), partitions)
+    };
+    let mut statuses = vec![("metadata".to_string(), Some(metadata))];
+    for (name, partition) in partitions {
+        let status = match partition.state.try_lock() {
+            Ok(state) => match &*state {
+                PartitionState::Serving(data) => Some(data.replica_status()),
+                _ => None,
+            },
+            Err(_) => None,
+        };
+        statuses.push((name, status));
+    }
+    statuses
+}
+
 /// Every partition of the catalog now, in (stream, topic, partition) order, for a pass over
 /// them that takes each one's own lock (the catalog's is held only to list them).
 pub fn all_partitions(catalog: &RwLock<Catalog>) -> Vec<Arc<Partition>> {

@@ -104,6 +104,7 @@ pub async fn serve(server: Arc<Server>, listener: TcpListener, mut shutdown: wat
 fn router(state: Shared) -> Router {
     users::routes()
         .route("/ping", get(ping))
+        .route("/cluster/status", get(cluster_status))
         .route("/users/login", axum::routing::post(login))
         .route("/users/logout", axum::routing::delete(logout))
         .route("/streams", get(get_streams).post(create_stream))
@@ -405,6 +406,39 @@ type ApiResult = Result<Response, ApiError>;
 async fn ping(State(state): State<Shared>, ConnectInfo(peer): Peer, headers: HeaderMap) -> ApiResult {
     state.run(&headers, peer, Command::Ping).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `GET /cluster/status`: this node's replicas, their roles and positions, and which peers
+/// its replica network reaches (what `cairn status` gathers from every node). Open without
+/// sign-in, like `/ping`: it holds topology and positions, no data and no names.
+async fn cluster_status(State(state): State<Shared>) -> Response {
+    let server = state.server.clone();
+    let groups =
+        match tokio::task::spawn_blocking(move || crate::catalog::replica_statuses(&server.catalog)).await {
+            Ok(groups) => groups,
+            Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        };
+    let groups: Vec<serde_json::Value> = groups
+        .into_iter()
+        .map(|(group, status)| serde_json::json!({ "group": group, "replica": status }))
+        .collect();
+    let (node_id, peers) = match &state.server.cluster {
+        Some(cluster) => (
+            cluster.config.node_id,
+            cluster
+                .config
+                .nodes
+                .iter()
+                .enumerate()
+                .filter(|(index, _)| *index != usize::from(cluster.index))
+                .map(|(index, node)| {
+                    serde_json::json!({ "id": node.id, "connected": cluster.bus.is_connected(index as u8) })
+                })
+                .collect(),
+        ),
+        None => (0, Vec::new()),
+    };
+    axum::Json(serde_json::json!({ "node_id": node_id, "peers": peers, "groups": groups })).into_response()
 }
 
 #[derive(Deserialize)]

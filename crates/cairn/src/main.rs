@@ -84,6 +84,16 @@ enum Command {
         /// The data directory (the server must not be running on it).
         data_dir: PathBuf,
     },
+    /// Show a cluster's state as its nodes see it: each node's replica of every group (role,
+    /// view, last applied op, log head, lag behind the furthest node, state transfer wanted)
+    /// and which peers each node reaches. Reads every node's `GET /cluster/status` at the
+    /// `http` address of the node list in FILE. Exit code 0 when every node answered, 1 when
+    /// one did not, 2 on usage errors.
+    Status {
+        /// A node's configuration file (its `[cluster]` node list is used).
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+    },
     /// Load generator: drives an Iggy 0.11 server over TCP with the published SDK and reports
     /// wall-clock throughput, latency percentiles over all samples and server CPU per GB.
     Bench(Box<bench::BenchArgs>),
@@ -139,6 +149,19 @@ fn main() -> ExitCode {
             data_dir,
         }) => return tools::run_repair(accept_loss, &partition, &data_dir),
         Some(Command::Bench(args)) => return bench::run(*args),
+        Some(Command::Status { config }) => {
+            let args = ServeArgs {
+                config: Some(config),
+                ..ServeArgs::default()
+            };
+            return match load_config(&args) {
+                Ok(config) => tools::run_status(&config),
+                Err(error) => {
+                    eprintln!("cairn status: configuration refused: {error}");
+                    ExitCode::from(2)
+                }
+            };
+        }
     };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

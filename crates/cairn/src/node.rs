@@ -609,6 +609,20 @@ impl Inbox {
     }
 }
 
+/// A replica's role and positions (`cairn status`, `GET /cluster/status`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReplicaStatus {
+    /// `primary`, `backup`, `view change` or `recovering`.
+    pub role: &'static str,
+    pub view: u32,
+    /// The last op applied.
+    pub commit: u64,
+    /// The last op in the log.
+    pub op: u64,
+    /// It fell behind its peers' journals and wants a state transfer (not built yet).
+    pub transfer_wanted: bool,
+}
+
 /// A group's replica among its peers (`None` in a [`LocalGroup`]: a group of one).
 #[derive(Clone)]
 pub struct Peers {
@@ -974,6 +988,23 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             self.pump()?;
         }
         Ok(started)
+    }
+
+    /// The replica's role and positions, for `cairn status`.
+    pub fn replica_status(&self) -> ReplicaStatus {
+        let role = match self.replica.status() {
+            Status::Normal if self.replica.is_primary() => "primary",
+            Status::Normal => "backup",
+            Status::ViewChange => "view change",
+            Status::Recovering => "recovering",
+        };
+        ReplicaStatus {
+            role,
+            view: self.replica.view(),
+            commit: self.replica.commit_min(),
+            op: self.replica.op(),
+            transfer_wanted: self.transfer_wanted,
+        }
     }
 
     /// Whether the replica takes requests and has applied every op its log holds: a new

@@ -241,6 +241,11 @@ impl PartitionData {
         })
     }
 
+    /// The partition replica's role and positions.
+    pub fn replica_status(&self) -> crate::node::ReplicaStatus {
+        self.group.replica_status()
+    }
+
     /// The replica index of the partition group's primary as this replica sees it (`None`
     /// during a view change).
     pub fn primary(&self) -> Option<u8> {

@@ -23,6 +23,158 @@ use std::process::ExitCode;
 const EXIT_FINDINGS: u8 = 1;
 const EXIT_USAGE_OR_IO: u8 = 2;
 
+/// How long `cairn status` waits for one node's answer.
+const STATUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// `cairn status --config FILE`: every node's `GET /cluster/status`, as one table.
+pub fn run_status(config: &crate::config::Config) -> ExitCode {
+    let Some(cluster) = &config.cluster else {
+        eprintln!("cairn status: the configuration has no [cluster] node list");
+        return ExitCode::from(EXIT_USAGE_OR_IO);
+    };
+    let mut answers = Vec::new();
+    let mut all_answered = true;
+    for node in &cluster.nodes {
+        let answer = if node.http.is_empty() {
+            Err("no `http` address in the node list".to_string())
+        } else {
+            fetch_status(&node.http)
+        };
+        match &answer {
+            Ok(status) => {
+                let reaches: Vec<String> = status["peers"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|peer| {
+                        let id = peer["id"].as_u64().unwrap_or(0);
+                        if peer["connected"].as_bool().unwrap_or(false) {
+                            format!("{id} connected")
+                        } else {
+                            format!("{id} NOT connected")
+                        }
+                    })
+                    .collect();
+                println!("node {} ({}): peers {}", node.id, node.http, reaches.join(", "));
+            }
+            Err(error) => {
+                all_answered = false;
+                println!("node {} ({}): no answer: {error}", node.id, node.http);
+            }
+        }
+        answers.push((node.id, answer.ok()));
+    }
+    let mut groups: Vec<String> = Vec::new();
+    let mut cells: std::collections::HashMap<(String, u32), Option<StatusCell>> =
+        std::collections::HashMap::new();
+    for (node_id, answer) in &answers {
+        for entry in answer
+            .iter()
+            .flat_map(|status| status["groups"].as_array().into_iter().flatten())
+        {
+            let group = entry["group"].as_str().unwrap_or("?").to_string();
+            if !groups.contains(&group) {
+                groups.push(group.clone());
+            }
+            let replica = &entry["replica"];
+            let cell = replica.is_object().then(|| StatusCell {
+                role: replica["role"].as_str().unwrap_or("?").to_string(),
+                view: replica["view"].as_u64().unwrap_or(0),
+                commit: replica["commit"].as_u64().unwrap_or(0),
+                op: replica["op"].as_u64().unwrap_or(0),
+                transfer_wanted: replica["transfer_wanted"].as_bool().unwrap_or(false),
+            });
+            cells.insert((group, *node_id), cell);
+        }
+    }
+    println!();
+    print!("{:<14}", "group");
+    for (node_id, _) in &answers {
+        print!(" {:<34}", format!("node {node_id}"));
+    }
+    println!();
+    for group in &groups {
+        let furthest = answers
+            .iter()
+            .filter_map(|(node_id, _)| cells.get(&(group.clone(), *node_id)).cloned().flatten())
+            .map(|cell| cell.commit)
+            .max()
+            .unwrap_or(0);
+        print!("{group:<14}");
+        for (node_id, _) in &answers {
+            let text = match cells.get(&(group.clone(), *node_id)) {
+                None => "-".to_string(),
+                Some(None) => "busy or not serving".to_string(),
+                Some(Some(cell)) => format!(
+                    "{} v{} {}/{} lag {}{}",
+                    cell.role,
+                    cell.view,
+                    cell.commit,
+                    cell.op,
+                    furthest.saturating_sub(cell.commit),
+                    if cell.transfer_wanted {
+                        " wants transfer"
+                    } else {
+                        ""
+                    }
+                ),
+            };
+            print!(" {text:<34}");
+        }
+        println!();
+    }
+    if all_answered {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_FINDINGS)
+    }
+}
+
+/// One node's replica of one group, as `cairn status` prints it.
+#[derive(Clone)]
+struct StatusCell {
+    role: String,
+    view: u64,
+    commit: u64,
+    op: u64,
+    transfer_wanted: bool,
+}
+
+/// `GET /cluster/status` from `host:port`, as JSON.
+fn fetch_status(address: &str) -> Result<serde_json::Value, String> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    let target = address
+        .to_socket_addrs()
+        .map_err(|error| format!("cannot resolve {address}: {error}"))?
+        .next()
+        .ok_or_else(|| format!("{address} resolves to no address"))?;
+    let mut stream = std::net::TcpStream::connect_timeout(&target, STATUS_TIMEOUT)
+        .map_err(|error| format!("cannot connect: {error}"))?;
+    stream
+        .set_read_timeout(Some(STATUS_TIMEOUT))
+        .and_then(|()| stream.set_write_timeout(Some(STATUS_TIMEOUT)))
+        .map_err(|error| error.to_string())?;
+    write!(
+        stream,
+        "GET /cluster/status HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|error| format!("cannot send the request: {error}"))?;
+    let mut response = Vec::new();
+    stream
+        .take(16 * 1024 * 1024)
+        .read_to_end(&mut response)
+        .map_err(|error| format!("cannot read the answer: {error}"))?;
+    let text = String::from_utf8_lossy(&response);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| "not an HTTP answer".to_string())?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(head.lines().next().unwrap_or("").to_string());
+    }
+    serde_json::from_str(body).map_err(|error| format!("not a status answer: {error}"))
+}
+
 /// `Some(refusal)` when `data_dir` holds a node of a cluster of several nodes: its groups are
 /// replicas among peers, which the offline tools do not recover yet (they recover a group of
 /// one, as a single node's). Nothing is read beyond the membership record.

@@ -327,6 +327,34 @@ async fn three_nodes_form_a_cluster_replicate_sends_and_fail_over() {
     assert_eq!(polled.messages.len(), 5);
     drop(client);
 
+    // `cairn status` gathers every node's replicas: the metadata group and both partitions,
+    // one primary each, every node reaching its peers.
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("status")
+        .arg("--config")
+        .arg(&nodes[0].config)
+        .output()
+        .expect("run cairn status");
+    let text = String::from_utf8_lossy(&status.stdout);
+    eprintln!("cairn status:\n{text}");
+    assert!(
+        status.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    for group in ["metadata", "0/0/0", "0/0/1"] {
+        let line = text
+            .lines()
+            .find(|line| line.starts_with(group))
+            .unwrap_or_else(|| panic!("no line for {group}: {text}"));
+        assert_eq!(line.matches("primary").count(), 1, "{line}");
+        assert_eq!(line.matches("backup").count(), 2, "{line}");
+    }
+    assert!(
+        !text.contains("NOT connected") && !text.contains("no answer"),
+        "{text}"
+    );
+
     // A clean stop of every node: every node's segment logs hold the same bytes (one
     // replicated log, written alike everywhere).
     for server in servers {
