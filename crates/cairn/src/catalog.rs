@@ -578,13 +578,14 @@ impl Catalog {
         if self.group.stopped_reason().is_some() {
             return;
         }
-        if let Err(error) = self.group.serve_inbox() {
-            tracing::error!(%error, "the metadata group's replica stopped while serving its peers' messages; metadata changes are refused until a restart");
-        }
-        if let Some(seat) = &self.seat {
-            seat.leads_metadata
-                .store(self.group.takes_requests(), Ordering::Release);
-        }
+        keep_serving(self.seat.as_ref(), &mut self.group);
+        self.reconcile();
+    }
+
+    /// With peers: follow every op the metadata replica applied before taking partition
+    /// locks (a purge), so no delete is reflected, and no partition lock taken, while the
+    /// caller holds some.
+    pub fn reflect(&mut self) {
         self.reconcile();
     }
 
@@ -843,7 +844,8 @@ impl Catalog {
                 // but this op's own effects, since the caller may hold some (a purge).
                 if replicated == applied {
                     self.finish(&replicated.effects, staged);
-                    if self.group.commit_op() == reflected_before + 1 {
+                    if self.group.commit_op() == reflected_before + 1 && self.reflected_op == reflected_before
+                    {
                         self.reflected_op = self.group.commit_op();
                     }
                 } else {
@@ -1122,17 +1124,23 @@ impl Catalog {
     }
 }
 
-/// Between the partitions of a long creation (each is formatted with its barriers) under the
-/// catalog's lock: with peers, serve the metadata group as its worker would (it is served
-/// under this lock), so a primary goes on heartbeating and its backups do not start a view
-/// change meanwhile.
+/// With peers: deliver the metadata group's messages and tick it, and note whether this
+/// node leads. The workers do it (`serve_peers`, which then reconciles), and so does a long
+/// partition creation under the catalog's lock between partitions (each is formatted with
+/// its barriers), so a primary goes on heartbeating and its backups do not start a view
+/// change meanwhile; what that applies is reconciled by the next `serve_peers`.
 fn keep_serving(seat: Option<&ClusterSeat>, group: &mut LocalGroup<MetadataMachine>) {
-    if seat.is_none() || group.stopped_reason().is_some() {
+    let Some(seat) = seat else {
+        return;
+    };
+    if group.stopped_reason().is_some() {
         return;
     }
     if let Err(error) = group.serve_inbox() {
         tracing::error!(%error, "the metadata group's replica stopped while serving its peers' messages; metadata changes are refused until a restart");
     }
+    seat.leads_metadata
+        .store(group.takes_requests(), Ordering::Release);
 }
 
 /// The metadata group of a node of a cluster: served by a worker when no request holds the
@@ -1150,9 +1158,12 @@ impl Served for RwLock<Catalog> {
 /// holds (it waits for a quorum) is reported without positions rather than waited for.
 pub fn replica_statuses(catalog: &RwLock<Catalog>) -> Vec<(String, Option<crate::node::ReplicaStatus>)> {
     let (metadata, partitions) = {
-        let catalog = match catalog.read() {
+        // Not waited for: a metadata change holds the lock while it waits for a quorum, and
+        // that is when an operator asks.
+        let catalog = match catalog.try_read() {
             Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return vec![("metadata".to_string(), None)],
         };
         let partitions: Vec<(String, Arc<Partition>)> = catalog
             .all_topics()

@@ -364,17 +364,23 @@ impl Server {
             Command::GetStats => Ok(Typed::Stats(Box::new(self.stats()))),
             Command::GetClusterMetadata => Ok(self.cluster_metadata()),
             Command::GetPollRouting {
+                consumer,
                 stream,
                 topic,
                 partition_id,
-                ..
             }
             | Command::GetConsumerOffsetRouting {
+                consumer,
                 stream,
                 topic,
                 partition_id,
-                ..
-            } => self.route(session, &stream, &topic, partition_id),
+            } => {
+                // A plain consumer naming no partition polls and stores on partition 0 (as
+                // the poll itself resolves it); a group's partition is picked where its
+                // membership is.
+                let partition_id = partition_id.or(matches!(consumer, Consumer::Consumer(_)).then_some(0));
+                self.route(session, &stream, &topic, partition_id)
+            }
             Command::AttachConsumerSession {
                 session: attached, ..
             } => self.attach_consumer(session, attached),
@@ -766,6 +772,7 @@ impl Server {
 
     fn start_session(&self, session: &mut Session, user_id: u32) -> Typed {
         session.user_id = Some(user_id);
+        session.consumer_of = None;
         session.session_id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
         debug_assert!(session.session_id > 0);
         self.note_user(session);
@@ -1315,6 +1322,9 @@ impl Server {
     /// (`PartitionData::open`). Refused before anything changes if a partition does not serve.
     fn purge(&self, stream: &Identifier, topic: Option<&Identifier>) -> Reply {
         let mut catalog = self.write();
+        // With peers, every applied op is reflected before partition locks are taken: a
+        // delete reflected inside the commit below would lock a partition held here.
+        catalog.reflect();
         let stream = find_stream(&catalog, stream)?;
         let stream_id = stream.id;
         let topics: Vec<Topic<'_>> = match topic {

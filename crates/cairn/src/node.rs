@@ -1007,6 +1007,14 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         }
     }
 
+    /// Whether the replica is in status normal and has applied every op its view is known to
+    /// have committed, with no state transfer wanted: one that could lead the group now.
+    pub fn is_current(&self) -> bool {
+        self.replica.status() == Status::Normal
+            && self.replica.commit_min() >= self.replica.commit_max()
+            && !self.transfer_wanted
+    }
+
     /// Whether the replica takes requests and has applied every op its log holds: a new
     /// primary first commits what earlier views prepared, and a decision made on its state
     /// before then would miss those ops.
@@ -1333,6 +1341,16 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                     let now = Instant::now();
                     if now >= deadline {
                         break;
+                    }
+                    // What arrived comes before the ticks due: several ticks taken at once
+                    // (after a slow barrier, say) must not time out prepares whose
+                    // acknowledgements are waiting here.
+                    let arrived = peers.inbox.take_until(now);
+                    if !arrived.is_empty() {
+                        for message in arrived {
+                            self.replica.on_message(message);
+                        }
+                        continue;
                     }
                     if self.tick_if_due(now, peers.tick) {
                         ticks_since_resend += 1;

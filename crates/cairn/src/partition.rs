@@ -285,9 +285,12 @@ impl PartitionData {
         let Some((leads_metadata, misaligned_since)) = &mut self.follows_leader else {
             return;
         };
+        // Only a replica that holds what its view committed may lead: one behind would start
+        // a view change it cannot finish.
         let misaligned = leads_metadata.load(Ordering::Acquire)
             && self.group.primary().is_some()
-            && !self.group.takes_requests();
+            && !self.group.takes_requests()
+            && self.group.is_current();
         if !misaligned {
             *misaligned_since = None;
             return;

@@ -6,7 +6,8 @@
 //!   host, or no longer hosts, is dropped: VSR repeats it), then schedules the group.
 //! - **Workers.** A few threads take scheduled groups and serve them ([`Served::serve`]: a
 //!   group's `serve_inbox` under its lock). A group whose lock a request holds is skipped: the
-//!   request takes the inbox itself while it waits, and the next tick schedules it again.
+//!   request takes the inbox itself while it waits, and its next message or the next round
+//!   of scheduling serves it again.
 //! - **Ticks.** Every few ticks every group is scheduled and takes the ticks due since, so
 //!   each replica ticks by wall time.
 //! - **Sending.** [`Replicas::transport`] hands a group's messages to the bus, except its
@@ -187,7 +188,7 @@ impl Replicas {
     }
 
     /// Host group `group`: its messages go to the returned inbox, and `served` is served
-    /// when they arrive and every tick.
+    /// when they arrive and every few ticks (`SCHEDULE_ALL_EVERY_TICKS`).
     pub fn add_group(&self, group: u64, served: Arc<dyn Served>) -> Arc<Inbox> {
         let inbox = Arc::new(Inbox::default());
         let entry = Arc::new(Entry {

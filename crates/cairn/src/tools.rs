@@ -25,6 +25,8 @@ const EXIT_USAGE_OR_IO: u8 = 2;
 
 /// How long `cairn status` waits for one node's answer.
 const STATUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+/// The largest answer `cairn status` reads from one node.
+const STATUS_ANSWER_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 /// `cairn status --config FILE`: every node's `GET /cluster/status`, as one table.
 pub fn run_status(config: &crate::config::Config) -> ExitCode {
@@ -142,29 +144,46 @@ struct StatusCell {
 
 /// `GET /cluster/status` from `host:port`, as JSON.
 fn fetch_status(address: &str) -> Result<serde_json::Value, String> {
-    use std::io::{Read, Write};
+    use std::io::{Read as _, Write as _};
     use std::net::ToSocketAddrs;
     let target = address
         .to_socket_addrs()
         .map_err(|error| format!("cannot resolve {address}: {error}"))?
         .next()
         .ok_or_else(|| format!("{address} resolves to no address"))?;
+    let deadline = std::time::Instant::now() + STATUS_TIMEOUT;
     let mut stream = std::net::TcpStream::connect_timeout(&target, STATUS_TIMEOUT)
         .map_err(|error| format!("cannot connect: {error}"))?;
     stream
-        .set_read_timeout(Some(STATUS_TIMEOUT))
-        .and_then(|()| stream.set_write_timeout(Some(STATUS_TIMEOUT)))
+        .set_write_timeout(Some(STATUS_TIMEOUT))
         .map_err(|error| error.to_string())?;
     write!(
         stream,
         "GET /cluster/status HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
     )
     .map_err(|error| format!("cannot send the request: {error}"))?;
+    // One deadline for the whole answer, and a bound on its size.
     let mut response = Vec::new();
-    stream
-        .take(16 * 1024 * 1024)
-        .read_to_end(&mut response)
-        .map_err(|error| format!("cannot read the answer: {error}"))?;
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(format!("no whole answer within {STATUS_TIMEOUT:?}"));
+        }
+        stream
+            .set_read_timeout(Some(left))
+            .map_err(|error| error.to_string())?;
+        let read = stream
+            .read(&mut chunk)
+            .map_err(|error| format!("cannot read the answer: {error}"))?;
+        if read == 0 {
+            break;
+        }
+        response.extend_from_slice(&chunk[..read]);
+        if response.len() > STATUS_ANSWER_BYTES_MAX {
+            return Err(format!("the answer exceeds {STATUS_ANSWER_BYTES_MAX} bytes"));
+        }
+    }
     let text = String::from_utf8_lossy(&response);
     let (head, body) = text
         .split_once("\r\n\r\n")

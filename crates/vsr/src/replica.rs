@@ -1824,8 +1824,6 @@ impl<S: StateMachine> Replica<S> {
 
     // ----- view change -----
 
-    /// Move to view `view` in status view-change and persist it; StartViewChange leaves once
-    /// the view is durable.
     /// A backup in status normal starts a view change to the next view it is the primary
     /// of (the shell moves a group's primary to where its clients are). As safe as any view
     /// change: the new view's log holds every committed op. Returns whether it started one.
@@ -1846,6 +1844,8 @@ impl<S: StateMachine> Replica<S> {
         true
     }
 
+    /// Move to view `view` in status view-change and persist it; StartViewChange leaves once
+    /// the view is durable.
     fn start_view_change(&mut self, view: u32) {
         assert!(view > self.view || (view == self.view && self.status == Status::Normal));
         self.view = view;

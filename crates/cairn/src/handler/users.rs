@@ -89,6 +89,7 @@ impl Server {
         self.drop_memberships(session.client_id);
         session.user_id = None;
         session.session_id = 0;
+        session.consumer_of = None;
         self.note_user(session);
     }
 
