@@ -37,9 +37,9 @@ const WORKERS: usize = 2;
 const WAITING_REPORT_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Command 12's roles and statuses (`iggy_common` `ClusterNodeRole`, `ClusterNodeStatus`).
-const ROLE_LEADER: u8 = 0;
+pub const ROLE_LEADER: u8 = 0;
 const ROLE_FOLLOWER: u8 = 1;
-const STATUS_HEALTHY: u8 = 0;
+pub const STATUS_HEALTHY: u8 = 0;
 const STATUS_UNREACHABLE: u8 = 3;
 
 /// This node's part of the cluster at run time.
@@ -152,26 +152,18 @@ impl Cluster {
             .enumerate()
             .map(|(index, node)| {
                 let index = index as u8;
-                let (host, tcp_port) = crate::config::split_host_port(&node.tcp);
                 let reachable = index == self.index || self.bus.is_connected(index);
-                reply::ClusterNode {
-                    name: format!("cairn-{}", node.id),
-                    ip: host.to_string(),
-                    tcp_port,
-                    quic_port: 0,
-                    http_port: crate::config::split_host_port(&node.http).1,
-                    websocket_port: 0,
-                    role: if metadata_primary == Some(index) {
-                        ROLE_LEADER
-                    } else {
-                        ROLE_FOLLOWER
-                    },
-                    status: if reachable {
-                        STATUS_HEALTHY
-                    } else {
-                        STATUS_UNREACHABLE
-                    },
-                }
+                let role = if metadata_primary == Some(index) {
+                    ROLE_LEADER
+                } else {
+                    ROLE_FOLLOWER
+                };
+                let status = if reachable {
+                    STATUS_HEALTHY
+                } else {
+                    STATUS_UNREACHABLE
+                };
+                node_record(node, role, status)
             })
             .collect()
     }
@@ -182,6 +174,22 @@ impl Cluster {
         let replicas = self.replicas.clone();
         let _ = tokio::task::spawn_blocking(move || replicas.stop()).await;
         self.bus.shutdown().await;
+    }
+}
+
+/// Command 12's record of a node of the list: `cairn-<id>` at its entry's `tcp` host and
+/// ports, with `role` and `status`.
+pub fn node_record(node: &crate::config::ClusterNode, role: u8, status: u8) -> reply::ClusterNode {
+    let (host, tcp_port) = crate::config::split_host_port(&node.tcp);
+    reply::ClusterNode {
+        name: format!("cairn-{}", node.id),
+        ip: host.to_string(),
+        tcp_port,
+        quic_port: 0,
+        http_port: crate::config::split_host_port(&node.http).1,
+        websocket_port: 0,
+        role,
+        status,
     }
 }
 

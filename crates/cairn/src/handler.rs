@@ -837,20 +837,11 @@ impl Server {
                 role: 0,
                 status: 0,
             },
-            Some(cluster) => {
-                let entry = cluster.this_node();
-                let (host, tcp_port) = crate::config::split_host_port(&entry.tcp);
-                reply::ClusterNode {
-                    name: format!("cairn-{}", entry.id),
-                    ip: host.to_string(),
-                    tcp_port,
-                    quic_port: 0,
-                    http_port: crate::config::split_host_port(&entry.http).1,
-                    websocket_port: 0,
-                    role: 0,
-                    status: 0,
-                }
-            }
+            Some(cluster) => crate::cluster::node_record(
+                cluster.this_node(),
+                crate::cluster::ROLE_LEADER,
+                crate::cluster::STATUS_HEALTHY,
+            ),
         };
         Typed::ClusterMetadata {
             name: "cairn".to_string(),
