@@ -6,7 +6,8 @@
 //! is stored twice, and every node ends with the same segment bytes.
 //!
 //! `CAIRN_CLUSTER_KILLS=<n>` sets how many times the leader is killed under load (default 3;
-//! the figure is 20).
+//! the figure is 20); `CAIRN_CLUSTER_PARTITIONS=<n>` how many partitions re-elect
+//! their primaries after a node kill (default 100; the figure is 1 000).
 
 mod common;
 
@@ -329,7 +330,7 @@ async fn three_nodes_form_a_cluster_replicate_sends_and_fail_over() {
 
     // `cairn status` gathers every node's replicas: the metadata group and both partitions,
     // one primary each, every node reaching its peers.
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+    let status = cairn_tool()
         .arg("status")
         .arg("--config")
         .arg(&nodes[0].config)
@@ -433,7 +434,7 @@ async fn three_nodes_form_a_cluster_replicate_sends_and_fail_over() {
 /// Run `cairn serve` on `data` with `config` until it exits by itself (bounded); its exit code
 /// and standard error.
 fn run_to_exit(data: &Path, config: &Path) -> (Option<i32>, String) {
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+    let mut child = cairn_tool()
         .arg("serve")
         .arg("--data-dir")
         .arg(data)
@@ -470,7 +471,7 @@ fn stop_node(mut server: TestServer) {
         "a node did not stop cleanly: {status:?}; stderr tail:\n{}",
         server.logs()
     );
-    let check = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+    let check = cairn_tool()
         .arg("check")
         .arg(&data)
         .output()
@@ -827,4 +828,93 @@ async fn stop_and_compare_segments(
             }
         }
     }
+}
+
+/// Many partitions (`CAIRN_CLUSTER_PARTITIONS`, 100 by default; the figure is 1 000):
+/// when the node holding every primary is SIGKILLed, the other two elect a primary for every
+/// group, the metadata and each partition, as `cairn status` shows. The time it took is
+/// printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_node_of_many_primaries_reelects_every_group() {
+    let count: u32 = std::env::var("CAIRN_CLUSTER_PARTITIONS")
+        .ok()
+        .map(|value| value.parse().expect("CAIRN_CLUSTER_PARTITIONS must be a number"))
+        .unwrap_or(100);
+    let dir = temp_dir();
+    let nodes = write_configs(dir.path());
+    let mut servers: Vec<Option<TestServer>> = start_all(&nodes.iter().collect::<Vec<_>>())
+        .into_iter()
+        .map(Some)
+        .collect();
+    let client = cluster_client(nodes[0].tcp).await;
+    let leader = leader_of(&client, 3).await;
+    create_stream_topic(&client, "many", "t", count).await;
+    drop(client);
+    let index = ["cairn-1", "cairn-2", "cairn-3"]
+        .iter()
+        .position(|name| *name == leader)
+        .expect("a node of the list");
+    let survivor = &nodes[(index + 1) % 3];
+    // Every group has its primary on the leader's node (partitions follow the leader).
+    let groups = count as usize + 1;
+    wait_for_primaries(survivor, groups, |line| {
+        let cells: Vec<&str> = line
+            .split("  ")
+            .map(str::trim)
+            .filter(|cell| !cell.is_empty())
+            .collect();
+        cells
+            .get(index + 1)
+            .is_some_and(|cell| cell.starts_with("primary"))
+    })
+    .await;
+    let killed_at = Instant::now();
+    servers[index].take().expect("the leader runs").kill();
+    wait_for_primaries(survivor, groups, |line| line.matches("primary").count() == 1).await;
+    eprintln!(
+        "{count} partitions: every group had a primary on the other nodes {} ms after the kill",
+        killed_at.elapsed().as_millis()
+    );
+    for server in servers.into_iter().flatten() {
+        stop_node(server);
+    }
+}
+
+/// Run `cairn status` with `node`'s configuration until `groups` group lines (the metadata
+/// and every partition) each satisfy `holds` (bounded).
+async fn wait_for_primaries(node: &Node, groups: usize, holds: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let output = cairn_tool()
+            .arg("status")
+            .arg("--config")
+            .arg(&node.config)
+            .output()
+            .expect("run cairn status");
+        let text = String::from_utf8_lossy(&output.stdout);
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|line| line.starts_with("metadata") || line.starts_with("0/"))
+            .collect();
+        if lines.len() == groups && lines.iter().all(|line| holds(line)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every group has a primary within {WITHIN:?}:\n{text}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `cairn` with the environment cleared of CAIRN_* (the test's own knobs must not reach it).
+fn cairn_tool() -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"));
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("CAIRN_") {
+            command.env_remove(&name);
+        }
+    }
+    command
 }
