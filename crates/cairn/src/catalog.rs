@@ -197,6 +197,22 @@ impl ClusterSeat {
         }
     }
 
+    /// [`ClusterSeat::host`] on a node of a cluster; nothing on a node of one.
+    fn host_on(
+        seat: Option<&ClusterSeat>,
+        ids: PartitionIds,
+        doc: PartitionDoc,
+        format_if_missing: bool,
+    ) -> (Option<PartitionPeers>, Option<Hosted>) {
+        match seat {
+            Some(seat) => {
+                let (peers, hosted) = seat.host(ids, doc, format_if_missing);
+                (Some(peers), Some(hosted))
+            }
+            None => (None, None),
+        }
+    }
+
     /// Host partition `ids` (created as `doc` says) on the replica network: the peers its
     /// replica opens with, and the hosting (served once the partition exists).
     fn host(
@@ -377,13 +393,7 @@ impl Partition {
             tracing::warn!(partition_dir = %dir.display(), "removing orphan partition directory left by an interrupted create");
             remove_dir(&dir)?;
         }
-        let (peers, hosted) = match seat {
-            Some(seat) => {
-                let (peers, hosted) = seat.host(ids, doc, true);
-                (Some(peers), Some(hosted))
-            }
-            None => (None, None),
-        };
+        let (peers, hosted) = ClusterSeat::host_on(seat, ids, doc, true);
         let data = match PartitionData::create(&dir, ids, options, peers) {
             Ok(data) => data,
             Err(error) => {
@@ -416,6 +426,14 @@ impl Topic<'_> {
 }
 
 impl TopicRuntime {
+    /// The run-time parts of a topic created at `created_at_us`, with no partitions yet.
+    fn new(created_at_us: u64) -> TopicRuntime {
+        TopicRuntime {
+            created_at_us,
+            ..TopicRuntime::default()
+        }
+    }
+
     /// Bump every group's generation (the partition count changed: assignments change).
     fn bump_generations(&self) {
         for membership in lock(&self.members).values_mut() {
@@ -493,13 +511,7 @@ impl Catalog {
                         partition_id: p.id,
                     };
                     let dir = replica_dir(data_dir, seat.as_ref(), ids, p);
-                    let (peers, hosted) = match &seat {
-                        Some(seat) => {
-                            let (peers, hosted) = seat.host(ids, *p, false);
-                            (Some(peers), Some(hosted))
-                        }
-                        None => (None, None),
-                    };
+                    let (peers, hosted) = ClusterSeat::host_on(seat.as_ref(), ids, *p, false);
                     to_open.push(ToOpen {
                         dir,
                         ids,
@@ -509,13 +521,7 @@ impl Catalog {
                         hosted,
                     });
                 }
-                runtime.insert(
-                    (stream.id, topic.id),
-                    TopicRuntime {
-                        created_at_us: topic.created_at_us,
-                        ..TopicRuntime::default()
-                    },
-                );
+                runtime.insert((stream.id, topic.id), TopicRuntime::new(topic.created_at_us));
             }
         }
         // Recovery reads and verifies each partition's log: spread over the cores.
@@ -582,13 +588,6 @@ impl Catalog {
         self.reconcile();
     }
 
-    /// With peers: follow every op the metadata replica applied before taking partition
-    /// locks (a purge), so no delete is reflected, and no partition lock taken, while the
-    /// caller holds some.
-    pub fn reflect(&mut self) {
-        self.reconcile();
-    }
-
     /// The replica index of the metadata group's primary as this node sees it (`None`
     /// during a view change); a node of one is always its own.
     pub fn metadata_primary(&self) -> Option<u8> {
@@ -639,8 +638,10 @@ impl Catalog {
     /// created anew) go with their files, since their delete is committed; those it names and
     /// the catalog lacks are opened: from their files when this node has them (it may have
     /// replicated them before a restart brought its metadata back below their create), else
-    /// as new replicas, which catch up from their peers.
-    fn reconcile(&mut self) {
+    /// as new replicas, which catch up from their peers. A caller that takes partition locks
+    /// across a commit (a purge) calls it first, so no delete is reflected, and no partition
+    /// lock taken, while it holds some.
+    pub fn reconcile(&mut self) {
         let Some(seat) = self.seat.clone() else {
             return;
         };
@@ -675,10 +676,7 @@ impl Catalog {
                 let runtime = self
                     .runtime
                     .entry((stream.id, topic.id))
-                    .or_insert_with(|| TopicRuntime {
-                        created_at_us: topic.created_at_us,
-                        ..TopicRuntime::default()
-                    });
+                    .or_insert_with(|| TopicRuntime::new(topic.created_at_us));
                 let kept = runtime
                     .partitions
                     .iter()
@@ -997,13 +995,8 @@ impl Catalog {
                         .get(&stream_id)
                         .and_then(|stream| stream.topics.get(&topic_id))
                         .map_or(0, |topic| topic.created_at_us);
-                    self.runtime.insert(
-                        (stream_id, topic_id),
-                        TopicRuntime {
-                            created_at_us,
-                            ..TopicRuntime::default()
-                        },
-                    );
+                    self.runtime
+                        .insert((stream_id, topic_id), TopicRuntime::new(created_at_us));
                 }
                 Effect::CreatePartitions {
                     stream_id, topic_id, ..

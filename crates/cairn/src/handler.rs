@@ -824,9 +824,16 @@ impl Server {
                 nodes: cluster.roster(metadata_primary),
             };
         }
-        // One node: this one, Leader and Healthy. A `[cluster]` of one reports its entry of
-        // the node list (the addresses clients are to use), under its id.
-        let node = match &self.config.cluster {
+        Typed::ClusterMetadata {
+            name: "cairn".to_string(),
+            nodes: vec![self.single_node_record()],
+        }
+    }
+
+    /// A node of one: this one, Leader and Healthy. A `[cluster]` of one reports its entry of
+    /// the node list (the addresses clients are to use), under its id.
+    fn single_node_record(&self) -> reply::ClusterNode {
+        match &self.config.cluster {
             None => reply::ClusterNode {
                 name: "cairn".to_string(),
                 ip: self.config.tcp_address.ip().to_string(),
@@ -834,18 +841,14 @@ impl Server {
                 quic_port: 0,
                 http_port: self.http_bound_port.load(Ordering::Relaxed) as u16,
                 websocket_port: 0,
-                role: 0,
-                status: 0,
+                role: crate::cluster::ROLE_LEADER,
+                status: crate::cluster::STATUS_HEALTHY,
             },
             Some(cluster) => crate::cluster::node_record(
                 cluster.this_node(),
                 crate::cluster::ROLE_LEADER,
                 crate::cluster::STATUS_HEALTHY,
             ),
-        };
-        Typed::ClusterMetadata {
-            name: "cairn".to_string(),
-            nodes: vec![node],
         }
     }
 
@@ -892,10 +895,7 @@ impl Server {
                     .nth(usize::from(index))
                     .ok_or(codes::TRANSIENT_NOT_ACCEPTED)?
             }
-            None => match self.cluster_metadata() {
-                Typed::ClusterMetadata { mut nodes, .. } if !nodes.is_empty() => nodes.remove(0),
-                _ => return Err(codes::ERROR),
-            },
+            None => self.single_node_record(),
         };
         Ok(Typed::PollRoute {
             client: session.vsr_client,
@@ -1315,7 +1315,7 @@ impl Server {
         let mut catalog = self.write();
         // With peers, every applied op is reflected before partition locks are taken: a
         // delete reflected inside the commit below would lock a partition held here.
-        catalog.reflect();
+        catalog.reconcile();
         let stream = find_stream(&catalog, stream)?;
         let stream_id = stream.id;
         let topics: Vec<Topic<'_>> = match topic {

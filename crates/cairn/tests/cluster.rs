@@ -90,6 +90,22 @@ fn start_all(nodes: &[&Node]) -> Vec<TestServer> {
         .collect()
 }
 
+/// Every node started at once, each slot `None` once the test has stopped or killed it.
+fn start_running(nodes: &[Node]) -> Vec<Option<TestServer>> {
+    start_all(&nodes.iter().collect::<Vec<_>>())
+        .into_iter()
+        .map(Some)
+        .collect()
+}
+
+/// The index in the node list of the node command 12 names `name` (`cairn-<id>`).
+fn node_index(name: &str) -> usize {
+    ["cairn-1", "cairn-2", "cairn-3"]
+        .iter()
+        .position(|node| *node == name)
+        .expect("a node of the list")
+}
+
 /// An SDK client of `addr` that follows the cluster (leader redirection, reconnection),
 /// signed in as root once the cluster has made the root user.
 async fn cluster_client(addr: SocketAddr) -> IggyClient {
@@ -377,16 +393,10 @@ async fn three_nodes_form_a_cluster_replicate_sends_and_fail_over() {
 
     // Restarted, the cluster serves what it held; when its leader dies, another node leads,
     // and sends go on with offsets above every acknowledged one.
-    let mut servers: Vec<Option<TestServer>> = start_all(&nodes.iter().collect::<Vec<_>>())
-        .into_iter()
-        .map(Some)
-        .collect();
+    let mut servers = start_running(&nodes);
     let client = cluster_client(nodes[2].tcp).await;
     let leader = leader_of(&client, 3).await;
-    let leader_index = ["cairn-1", "cairn-2", "cairn-3"]
-        .iter()
-        .position(|name| *name == leader)
-        .expect("a node of the list");
+    let leader_index = node_index(&leader);
     poll_until(&client, stream, topic, 0, 100).await;
     drop(client);
     servers[leader_index].take().expect("running").kill();
@@ -501,10 +511,7 @@ async fn killing_the_leader_under_load_loses_nothing_acknowledged() {
         .unwrap_or(3);
     let dir = temp_dir();
     let nodes = write_configs(dir.path());
-    let mut servers: Vec<Option<TestServer>> = start_all(&nodes.iter().collect::<Vec<_>>())
-        .into_iter()
-        .map(Some)
-        .collect();
+    let mut servers = start_running(&nodes);
     let admin = cluster_client(nodes[0].tcp).await;
     leader_of(&admin, 3).await;
     let (stream, topic) = create_stream_topic(&admin, "load", "t", 4).await;
@@ -520,10 +527,7 @@ async fn killing_the_leader_under_load_loses_nothing_acknowledged() {
         let observer = cluster_client(nodes[alive].tcp).await;
         let leader = leader_of(&observer, 3).await;
         drop(observer);
-        let index = ["cairn-1", "cairn-2", "cairn-3"]
-            .iter()
-            .position(|name| *name == leader)
-            .expect("a node of the list");
+        let index = node_index(&leader);
         let killed_at = Instant::now();
         servers[index].take().expect("the leader runs").kill();
         // Writes go on without it: measured from the kill to a new leader's first commit.
@@ -564,10 +568,7 @@ async fn killing_every_node_at_once_under_load_loses_nothing_acknowledged() {
         server.kill();
     }
     let before_restart = acknowledged.load(std::sync::atomic::Ordering::Acquire);
-    let servers: Vec<Option<TestServer>> = start_all(&nodes.iter().collect::<Vec<_>>())
-        .into_iter()
-        .map(Some)
-        .collect();
+    let servers = start_running(&nodes);
     // The producers reconnect and go on: the restarted cluster acknowledges more.
     let deadline = Instant::now() + WITHIN;
     while acknowledged.load(std::sync::atomic::Ordering::Acquire) < before_restart + 40 {
@@ -589,18 +590,12 @@ async fn killing_every_node_at_once_under_load_loses_nothing_acknowledged() {
 async fn a_leader_stopped_for_ten_seconds_acknowledges_nothing_lost_and_rejoins() {
     let dir = temp_dir();
     let nodes = write_configs(dir.path());
-    let servers: Vec<Option<TestServer>> = start_all(&nodes.iter().collect::<Vec<_>>())
-        .into_iter()
-        .map(Some)
-        .collect();
+    let servers = start_running(&nodes);
     let admin = cluster_client(nodes[0].tcp).await;
     let leader = leader_of(&admin, 3).await;
     let (stream, topic) = create_stream_topic(&admin, "load", "t", 4).await;
     drop(admin);
-    let index = ["cairn-1", "cairn-2", "cairn-3"]
-        .iter()
-        .position(|name| *name == leader)
-        .expect("a node of the list");
+    let index = node_index(&leader);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let acknowledged = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let producers = spawn_producers(&nodes, stream, topic, &stop, &acknowledged);
@@ -842,18 +837,12 @@ async fn killing_the_node_of_many_primaries_reelects_every_group() {
         .unwrap_or(100);
     let dir = temp_dir();
     let nodes = write_configs(dir.path());
-    let mut servers: Vec<Option<TestServer>> = start_all(&nodes.iter().collect::<Vec<_>>())
-        .into_iter()
-        .map(Some)
-        .collect();
+    let mut servers = start_running(&nodes);
     let client = cluster_client(nodes[0].tcp).await;
     let leader = leader_of(&client, 3).await;
     create_stream_topic(&client, "many", "t", count).await;
     drop(client);
-    let index = ["cairn-1", "cairn-2", "cairn-3"]
-        .iter()
-        .position(|name| *name == leader)
-        .expect("a node of the list");
+    let index = node_index(&leader);
     let survivor = &nodes[(index + 1) % 3];
     // Every group has its primary on the leader's node (partitions follow the leader).
     let groups = count as usize + 1;
