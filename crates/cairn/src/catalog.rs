@@ -194,6 +194,7 @@ impl ClusterSeat {
             tick: self.tick,
             request_timeout: self.request_timeout,
             format_if_missing,
+            transfer_pace: self.replicas.transfer_pace(),
         }
     }
 

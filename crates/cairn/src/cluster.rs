@@ -104,7 +104,14 @@ impl Cluster {
                 membership
             }
         };
-        let replicas = Replicas::start(bus.clone(), cluster_id, received, WORKERS, TICK);
+        let replicas = Replicas::start(
+            bus.clone(),
+            cluster_id,
+            received,
+            WORKERS,
+            TICK,
+            config.transfer_bytes_per_second,
+        );
         // The metadata group is formatted when this node forms the cluster, or after a stop
         // between the record and the format (the group never existed here, so it never
         // acknowledged anything). Once formatted, the record says so: a start that finds no

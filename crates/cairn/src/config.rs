@@ -123,6 +123,12 @@ pub const KEYS: &[Key] = &[
         about: "with a [cluster] table: the replica network's shared secret, at least 16 bytes, the same on every node (also CAIRN_CLUSTER_SECRET)",
     },
     Key {
+        path: "cluster.transfer_bytes_per_second",
+        kind: ValueKind::Integer,
+        default: "67108864",
+        about: "with a [cluster] table: how many bytes per second this node's state transfers (a rejoining or lagging replica fetching a peer's log) may move in all, so they leave room for client traffic",
+    },
+    Key {
         path: "auth.root_password",
         kind: ValueKind::Text,
         default: "",
@@ -177,6 +183,8 @@ pub struct ClusterConfig {
     pub nodes: Vec<ClusterNode>,
     /// The replica network's shared secret.
     pub secret: ClusterSecret,
+    /// `cluster.transfer_bytes_per_second`: the pace of this node's incoming state transfers.
+    pub transfer_bytes_per_second: u64,
 }
 
 /// The replica network's shared secret: never printed (`Debug` shows its length only).
@@ -554,10 +562,13 @@ impl Sources {
                 ),
             ));
         }
+        let transfer_bytes_per_second =
+            self.integer("cluster.transfer_bytes_per_second", 1 << 20, 1 << 40)?;
         Ok(Some(ClusterConfig {
             node_id,
             nodes,
             secret: ClusterSecret(secret),
+            transfer_bytes_per_second,
         }))
     }
 

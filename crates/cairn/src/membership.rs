@@ -255,6 +255,7 @@ mod tests {
             node_id,
             nodes: ids.iter().copied().map(node).collect(),
             secret: crate::config::ClusterSecret("a secret of the tests".to_string()),
+            transfer_bytes_per_second: 1 << 20,
         }
     }
 

@@ -26,7 +26,7 @@
 //! op its log holds.
 
 use bytes::Bytes;
-use cairn_storage::transfer::CheckpointId;
+use cairn_storage::transfer::{CheckpointId, ChunkRequest, TransferChunk};
 use cairn_vsr::checkpoint::Checkpoint;
 use cairn_vsr::constants::{
     HEADER_SIZE, OPERATION_REGISTER, OPERATION_SESSION_EVICTED, SUPERBLOCK_COPIES, Shape,
@@ -41,6 +41,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+mod transfer;
+pub use transfer::{TransferPace, TransferProgress};
 
 const CLUSTER_FILE: &str = "cluster";
 const SUPERBLOCK_FILE: &str = "superblock";
@@ -265,8 +268,8 @@ pub trait GroupJournal: Sized {
     const SHAPE: Shape;
     /// What the journal needs besides its directory.
     type Params: Clone + Send + Sync + 'static;
-    /// Create an empty journal in `dir`, at format.
-    fn create(dir: &Path, params: &Self::Params) -> Result<Self, GroupError>;
+    /// Create an empty journal in `dir`, at format, for group `ids` (cluster, group).
+    fn create(dir: &Path, params: &Self::Params, ids: (u128, u64)) -> Result<Self, GroupError>;
     /// Open the journal in `dir` and say what it holds: one state per slot of the shape's
     /// ring (op `o` at slot `o % journal_slots`), and each damaged entry that may hold an
     /// acknowledged prepare, described for an operator. `checkpoint` is the one the
@@ -303,6 +306,57 @@ pub trait GroupJournal: Sized {
     fn read_prepare(&mut self, op: u64, checksum: u128) -> Option<Message>;
     /// The file or directory a damage report names.
     fn location(&self) -> PathBuf;
+
+    // ----- state transfer (`node::transfer`) -----
+
+    /// Whether a state transfer moves this journal's log with the checkpoint (a partition's
+    /// segments). A journal that does not keeps its own and repairs what lies above the
+    /// checkpoint from its peers.
+    const TRANSFERS_LOG: bool = false;
+    /// What this journal offers a peer with its durable checkpoint `checkpoint` (whose state
+    /// machine snapshot is `machine`): a log's manifest, or nothing. `Err`: it cannot.
+    fn offer(&self, _checkpoint: CheckpointId, _machine: &[u8]) -> Result<Vec<u8>, String> {
+        Ok(Vec::new())
+    }
+    /// Bytes of this journal's log a peer's transfer asks for.
+    fn read_chunk(&self, _request: ChunkRequest) -> Result<TransferChunk, String> {
+        Err("this journal moves no log".into())
+    }
+    /// Whether the journal holds op `op` durably as the prepare `checksum`: a transfer of
+    /// the checkpoint at that op then keeps the log.
+    fn holds_prepare_durably(&self, _op: u64, _checksum: u128) -> bool {
+        false
+    }
+    /// Begin staging the log `offer` describes beside this one, for `checkpoint` (verified,
+    /// with checksum `checksum`) while the replica's machine is `own_state`: the offer is
+    /// checked against both first. Returns the bytes to fetch.
+    fn stage_begin(
+        &mut self,
+        _offer: &[u8],
+        _checkpoint: &Checkpoint,
+        _checksum: u128,
+        _own_state: &[u8],
+    ) -> Result<u64, String> {
+        Err("this journal moves no log".into())
+    }
+    /// The bytes the staging needs next; `None` once it has them all (or none runs).
+    fn stage_next(&self) -> Option<ChunkRequest> {
+        None
+    }
+    /// Write a chunk the staging asked for.
+    fn stage_chunk(&mut self, _chunk: &TransferChunk) -> Result<(), String> {
+        Err("no staging".into())
+    }
+    /// Verify the complete staging whole against its checkpoint: it waits for the commit.
+    fn stage_finish(&mut self) -> Result<(), String> {
+        Err("no staging".into())
+    }
+    /// Remove what was staged (the core did not take it, or it failed).
+    fn stage_abandon(&mut self) {}
+    /// The superblock names the staged log's checkpoint: make the staged log live.
+    fn stage_commit(&mut self, _checkpoint: NamedCheckpoint) -> Result<(), GroupError> {
+        Ok(())
+    }
 }
 
 /// The metadata group's journal: `journal_slots` prepares in a sparse file of fixed slots,
@@ -345,7 +399,7 @@ impl GroupJournal for RingJournal {
     /// The group's state machine's body rule.
     type Params = BodyRule;
 
-    fn create(dir: &Path, body_rule: &BodyRule) -> Result<RingJournal, GroupError> {
+    fn create(dir: &Path, body_rule: &BodyRule, _ids: (u128, u64)) -> Result<RingJournal, GroupError> {
         // Empty: nothing of an interrupted earlier format was ever used.
         for name in [HEADERS_FILE, PREPARES_FILE] {
             let path = dir.join(name);
@@ -619,8 +673,10 @@ pub struct ReplicaStatus {
     pub commit: u64,
     /// The last op in the log.
     pub op: u64,
-    /// It fell behind its peers' journals and wants a state transfer (not built yet).
+    /// It fell behind its peers' journals and wants a state transfer.
     pub transfer_wanted: bool,
+    /// The state transfer under way, if one is.
+    pub transfer: Option<TransferProgress>,
 }
 
 /// A group's replica among its peers (`None` in a [`LocalGroup`]: a group of one).
@@ -641,6 +697,8 @@ pub struct Peers {
     /// node (the cluster's first start, or a group created by an op this node applied with
     /// its metadata continuous since before it). Never for a replica that lost its files.
     pub format_if_missing: bool,
+    /// The node-wide pace of incoming state transfers.
+    pub transfer_pace: Arc<TransferPace>,
 }
 
 /// One replication group over the files of one directory: a group of one replica, or this
@@ -669,8 +727,14 @@ pub struct LocalGroup<S: StateMachine, J: GroupJournal = RingJournal> {
     peers: Option<Peers>,
     /// When the replica's next tick is due (groups with peers tick by wall time).
     next_tick: Instant,
-    /// The replica asked for a state transfer (logged once).
+    /// The replica asked for a state transfer and has not got one yet (logged once).
     transfer_wanted: bool,
+    /// The state transfer under way (`node::transfer`).
+    transfer: Option<transfer::Transfer>,
+    /// Which peer the next transfer asks (they take turns).
+    transfer_turn: u8,
+    /// A transferred log staged for this checkpoint: live once the superblock names it.
+    install_pending: Option<NamedCheckpoint>,
     /// Drawn when the group is assembled: a reopen from the files (a new value) is how a
     /// round of requests learns its lanes are new.
     incarnation: u128,
@@ -862,7 +926,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             .map_err(|error| refused(dir, format!("cannot format: {error:?}")))?;
         // The journal and checkpoint files first (empty: nothing of an interrupted earlier
         // format was ever used), the superblock last: its name is what makes a group formatted.
-        let journal = J::create(dir, params)?;
+        let journal = J::create(dir, params, (cluster, group))?;
         let checkpoints = dir.join(CHECKPOINTS_FILE);
         File::create(&checkpoints)
             .and_then(|f| f.sync_all())
@@ -917,6 +981,9 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             peers,
             next_tick: Instant::now(),
             transfer_wanted: false,
+            transfer: None,
+            transfer_turn: 0,
+            install_pending: None,
             incarnation: rand::random(),
         }
     }
@@ -1004,6 +1071,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             commit: self.replica.commit_min(),
             op: self.replica.op(),
             transfer_wanted: self.transfer_wanted,
+            transfer: self.transfer_progress(),
         }
     }
 
@@ -1037,9 +1105,10 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         };
         self.check_not_stopped()?;
         for message in peers.inbox.take_until(Instant::now()) {
-            self.replica.on_message(message);
+            self.deliver(message);
         }
         self.tick_if_due(Instant::now(), peers.tick);
+        self.continue_transfer(Instant::now());
         if let Err(error) = self.pump() {
             // A write the journal undid reopens the group from its files (its replica must
             // not keep an op in memory that was never written); anything else stopped it.
@@ -1348,7 +1417,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                     let arrived = peers.inbox.take_until(now);
                     if !arrived.is_empty() {
                         for message in arrived {
-                            self.replica.on_message(message);
+                            self.deliver(message);
                         }
                         continue;
                     }
@@ -1365,7 +1434,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                         continue;
                     }
                     for message in peers.inbox.take_until(self.next_tick.min(deadline)) {
-                        self.replica.on_message(message);
+                        self.deliver(message);
                     }
                 }
             }
@@ -1604,6 +1673,12 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                     })?;
                 self.files.write_superblock(&bytes)?;
                 self.superblock = (state.clone(), next_sequence);
+                // A transferred log goes live before the replica writes anything above the
+                // checkpoint the superblock now names.
+                self.commit_install_if_named(CheckpointId {
+                    op: state.checkpoint_op,
+                    checksum: state.checkpoint_checksum,
+                })?;
                 self.replica.on_durable_written(state);
             }
             Output::WriteCheckpoint {
@@ -1619,19 +1694,8 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 self.replica.on_checkpoint_written(op, checksum);
             }
             // A group of one has no peer to fetch from; it never falls behind one either. A
-            // replica with peers that fell behind its peers' window needs their state, which
-            // the transfer over the replica network (not built yet) will fetch; until then it
-            // says so once and keeps asking for repairs.
-            Output::StateTransfer { .. } => {
-                if self.peers.is_some() && !self.transfer_wanted {
-                    self.transfer_wanted = true;
-                    tracing::warn!(
-                        dir = %self.files.dir.display(),
-                        state = %self.replica.describe(),
-                        "this replica fell behind its peers' journals and needs a state transfer, which is not built yet; it cannot catch up until then"
-                    );
-                }
-            }
+            // replica with peers fetches a peer's checkpoint (`node::transfer`).
+            Output::StateTransfer { above_op, commit_max } => self.start_transfer(above_op, commit_max),
         }
         Ok(())
     }
@@ -1735,40 +1799,46 @@ fn read_durable<J: GroupJournal>(
             ));
         }
     };
-    let checkpoint = if state.checkpoint_op == 0 {
-        None
-    } else {
-        let mut found = None;
-        for slot in 0..2u8 {
-            let prefix = files.read(Zone::Checkpoints, usize::from(slot), 16)?;
-            let size = u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]]) as usize;
-            if !(16..=J::SHAPE.checkpoint_size_max()).contains(&size) {
-                continue;
-            }
-            let bytes = files.read(Zone::Checkpoints, usize::from(slot), size)?;
-            if let Ok(checkpoint) = Checkpoint::decode(
-                &bytes,
-                J::SHAPE.checkpoint_size_max(),
-                state.checkpoint_checksum,
-                cluster,
-                group,
-            ) {
-                found = Some((checkpoint, slot));
-                break;
-            }
-        }
-        if found.is_none() {
-            return Err(refused(
-                dir,
-                format!(
-                    "the superblock names checkpoint op {}, and no checkpoint slot holds it intact",
-                    state.checkpoint_op
-                ),
-            ));
-        }
-        found
-    };
+    let checkpoint = named_checkpoint::<J>(&files, &state, cluster, group)?
+        .map(|(checkpoint, slot, _)| (checkpoint, slot));
     Ok((cluster, files, state, sequence, checkpoint))
+}
+
+/// The checkpoint `state` names, from the slot that holds it intact, with its slot and
+/// bytes; `None` when it names none (op 0). Refused when no slot holds it.
+fn named_checkpoint<J: GroupJournal>(
+    files: &Files,
+    state: &DurableState,
+    cluster: u128,
+    group: u64,
+) -> Result<Option<(Checkpoint, u8, Vec<u8>)>, GroupError> {
+    if state.checkpoint_op == 0 {
+        return Ok(None);
+    }
+    for slot in 0..2u8 {
+        let prefix = files.read(Zone::Checkpoints, usize::from(slot), 16)?;
+        let size = u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]]) as usize;
+        if !(16..=J::SHAPE.checkpoint_size_max()).contains(&size) {
+            continue;
+        }
+        let bytes = files.read(Zone::Checkpoints, usize::from(slot), size)?;
+        if let Ok(checkpoint) = Checkpoint::decode(
+            &bytes,
+            J::SHAPE.checkpoint_size_max(),
+            state.checkpoint_checksum,
+            cluster,
+            group,
+        ) {
+            return Ok(Some((checkpoint, slot, bytes)));
+        }
+    }
+    Err(refused(
+        &files.dir,
+        format!(
+            "the superblock names checkpoint op {}, and no checkpoint slot holds it intact",
+            state.checkpoint_op
+        ),
+    ))
 }
 
 /// The machine snapshot of the durable checkpoint of the group in `dir`, read without
@@ -2087,6 +2157,7 @@ mod tests {
                 tick: Duration::from_millis(10),
                 request_timeout: Duration::from_secs(20),
                 format_if_missing: true,
+                transfer_pace: Arc::new(TransferPace::new(64 << 20)),
             }
         }
 

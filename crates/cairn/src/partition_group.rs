@@ -41,10 +41,14 @@ use cairn_storage::io::{Disk, RealDisk};
 use cairn_storage::journal::{JournalConfig, JournalInspection, JournalLog, JournalSegment, StoredOp};
 use cairn_storage::read::{ReadOutcome, ReadPart};
 use cairn_storage::record::Chain;
-use cairn_storage::transfer;
+use cairn_storage::transfer::{
+    self, CheckpointId, ChunkRequest, StagedJournal, Staging, TransferChunk, TransferManifest,
+};
+use cairn_vsr::checkpoint::Checkpoint;
 use cairn_vsr::constants::{HEADER_SIZE, Shape};
 use cairn_vsr::header::{Command, Header, Message};
 use cairn_vsr::journal::SlotState;
+use cairn_vsr::replica::StateMachine as _;
 use cairn_wire::batch::{self, ReceivedBatch};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -95,6 +99,25 @@ pub struct LogJournal {
     /// For a read-only open (the checker's): what an open would do. A read-only journal
     /// writes nothing; a prepare the replica asks to write during its recovery is dropped.
     inspection: Option<JournalInspection>,
+    /// The group directory, which holds the journal's generations (`cairn_storage::transfer`).
+    group_dir: PathBuf,
+    /// How it was opened: a log a state transfer staged is opened the same way when it goes
+    /// live.
+    params: LogParams,
+    ids: (u128, u64),
+    journal_slots: usize,
+    /// A state transfer's staging (`node::transfer`).
+    transfer: Option<LogTransfer>,
+}
+
+/// A log being staged by a state transfer, for the checkpoint it ends at.
+struct LogTransfer {
+    /// While chunks arrive; `None` once verified whole (then `staged`).
+    staging: Option<Staging>,
+    staged: Option<StagedJournal>,
+    checkpoint: Checkpoint,
+    /// The checkpoint's machine state.
+    offered: partition::PartitionState,
 }
 
 impl LogJournal {
@@ -169,14 +192,7 @@ impl LogJournal {
                 config,
             )
             .map_err(refused)?;
-            return Self::recovered(
-                log_dir,
-                log,
-                Some(inspection),
-                params.partition_id,
-                ids,
-                journal_slots,
-            );
+            return Self::recovered(dir, log_dir, log, Some(inspection), params, ids, journal_slots);
         }
         let (log, recovery) =
             JournalLog::open_on(Arc::clone(&params.disk), &log_dir, params.partition_id, config)
@@ -213,7 +229,7 @@ impl LogJournal {
                 );
             }
         }
-        Self::recovered(log_dir, log, None, params.partition_id, ids, journal_slots)
+        Self::recovered(dir, log_dir, log, None, params, ids, journal_slots)
     }
 
     fn storage_error(&self, error: cairn_storage::StorageError) -> GroupError {
@@ -271,18 +287,24 @@ impl LogJournal {
     /// The journal opened over `log`, and what its window holds for the replica.
     #[allow(clippy::type_complexity)]
     fn recovered(
+        group_dir: &Path,
         log_dir: PathBuf,
         log: JournalLog,
         inspection: Option<JournalInspection>,
-        partition_id: u32,
+        params: &LogParams,
         (cluster, group): (u128, u64),
         journal_slots: usize,
     ) -> Result<(LogJournal, Vec<SlotState>, Vec<String>), GroupError> {
         let journal = LogJournal {
             dir: log_dir,
             log,
-            partition_id,
+            partition_id: params.partition_id,
             inspection,
+            group_dir: group_dir.to_path_buf(),
+            params: params.clone(),
+            ids: (cluster, group),
+            journal_slots,
+            transfer: None,
         };
         let mut slots = vec![SlotState::Empty; journal_slots];
         let mut damaged = Vec::new();
@@ -324,7 +346,7 @@ impl GroupJournal for LogJournal {
     const SHAPE: Shape = Shape::PARTITION;
     type Params = LogParams;
 
-    fn create(dir: &Path, params: &LogParams) -> Result<LogJournal, GroupError> {
+    fn create(dir: &Path, params: &LogParams, ids: (u128, u64)) -> Result<LogJournal, GroupError> {
         let log_dir = transfer::journal_dir(dir, 0);
         // What an interrupted earlier format left here was never used (the superblock, written
         // last, is what makes a group formatted): start empty.
@@ -365,6 +387,11 @@ impl GroupJournal for LogJournal {
             log,
             partition_id: params.partition_id,
             inspection: None,
+            group_dir: dir.to_path_buf(),
+            params: params.clone(),
+            ids,
+            journal_slots: <Self as GroupJournal>::SHAPE.journal_slots,
+            transfer: None,
         })
     }
 
@@ -493,6 +520,143 @@ impl GroupJournal for LogJournal {
     fn location(&self) -> PathBuf {
         self.dir.clone()
     }
+
+    const TRANSFERS_LOG: bool = true;
+
+    fn offer(&self, checkpoint: CheckpointId, machine: &[u8]) -> Result<Vec<u8>, String> {
+        let mut offered = PartitionMachine::new(self.partition_id);
+        offered.restore(machine)?;
+        let manifest = TransferManifest::of(&self.log, checkpoint, offered.state().purge_generation)
+            .map_err(|error| error.to_string())?;
+        Ok(manifest.encode())
+    }
+
+    fn read_chunk(&self, request: ChunkRequest) -> Result<TransferChunk, String> {
+        TransferChunk::read(&self.log, request).map_err(|error| error.to_string())
+    }
+
+    fn holds_prepare_durably(&self, op: u64, checksum: u128) -> bool {
+        holds_prepare(&self.log, op, checksum)
+    }
+
+    fn stage_begin(
+        &mut self,
+        offer: &[u8],
+        checkpoint: &Checkpoint,
+        checksum: u128,
+        own_state: &[u8],
+    ) -> Result<u64, String> {
+        if self.inspection.is_some() {
+            return Err("a read-only journal stages nothing".into());
+        }
+        if self.transfer.is_some() {
+            // One install at a time: a staged one may be committed by a superblock write in
+            // flight.
+            return Err("another transfer's staging is pending".into());
+        }
+        let manifest = TransferManifest::decode(offer, self.partition_id)?;
+        let mut offered = PartitionMachine::new(self.partition_id);
+        offered.restore(&checkpoint.state_machine)?;
+        let mut own = PartitionMachine::new(self.partition_id);
+        own.restore(own_state)?;
+        check_offer(&manifest, checkpoint, checksum, offered.state(), own.state())?;
+        let bytes_total = manifest.len_bytes();
+        let staging = Staging::begin(Arc::clone(&self.params.disk), &self.group_dir, manifest)
+            .map_err(|error| error.to_string())?;
+        self.transfer = Some(LogTransfer {
+            staging: Some(staging),
+            staged: None,
+            checkpoint: checkpoint.clone(),
+            offered: offered.state().clone(),
+        });
+        Ok(bytes_total)
+    }
+
+    fn stage_next(&self) -> Option<ChunkRequest> {
+        self.transfer
+            .as_ref()
+            .and_then(|transfer| transfer.staging.as_ref())
+            .and_then(Staging::next_request)
+    }
+
+    fn stage_chunk(&mut self, chunk: &TransferChunk) -> Result<(), String> {
+        let staging = self
+            .transfer
+            .as_mut()
+            .and_then(|transfer| transfer.staging.as_mut())
+            .ok_or("no staging takes chunks")?;
+        staging.write_chunk(chunk).map_err(|error| error.to_string())
+    }
+
+    fn stage_finish(&mut self) -> Result<(), String> {
+        let transfer = self.transfer.as_mut().ok_or("no staging")?;
+        let staging = transfer.staging.take().ok_or("the staging is finished already")?;
+        let config = JournalConfig {
+            segment_size_bytes: self.params.segment_size_bytes,
+            relaxed: self.params.relaxed,
+        };
+        let (checkpoint, offered) = (&transfer.checkpoint, &transfer.offered);
+        let staged = staging
+            .finish_checked(config, &|journal| check_staged(journal, checkpoint, offered))
+            .map_err(|error| error.to_string())?;
+        transfer.staged = Some(staged);
+        Ok(())
+    }
+
+    fn stage_abandon(&mut self) {
+        let Some(transfer) = self.transfer.take() else {
+            return;
+        };
+        let generation = match (&transfer.staging, &transfer.staged) {
+            (Some(staging), _) => staging.generation(),
+            (None, Some(staged)) => staged.generation,
+            (None, None) => return,
+        };
+        drop(transfer);
+        if let Err(error) = transfer::abandon(self.params.disk.as_ref(), &self.group_dir, generation) {
+            // The next staging or open removes it.
+            tracing::warn!(dir = %self.group_dir.display(), generation, %error, "cannot remove a state transfer's discarded staging yet");
+        }
+    }
+
+    fn stage_commit(&mut self, checkpoint: NamedCheckpoint) -> Result<(), GroupError> {
+        let staged = self
+            .transfer
+            .take()
+            .and_then(|transfer| transfer.staged)
+            .filter(|staged| staged.checkpoint == checkpoint.id)
+            .ok_or_else(|| GroupError::Refused {
+                dir: self.group_dir.clone(),
+                reason: format!(
+                    "the superblock names checkpoint op {} for a transferred log that is not staged",
+                    checkpoint.id.op
+                ),
+            })?;
+        let failed = |error: String| GroupError::Refused {
+            dir: self.group_dir.clone(),
+            reason: format!(
+                "cannot make the log a state transfer brought live ({error}); the next start finishes it from the superblock"
+            ),
+        };
+        transfer::commit(
+            self.params.disk.as_ref(),
+            &self.group_dir,
+            staged.generation,
+            staged.checkpoint,
+        )
+        .map_err(|error| failed(error.to_string()))?;
+        let (journal, _, _) = LogJournal::open_journal(
+            &self.group_dir,
+            &self.params,
+            false,
+            self.ids,
+            checkpoint,
+            self.journal_slots,
+        )
+        .map_err(|error| failed(error.to_string()))?;
+        *self = journal;
+        Ok(())
+    }
 }
 
 /// One append op's input: the batches of a group of sends (validated client batches) and
@@ -591,6 +755,75 @@ pub(crate) fn holds_prepare(log: &JournalLog, op: u64, prepare_checksum: u128) -
                 .and_then(|bytes| Header::decode(bytes).ok())
                 .is_some_and(|header| header.op == op && header.checksum == prepare_checksum)
         })
+}
+
+/// The partition shell's checks of an offer before a byte is fetched: it is the offer of
+/// the checkpoint being installed, its purge generation and offsets are the checkpoint's,
+/// and it does not take the replica's state back (a purge generation below its own: a stale
+/// offer would bring purged messages back).
+pub(crate) fn check_offer(
+    manifest: &TransferManifest,
+    checkpoint: &Checkpoint,
+    checkpoint_checksum: u128,
+    offered: &partition::PartitionState,
+    own: &partition::PartitionState,
+) -> Result<(), String> {
+    let named = CheckpointId {
+        op: checkpoint.header.op,
+        checksum: checkpoint_checksum,
+    };
+    if manifest.checkpoint != named {
+        return Err(format!(
+            "the offer is of checkpoint op {}, not the one being installed (op {})",
+            manifest.checkpoint.op, named.op
+        ));
+    }
+    if manifest.purge_generation != offered.purge_generation {
+        return Err(format!(
+            "the offer's purge generation {} is not its checkpoint's {}",
+            manifest.purge_generation, offered.purge_generation
+        ));
+    }
+    if offered.purge_generation < own.purge_generation {
+        return Err(format!(
+            "a stale offer: purge generation {} below this replica's {}",
+            offered.purge_generation, own.purge_generation
+        ));
+    }
+    if manifest.end.next_offset != offered.next_offset || manifest.start().next_offset > offered.start_offset
+    {
+        return Err(format!(
+            "the offered log holds offsets {}..{}, the checkpoint {}..{}",
+            manifest.start().next_offset,
+            manifest.end.next_offset,
+            offered.start_offset,
+            offered.next_offset
+        ));
+    }
+    Ok(())
+}
+
+/// The staged journal, verified by the storage layer, is the checkpoint's: its last op holds
+/// the checkpoint's prepare header (every record before it chains to it), and it ends at the
+/// checkpoint's next offset.
+pub(crate) fn check_staged(
+    journal: &JournalLog,
+    checkpoint: &Checkpoint,
+    offered: &partition::PartitionState,
+) -> Result<(), String> {
+    let op = checkpoint.header.op;
+    let holds_header = op < journal.first_op() || holds_prepare(journal, op, checkpoint.header.checksum);
+    if !holds_header {
+        return Err(format!("op {op} is not the checkpoint's prepare"));
+    }
+    if journal.chain().next_offset != offered.next_offset {
+        return Err(format!(
+            "the journal ends at offset {}, the checkpoint at {}",
+            journal.chain().next_offset,
+            offered.next_offset
+        ));
+    }
+    Ok(())
 }
 
 /// A partition group of one replica over the files of `dir`.
@@ -1662,7 +1895,7 @@ mod tests {
     #[test]
     fn a_rewritten_append_is_stored_as_batches_where_the_old_one_began() {
         let temp = tempfile::tempdir().expect("tempdir");
-        let mut journal = LogJournal::create(temp.path(), &params()).expect("create");
+        let mut journal = LogJournal::create(temp.path(), &params(), (1, GROUP)).expect("create");
         let first = append_prepare(1, 0, 1);
         journal.write_prepare(&first).expect("op 1");
         let old = append_prepare(2, 5, 2);
@@ -1691,7 +1924,7 @@ mod tests {
         let temp = tempfile::tempdir().expect("tempdir");
         let dir = temp.path().join("partition");
         std::fs::create_dir_all(&dir).expect("dir");
-        drop(LogJournal::create(&dir, &params()).expect("create"));
+        drop(LogJournal::create(&dir, &params(), (1, GROUP)).expect("create"));
         assert!(!dir.join("superblock").exists());
         let mut group = open(&dir, GROUP, params()).expect("formats over the leftovers");
         assert_eq!(append(&mut group, 1).first(), Some(&0));

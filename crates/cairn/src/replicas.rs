@@ -19,7 +19,7 @@
 //! A group is scheduled at most once at a time (a flag set when queued, cleared when a worker
 //! takes it), so a busy group costs one slot in the queue however many messages it gets.
 
-use crate::node::{GroupJournal, Inbox, LocalGroup, Transport};
+use crate::node::{GroupJournal, Inbox, LocalGroup, TransferPace, Transport};
 use crate::partition::{PartitionState, lock};
 use cairn_bus::{Bus, Received};
 use cairn_vsr::header::{Command, Message};
@@ -111,17 +111,21 @@ pub struct Replicas {
     runnable: Condvar,
     stopping: AtomicBool,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// The pace every group's incoming state transfers share.
+    transfer_pace: Arc<TransferPace>,
 }
 
 impl Replicas {
     /// Start serving groups over `bus`: the receiving task on the current tokio runtime,
-    /// `workers` worker threads and a ticker every `tick`.
+    /// `workers` worker threads and a ticker every `tick`. Incoming state transfers move at
+    /// most `transfer_bytes_per_second` in all.
     pub fn start(
         bus: Arc<Bus>,
         cluster: u128,
         mut received: tokio::sync::mpsc::Receiver<Received>,
         workers: usize,
         tick: Duration,
+        transfer_bytes_per_second: u64,
     ) -> Arc<Replicas> {
         let replicas = Arc::new(Replicas {
             bus,
@@ -132,6 +136,7 @@ impl Replicas {
             runnable: Condvar::new(),
             stopping: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
+            transfer_pace: Arc::new(TransferPace::new(transfer_bytes_per_second)),
         });
         {
             let replicas = replicas.clone();
@@ -204,6 +209,11 @@ impl Replicas {
     /// Stop hosting `group` (deleted): its messages are dropped from now on.
     pub fn remove_group(&self, group: u64) {
         write(&self.groups).remove(&group);
+    }
+
+    /// The pace of this node's incoming state transfers.
+    pub fn transfer_pace(&self) -> Arc<TransferPace> {
+        self.transfer_pace.clone()
     }
 
     /// How a group's replica sends to its peers.
@@ -374,7 +384,14 @@ mod tests {
         config.backoff_max = Duration::from_millis(200);
         let (bus, received) = Bus::start(config, listener).expect("bus");
         let bus = Arc::new(bus);
-        let replicas = Replicas::start(bus.clone(), CLUSTER, received, 2, Duration::from_millis(10));
+        let replicas = Replicas::start(
+            bus.clone(),
+            CLUSTER,
+            received,
+            2,
+            Duration::from_millis(10),
+            64 << 20,
+        );
         (bus, replicas)
     }
 
@@ -388,6 +405,7 @@ mod tests {
             tick: Duration::from_millis(10),
             request_timeout: Duration::from_secs(20),
             format_if_missing: true,
+            transfer_pace: replicas.transfer_pace(),
         }
     }
 
@@ -612,6 +630,103 @@ mod tests {
             offsets[0], 30,
             "offsets continue after the failover, none handed out twice"
         );
+        for node in nodes.into_iter().flatten() {
+            node.crash().await;
+        }
+    }
+
+    /// Append `ops` small ops (one batch of one message each) to `group`, eight per round.
+    fn append_many(group: &Partition, ops: usize) {
+        let batch = client_batch(1, 100, 7);
+        let mut guard = group.lock().expect("lock");
+        let group = guard.as_mut().expect("up");
+        for round in 0..ops.div_ceil(8) {
+            let count = 8.min(ops - round * 8);
+            let batches = [&batch[..]];
+            let appends: Vec<(u64, &[&[u8]])> = (0..count).map(|_| (1_000, &batches[..])).collect();
+            for result in group.append_copies(&appends) {
+                result.expect("append committed");
+            }
+        }
+    }
+
+    /// A replica stopped while its peers ran past its journal's window catches up by state
+    /// transfer over the bus: the metadata-shaped group takes a peer's checkpoint and keeps
+    /// its ring journal; the partition fetches the peer's log as segments, verified, and
+    /// makes it its live journal. Afterwards its log holds exactly the primary's ops.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_behind_its_peers_journals_catches_up_by_state_transfer() {
+        const STREAMS: u32 = 100;
+        const APPENDS: usize = 1_300;
+        let temp = tempfile::tempdir().expect("tempdir");
+        let (listeners, addresses) = bind_three().await;
+        let mut nodes = Vec::new();
+        for (index, listener) in listeners.into_iter().enumerate() {
+            let dir = temp.path().join(format!("node-{index}"));
+            nodes.push(Some(start_node(&dir, index as u8, listener, &addresses).await));
+        }
+        let first = nodes[0].as_ref().expect("up");
+        let (metadata, partition) = (first.metadata.clone(), first.partition.clone());
+        blocking(move || create_stream(&metadata, 0))
+            .await
+            .expect("committed");
+        blocking(move || append_many(&partition, 3)).await;
+        eventually("node 2 applies the first ops", || {
+            let node = nodes[2].as_ref().expect("up");
+            streams(&node.metadata) == 1 && next_offset(&node.partition) == 3
+        })
+        .await;
+        nodes[2].take().expect("up").crash().await;
+
+        // Beyond both journals' windows (64 metadata slots, 1 024 partition slots).
+        let first = nodes[0].as_ref().expect("up");
+        let (metadata, partition) = (first.metadata.clone(), first.partition.clone());
+        blocking(move || {
+            for n in 1..STREAMS {
+                create_stream(&metadata, n).expect("committed");
+            }
+        })
+        .await;
+        blocking(move || append_many(&partition, APPENDS)).await;
+        let expected_offset = 3 + APPENDS as u64;
+
+        let listener = tokio::net::TcpListener::bind(addresses[2]).await.expect("rebind");
+        let dir = temp.path().join("node-2");
+        nodes[2] = Some(start_node(&dir, 2, listener, &addresses).await);
+        let back = nodes[2].as_ref().expect("up");
+        eventually("the restarted node catches up with both groups", || {
+            streams(&back.metadata) == STREAMS as usize && next_offset(&back.partition) == expected_offset
+        })
+        .await;
+
+        // The partition caught up by a transfer: its live journal is one a transfer brought,
+        // and it holds the primary's ops, op for op, from where it begins.
+        let generation =
+            cairn_storage::transfer::live_generation(&cairn_storage::io::RealDisk, &dir.join("partition"))
+                .expect("live generation");
+        assert!(
+            generation >= 1,
+            "the partition's live journal came by state transfer"
+        );
+        let (primary, caught_up) = (nodes[0].as_ref().expect("up"), back);
+        {
+            let primary_guard = primary.partition.lock().expect("lock");
+            let back_guard = caught_up.partition.lock().expect("lock");
+            let (primary_log, back_log) = (
+                primary_guard.as_ref().expect("up").log(),
+                back_guard.as_ref().expect("up").log(),
+            );
+            assert_eq!(back_log.first_op(), primary_log.first_op());
+            let last = back_log.last_op();
+            assert!(last >= APPENDS as u64, "the caught-up log ends at op {last}");
+            for op in back_log.first_op()..=last {
+                assert_eq!(
+                    back_log.read_op(op).expect("read the caught-up log"),
+                    primary_log.read_op(op).expect("read the primary's log"),
+                    "op {op}"
+                );
+            }
+        }
         for node in nodes.into_iter().flatten() {
             node.crash().await;
         }

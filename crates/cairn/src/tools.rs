@@ -85,6 +85,13 @@ pub fn run_status(config: &crate::config::Config) -> ExitCode {
                 commit: replica["commit"].as_u64().unwrap_or(0),
                 op: replica["op"].as_u64().unwrap_or(0),
                 transfer_wanted: replica["transfer_wanted"].as_bool().unwrap_or(false),
+                transfer: replica["transfer"].is_object().then(|| {
+                    let transfer = &replica["transfer"];
+                    (
+                        transfer["bytes_done"].as_u64().unwrap_or(0),
+                        transfer["bytes_total"].as_u64().unwrap_or(0),
+                    )
+                }),
             });
             cells.insert((group, *node_id), cell);
         }
@@ -114,10 +121,11 @@ pub fn run_status(config: &crate::config::Config) -> ExitCode {
                     cell.commit,
                     cell.op,
                     furthest.saturating_sub(cell.commit),
-                    if cell.transfer_wanted {
-                        " wants transfer"
-                    } else {
-                        ""
+                    match cell.transfer {
+                        Some((done, total)) =>
+                            format!(" transfer {}/{} MiB", done >> 20, total.div_ceil(1 << 20)),
+                        None if cell.transfer_wanted => " wants transfer".to_string(),
+                        None => String::new(),
                     }
                 ),
             };
@@ -140,6 +148,8 @@ struct StatusCell {
     commit: u64,
     op: u64,
     transfer_wanted: bool,
+    /// Bytes fetched and to fetch, while a state transfer runs.
+    transfer: Option<(u64, u64)>,
 }
 
 /// `GET /cluster/status` from `host:port`, as JSON.

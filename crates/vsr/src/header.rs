@@ -107,6 +107,21 @@ pub enum Command {
     /// Any replica → a recovering replica that probed: the responder's `view`, echoing the
     /// probe's `nonce`. A wiped replica installs a view only after a quorum of these.
     RecoveryResponse = 14,
+    /// State transfer, node shell → a peer's replica of the group: send your durable
+    /// checkpoint if it lies above `op` and your `commit_max` is at least `commit`; `nonce`
+    /// names the transfer. The replica core never sees the transfer commands (`cairn::node`).
+    RequestCheckpoint = 15,
+    /// State transfer answer: the durable checkpoint at `op` whose checksum is `context`,
+    /// the sender's `commit_max` in `commit`, `nonce` echoed; the body is the checkpoint's
+    /// length (u32), its bytes, then what the sender's journal offers with it (a log's
+    /// manifest, or nothing).
+    CheckpointOffer = 16,
+    /// State transfer: `request` bytes at byte `commit` of the segment whose first op is `op`,
+    /// for transfer `nonce`.
+    RequestChunk = 17,
+    /// State transfer answer: the bytes asked for (the fields of the request echoed), their
+    /// XXH3-64 as read at the source in `context`.
+    Chunk = 18,
 }
 
 impl Command {
@@ -126,6 +141,10 @@ impl Command {
             12 => Command::Headers,
             13 => Command::Heartbeats,
             14 => Command::RecoveryResponse,
+            15 => Command::RequestCheckpoint,
+            16 => Command::CheckpointOffer,
+            17 => Command::RequestChunk,
+            18 => Command::Chunk,
             _ => return None,
         })
     }

@@ -16,12 +16,12 @@
 //!
 //! `CAIRN_SIM_SEEDS=<n>` runs seeds `0..n` (default 2 000); `CAIRN_SIM_SEED=<s>` replays one.
 
-use super::{LogJournal, LogParams, holds_prepare};
+use super::{LogJournal, LogParams, check_offer, check_staged, holds_prepare};
 use crate::node::{GroupJournal, NamedCheckpoint};
-use cairn_machine::partition::{PartitionMachine, PartitionState};
+use cairn_machine::partition::PartitionMachine;
 use cairn_storage::io::Disk;
 use cairn_storage::journal;
-use cairn_storage::journal::{JournalConfig, JournalLog};
+use cairn_storage::journal::JournalConfig;
 use cairn_storage::sim_disk::{SimDisk, SimRng};
 use cairn_storage::transfer::{
     self, CheckpointId, ChunkRequest, StagedJournal, Staging, TransferChunk, TransferManifest,
@@ -73,75 +73,6 @@ struct JournalSimLog {
     skip_offer_checks: bool,
 }
 
-/// The partition shell's checks of an offer before a byte is fetched: it is the offer of
-/// the checkpoint being installed, its purge generation and offsets are the checkpoint's,
-/// and it does not take the replica's state back (a purge generation below its own: a stale
-/// offer would bring purged messages back).
-fn check_offer(
-    manifest: &TransferManifest,
-    checkpoint: &Checkpoint,
-    checkpoint_checksum: u128,
-    offered: &PartitionState,
-    own: &PartitionState,
-) -> Result<(), String> {
-    let named = CheckpointId {
-        op: checkpoint.header.op,
-        checksum: checkpoint_checksum,
-    };
-    if manifest.checkpoint != named {
-        return Err(format!(
-            "the offer is of checkpoint op {}, not the one being installed (op {})",
-            manifest.checkpoint.op, named.op
-        ));
-    }
-    if manifest.purge_generation != offered.purge_generation {
-        return Err(format!(
-            "the offer's purge generation {} is not its checkpoint's {}",
-            manifest.purge_generation, offered.purge_generation
-        ));
-    }
-    if offered.purge_generation < own.purge_generation {
-        return Err(format!(
-            "a stale offer: purge generation {} below this replica's {}",
-            offered.purge_generation, own.purge_generation
-        ));
-    }
-    if manifest.end.next_offset != offered.next_offset || manifest.start().next_offset > offered.start_offset
-    {
-        return Err(format!(
-            "the offered log holds offsets {}..{}, the checkpoint {}..{}",
-            manifest.start().next_offset,
-            manifest.end.next_offset,
-            offered.start_offset,
-            offered.next_offset
-        ));
-    }
-    Ok(())
-}
-
-/// The staged journal, verified by the storage layer, is the checkpoint's: its last op holds
-/// the checkpoint's prepare header (every record before it chains to it), and it ends at the
-/// checkpoint's next offset.
-fn check_staged(
-    journal: &JournalLog,
-    checkpoint: &Checkpoint,
-    offered: &PartitionState,
-) -> Result<(), String> {
-    let op = checkpoint.header.op;
-    let holds_header = op < journal.first_op() || holds_prepare(journal, op, checkpoint.header.checksum);
-    if !holds_header {
-        return Err(format!("op {op} is not the checkpoint's prepare"));
-    }
-    if journal.chain().next_offset != offered.next_offset {
-        return Err(format!(
-            "the journal ends at offset {}, the checkpoint at {}",
-            journal.chain().next_offset,
-            offered.next_offset
-        ));
-    }
-    Ok(())
-}
-
 /// A replica's log as the cluster drives it, shared with the test (which reads the journals
 /// after the run).
 struct Shared(Rc<RefCell<JournalSimLog>>);
@@ -189,7 +120,8 @@ impl JournalSimLog {
         self.disk
             .create_dir_all(&self.group_dir)
             .expect("the group directory");
-        let journal = LogJournal::create(&self.group_dir, &self.params()).expect("a journal on a blank disk");
+        let journal = LogJournal::create(&self.group_dir, &self.params(), (SIM_CLUSTER, SIM_GROUP))
+            .expect("a journal on a blank disk");
         self.journal = Some(journal);
     }
 
