@@ -177,6 +177,11 @@ pub struct ClusterSeat {
     /// Whether this start formats the metadata group when it has none: only when the node
     /// forms the cluster (every node empty), never for a node that lost its files.
     pub forming: bool,
+    /// Set while this node rejoins after losing its data (`Membership::rejoining`): a
+    /// partition the metadata names and this node has no files of opens as a wiped replica,
+    /// never a new one. Cleared once the metadata caught up and every partition it names
+    /// has a replica here.
+    pub rejoining: Arc<AtomicBool>,
     /// Set while this node's metadata replica is the primary (the leader clients are sent
     /// to): the partitions' replicas here then take their groups' primaries over.
     pub leads_metadata: Arc<AtomicBool>,
@@ -234,6 +239,7 @@ impl ClusterSeat {
             peers: self.peers(inbox, format_if_missing),
             group,
             leads_metadata: self.leads_metadata.clone(),
+            missing_is_wiped: self.rejoining.load(Ordering::Acquire),
         };
         let hosted = Hosted {
             replicas: self.replicas.clone(),
@@ -352,6 +358,10 @@ impl Partition {
             // A replica whose directory is missing: the node stopped between applying the
             // create and making its files (or joined after it); nothing of it was ever
             // acknowledged here, so it starts as a new replica and catches up from its peers.
+            Some(peers) if !dir.exists() && peers.missing_is_wiped => {
+                tracing::warn!(partition_dir = %dir.display(), "this node rejoins after losing its data and holds no files of this partition: its replica rejoins as a wiped one and catches up from its peers");
+                PartitionData::create(dir, ids, options, Some(peers)).map_err(OpenError::from)
+            }
             Some(peers) if !dir.exists() => {
                 tracing::info!(partition_dir = %dir.display(), "the metadata names a partition this node holds no files of (it stopped after applying the create and before making them): formatting a new replica, which catches up from its peers");
                 let peers = PartitionPeers {
@@ -643,6 +653,51 @@ impl Catalog {
     /// across a commit (a purge) calls it first, so no delete is reflected, and no partition
     /// lock taken, while it holds some.
     pub fn reconcile(&mut self) {
+        let caught_up = self.group.is_current();
+        self.reconcile_pass();
+        if caught_up {
+            self.finish_rejoin();
+        }
+    }
+
+    /// A node rejoining after losing its data has rejoined once its metadata replica caught
+    /// up with its peers, a pass of [`Catalog::reconcile`] over that metadata gave every
+    /// partition a replica here, and each of those is in a view and caught up too (until
+    /// then a wiped replica cannot stand in for a peer that fails): the record notes it, and
+    /// groups new to this node are formatted as new replicas again.
+    fn finish_rejoin(&self) {
+        let Some(seat) = &self.seat else {
+            return;
+        };
+        if !seat.rejoining.load(Ordering::Acquire) {
+            return;
+        }
+        let partitions_current = self
+            .runtime
+            .values()
+            .flat_map(|runtime| runtime.partitions.iter())
+            .all(|partition| match partition.state.try_lock() {
+                Ok(state) => matches!(&*state, PartitionState::Serving(data) if data.is_current()),
+                Err(_) => false,
+            });
+        if !partitions_current {
+            return;
+        }
+        match crate::membership::note_rejoined(&self.data_dir) {
+            Ok(()) => {
+                seat.rejoining.store(false, Ordering::Release);
+                tracing::info!(
+                    applied_op = self.group.commit_op(),
+                    "this node has rejoined the cluster: its metadata and every partition's replica caught up with their peers"
+                );
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot note in the membership record that this node has rejoined; it tries again");
+            }
+        }
+    }
+
+    fn reconcile_pass(&mut self) {
         let Some(seat) = self.seat.clone() else {
             return;
         };
@@ -704,9 +759,10 @@ impl Catalog {
                         changed = true;
                         continue;
                     }
-                    let partition = if dir.exists() {
+                    let partition = if dir.exists() || seat.rejoining.load(Ordering::Acquire) {
                         // Replicated here before a restart brought the metadata back below
-                        // its create: its files are this replica.
+                        // its create: its files are this replica. On a node that rejoins
+                        // after losing its data, a missing one is a wiped replica.
                         let (peers, hosted) = seat.host(ids, *doc, false);
                         let state = Partition::open_state(&dir, ids, *doc, options, Some(peers));
                         Partition::assemble(dir, *doc, state, &self.writers, Some(hosted))

@@ -1,14 +1,15 @@
 //! A node of a cluster of several nodes (a `[cluster]` listing more than one): the start of
 //! its replica network and the seat its catalog's groups open with, the first start's
-//! decision (form the cluster, or refuse a node that lost its data), the root user, and the
-//! roster command 12 reports. `docs/cluster.md` describes the whole.
+//! decision (form the cluster, or rejoin it as a node that lost its data), the root user,
+//! and the roster command 12 reports. `docs/cluster.md` describes the whole.
 //!
 //! Start order (`main.rs`): [`Cluster::start`] binds the replica listener, starts the bus
 //! and, at a node's first start, waits until every peer has said in its handshake whether it
 //! holds data of the cluster: none does, so the cluster is being formed and this node
-//! records its membership and formats its groups; one does, so this node lost its data and
-//! is refused (rejoining by state transfer is not built yet), with nothing written. Then the
-//! replica workers start and the catalog loads with [`Cluster::seat`].
+//! records its membership and formats its groups; one does, so this node lost its data: it
+//! records that it rejoins, and every group it opens is a wiped replica that catches up from
+//! its peers (repairs, or a state transfer: `node::transfer`). Then the replica workers
+//! start and the catalog loads with [`Cluster::seat`].
 
 use crate::catalog::{Catalog, ClusterSeat, METADATA_GROUP};
 use crate::config::ClusterConfig;
@@ -57,7 +58,7 @@ pub struct Cluster {
 impl Cluster {
     /// Start the replica network of this node, deciding at a first start whether the
     /// cluster is being formed (every peer up and without data) or this node lost its data
-    /// (refused). Returns once the catalog may load.
+    /// (it rejoins). Returns once the catalog may load.
     pub async fn start(config: &ClusterConfig, data_dir: &Path) -> Result<Cluster, String> {
         let recorded = match membership::check(data_dir, Some(config)).map_err(|error| error.to_string())? {
             Checked::Recorded(membership) => Some(membership),
@@ -94,13 +95,25 @@ impl Cluster {
         let membership = match recorded {
             Some(membership) => membership,
             None => {
-                if let Err(refusal) = wait_to_form(&bus, config).await {
-                    bus.shutdown().await;
-                    return Err(refusal);
-                }
-                let membership = membership::record(data_dir, config).map_err(|error| error.to_string())?;
+                let rejoining = match wait_to_form(&bus, config).await {
+                    Ok(formation) => formation,
+                    Err(refusal) => {
+                        bus.shutdown().await;
+                        return Err(refusal);
+                    }
+                };
+                let membership = membership::record(data_dir, config, rejoining.is_some())
+                    .map_err(|error| error.to_string())?;
                 holds_data.store(true, Ordering::Release);
-                tracing::info!("every node is up without data: this node forms the cluster with them");
+                match rejoining {
+                    Some(holder) => tracing::warn!(
+                        holder,
+                        "this node's data directory holds no data of the cluster, and node {holder} holds the cluster's data: this node lost its data (or was wiped). It rejoins: every group opens as a wiped replica, which takes nothing on until a quorum of its peers answered, and catches up from them by state transfer"
+                    ),
+                    None => {
+                        tracing::info!("every node is up without data: this node forms the cluster with them")
+                    }
+                }
                 membership
             }
         };
@@ -117,6 +130,7 @@ impl Cluster {
         // acknowledged anything). Once formatted, the record says so: a start that finds no
         // group then lost it, and is refused.
         let forming = !membership.metadata_formatted
+            && !membership.rejoining
             && !crate::node::is_formatted(&crate::catalog::metadata_group_dir(data_dir));
         let seat = ClusterSeat {
             replicas: replicas.clone(),
@@ -126,6 +140,7 @@ impl Cluster {
             tick: TICK,
             request_timeout: REQUEST_TIMEOUT,
             forming,
+            rejoining: Arc::new(AtomicBool::new(membership.rejoining)),
             leads_metadata: Arc::default(),
         };
         Ok(Cluster {
@@ -210,9 +225,10 @@ fn prepare_rule(group: u64) -> BodyRule {
 }
 
 /// A first start: wait until every peer has said whether it holds data of the cluster.
-/// `Ok` when none does (the cluster is being formed); a refusal when one does (this node's
-/// data directory is empty, but the cluster exists: it lost its data).
-async fn wait_to_form(bus: &Bus, config: &ClusterConfig) -> Result<(), String> {
+/// `Ok(None)` when none does (the cluster is being formed); `Ok(Some(id))` as soon as node
+/// `id` says it does (this node's data directory is empty, but the cluster exists: it lost
+/// its data, and rejoins).
+async fn wait_to_form(bus: &Bus, config: &ClusterConfig) -> Result<Option<u32>, String> {
     let peers: Vec<(u8, u32)> = config
         .nodes
         .iter()
@@ -226,12 +242,7 @@ async fn wait_to_form(bus: &Bus, config: &ClusterConfig) -> Result<(), String> {
             .iter()
             .find(|(index, _)| bus.peer_holds_data(*index) == Some(true))
         {
-            return Err(format!(
-                "this node's data directory holds no data of the cluster, and node {id} holds the cluster's data: \
-                 this node lost its data (or was never part of the cluster as formed). A node that lost its data \
-                 must rejoin by state transfer from its peers, which this release does not do yet; nothing was \
-                 written. Until then the cluster runs on its other nodes"
-            ));
+            return Ok(Some(*id));
         }
         let waiting: Vec<String> = peers
             .iter()
@@ -239,7 +250,7 @@ async fn wait_to_form(bus: &Bus, config: &ClusterConfig) -> Result<(), String> {
             .map(|(_, id)| id.to_string())
             .collect();
         if waiting.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         if reported.elapsed() >= WAITING_REPORT_INTERVAL {
             tracing::info!(

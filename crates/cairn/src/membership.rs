@@ -29,6 +29,12 @@ pub struct Membership {
     /// the record and the format (a stop there left no group that ever voted).
     #[serde(default)]
     pub metadata_formatted: bool,
+    /// Set while this node rejoins a cluster that formed without it (its data directory was
+    /// empty while a peer held the cluster's data: it lost its data). Its groups then open as
+    /// wiped replicas, never as new ones, until its metadata has caught up with its peers'
+    /// and every partition it names has a replica here.
+    #[serde(default)]
+    pub rejoining: bool,
 }
 
 impl Membership {
@@ -38,6 +44,7 @@ impl Membership {
             node_id: cluster.node_id,
             nodes: cluster.nodes.clone(),
             metadata_formatted: false,
+            rejoining: false,
         }
     }
 }
@@ -80,7 +87,7 @@ pub fn check_or_record(
 ) -> Result<Option<Membership>, MembershipError> {
     match (check(data_dir, cluster)?, cluster) {
         (Checked::Recorded(membership), _) => Ok(Some(membership)),
-        (Checked::Unrecorded, Some(cluster)) => record(data_dir, cluster).map(Some),
+        (Checked::Unrecorded, Some(cluster)) => record(data_dir, cluster, false).map(Some),
         (Checked::Unrecorded, None) => Ok(None),
     }
 }
@@ -186,14 +193,44 @@ pub fn note_metadata_formatted(data_dir: &Path, recorded: &Membership) -> Result
     cairn_storage::atomic_file::write(&path, &bytes).map_err(|error| io(error.to_string()))
 }
 
-/// Record `cluster` as what `data_dir` belongs to (after [`check`] found no record).
-pub fn record(data_dir: &Path, cluster: &ClusterConfig) -> Result<Membership, MembershipError> {
+/// Note in the record that this node has rejoined (its metadata caught up with its peers'
+/// and every partition it names has a replica here): groups new to it are formatted again.
+pub fn note_rejoined(data_dir: &Path) -> Result<(), MembershipError> {
     let path = data_dir.join(MEMBERSHIP_FILE);
     let io = |reason: String| MembershipError::Io {
         path: path.clone(),
         reason,
     };
-    let membership = Membership::of(cluster);
+    let bytes = cairn_storage::atomic_file::read(&path)
+        .map_err(|error| io(error.to_string()))?
+        .ok_or_else(|| io("the record is missing".to_string()))?;
+    let recorded: Membership =
+        serde_json::from_slice(&bytes).map_err(|error| io(format!("not a node list record: {error}")))?;
+    let membership = Membership {
+        rejoining: false,
+        metadata_formatted: true,
+        ..recorded
+    };
+    let bytes = serde_json::to_vec_pretty(&membership).map_err(|error| io(error.to_string()))?;
+    cairn_storage::atomic_file::write(&path, &bytes).map_err(|error| io(error.to_string()))
+}
+
+/// Record `cluster` as what `data_dir` belongs to (after [`check`] found no record); with
+/// `rejoining`, as a node that lost its data and rejoins the cluster its peers hold.
+pub fn record(
+    data_dir: &Path,
+    cluster: &ClusterConfig,
+    rejoining: bool,
+) -> Result<Membership, MembershipError> {
+    let path = data_dir.join(MEMBERSHIP_FILE);
+    let io = |reason: String| MembershipError::Io {
+        path: path.clone(),
+        reason,
+    };
+    let membership = Membership {
+        rejoining,
+        ..Membership::of(cluster)
+    };
     let bytes = serde_json::to_vec_pretty(&membership).map_err(|error| io(error.to_string()))?;
     cairn_storage::atomic_file::write(&path, &bytes).map_err(|error| io(error.to_string()))?;
     tracing::info!(
@@ -276,7 +313,7 @@ mod tests {
             check(dir.path(), Some(&three)).expect("checked"),
             Checked::Unrecorded
         );
-        let recorded = record(dir.path(), &three).expect("recorded");
+        let recorded = record(dir.path(), &three, false).expect("recorded");
         assert!(!recorded.metadata_formatted);
         note_metadata_formatted(dir.path(), &recorded).expect("noted");
         let Checked::Recorded(found) = check(dir.path(), Some(&three)).expect("checked") else {
@@ -286,6 +323,26 @@ mod tests {
         assert_eq!(found.nodes, recorded.nodes);
         let (key, _) = refusal(check_or_record(dir.path(), Some(&cluster(2, &[1, 2, 3]))));
         assert_eq!(key, "cluster.node_id");
+    }
+
+    /// A node that rejoins after losing its data is recorded as rejoining, and the note that
+    /// it has rejoined clears that (keeping the rest of the record).
+    #[test]
+    fn a_rejoining_node_is_recorded_until_it_has_rejoined() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let three = cluster(3, &[1, 2, 3]);
+        let recorded = record(dir.path(), &three, true).expect("recorded");
+        assert!(recorded.rejoining);
+        let Checked::Recorded(found) = check(dir.path(), Some(&three)).expect("checked") else {
+            panic!("recorded");
+        };
+        assert!(found.rejoining);
+        note_rejoined(dir.path()).expect("noted");
+        let Checked::Recorded(found) = check(dir.path(), Some(&three)).expect("checked") else {
+            panic!("recorded");
+        };
+        assert!(!found.rejoining && found.metadata_formatted);
+        assert_eq!(found.nodes, recorded.nodes);
     }
 
     #[test]

@@ -53,6 +53,10 @@ const SUPERBLOCK_FORMAT_FILE: &str = "superblock.format";
 const HEADERS_FILE: &str = "headers";
 const PREPARES_FILE: &str = "prepares";
 const CHECKPOINTS_FILE: &str = "checkpoints";
+/// Made by a wiped replica's open (`LocalGroup::rejoin_wiped`) before its blank superblock,
+/// removed once its first durable state is written: a blank superblock beside it is that
+/// open's, not damage, so a later open may start the directory over.
+const REJOINING_FILE: &str = "rejoining";
 
 /// Ticks a restarted group may take to come back: probe rounds nobody answers, then the
 /// fallback election (a few hundred ticks). Far more means a bug or damage that blocks it.
@@ -534,6 +538,12 @@ fn install_superblock_file(dir: &Path, bytes: &[u8; COPY_SIZE]) -> Result<(), Gr
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
 }
 
+/// Whether `dir`'s superblock file is there and every byte of it is zero: a wiped replica's
+/// (or a durable state lost whole).
+fn superblock_is_blank(dir: &Path) -> bool {
+    std::fs::read(dir.join(SUPERBLOCK_FILE)).is_ok_and(|bytes| bytes.iter().all(|&byte| byte == 0))
+}
+
 /// Whether `dir` holds a formatted group (its superblock file, written last at format, is
 /// there).
 pub fn is_formatted(dir: &Path) -> bool {
@@ -735,6 +745,9 @@ pub struct LocalGroup<S: StateMachine, J: GroupJournal = RingJournal> {
     transfer_turn: u8,
     /// A transferred log staged for this checkpoint: live once the superblock names it.
     install_pending: Option<NamedCheckpoint>,
+    /// A wiped replica's superblock, blank until its first durable state (written as a
+    /// format's first write).
+    superblock_blank: bool,
     /// Drawn when the group is assembled: a reopen from the files (a new value) is how a
     /// round of requests learns its lanes are new.
     incarnation: u128,
@@ -827,17 +840,19 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         fresh: impl Fn() -> S + Clone + Send + Sync + 'static,
         peers: Option<Peers>,
     ) -> Result<LocalGroup<S, J>, GroupError> {
-        let mut opened = if dir.join(SUPERBLOCK_FILE).exists() {
-            LocalGroup::recover(dir, group, params, fresh.clone(), false, peers.clone())?
-        } else if peers.as_ref().is_some_and(|peers| !peers.format_if_missing) {
-            return Err(refused(
-                dir,
-                "no formatted group here: a replica with peers that lost its files must rejoin as a wiped replica \
-                 (it may have acknowledged ops), which is not built yet; nothing was written"
-                    .to_string(),
-            ));
-        } else {
-            LocalGroup::format(dir, group, params, fresh(), peers.clone())?
+        let mut opened = match &peers {
+            // A replica with peers whose files are gone (or whose superblock is blank) may
+            // have acknowledged ops before: it rejoins as a wiped replica, never as a new one.
+            Some(peers)
+                if superblock_is_blank(dir)
+                    || (!dir.join(SUPERBLOCK_FILE).exists() && !peers.format_if_missing) =>
+            {
+                LocalGroup::rejoin_wiped(dir, group, params, fresh(), peers.clone())?
+            }
+            _ if dir.join(SUPERBLOCK_FILE).exists() => {
+                LocalGroup::recover(dir, group, params, fresh.clone(), false, peers.clone())?
+            }
+            _ => LocalGroup::format(dir, group, params, fresh(), peers.clone())?,
         };
         let (dir, params) = (dir.to_path_buf(), params.clone());
         opened.reopen = Some(Arc::new(move || {
@@ -948,6 +963,75 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         ))
     }
 
+    /// Open a replica with peers that lost its files as a wiped one (`docs/replication.md`,
+    /// "A wiped replica"): an empty journal and a blank superblock, so a crash before its
+    /// first durable state leaves it wiped again. It takes a view only from a quorum of its
+    /// peers' answers and catches up from them (repairs, or a state transfer); until its
+    /// first durable state is written it has acknowledged nothing.
+    ///
+    /// What the directory holds first is set aside in quarantine, every byte kept, unless
+    /// an earlier wiped open made it (its marker is there): that one held nothing
+    /// acknowledged and is started over.
+    fn rejoin_wiped(
+        dir: &Path,
+        group: u64,
+        params: &J::Params,
+        machine: S,
+        peers: Peers,
+    ) -> Result<LocalGroup<S, J>, GroupError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| GroupError::Io { path, source }
+        };
+        if dir.join(REJOINING_FILE).exists() {
+            std::fs::remove_dir_all(dir).map_err(io(dir))?;
+        } else if std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some()) {
+            let aside = cairn_storage::transfer::quarantine(&cairn_storage::io::RealDisk, dir)
+                .map_err(|error| refused(dir, format!("cannot set the group's files aside: {error}")))?;
+            tracing::warn!(
+                dir = %dir.display(),
+                quarantine = %aside.display(),
+                "the group's superblock is blank (every copy): its durable state is gone. Its files were set aside, every byte kept, and the replica rejoins as a wiped one"
+            );
+        }
+        create_dir_durably(dir)?;
+        cairn_storage::atomic_file::write(
+            &dir.join(REJOINING_FILE),
+            b"a wiped replica rejoining its peers\n",
+        )
+        .map_err(|error| refused(dir, format!("cannot mark the directory as rejoining: {error}")))?;
+        let cluster = peers.cluster;
+        cairn_storage::atomic_file::write(&dir.join(CLUSTER_FILE), &cluster.to_le_bytes())
+            .map_err(|error| refused(dir, format!("cannot write the cluster id: {error}")))?;
+        let journal = J::create(dir, params, (cluster, group))?;
+        let checkpoints = dir.join(CHECKPOINTS_FILE);
+        File::create(&checkpoints)
+            .and_then(|f| f.sync_all())
+            .map_err(io(&checkpoints))?;
+        install_superblock_file(dir, &[0u8; COPY_SIZE])?;
+        let files = Files::open(dir, &J::SHAPE, false)?;
+        let config = config(cluster, group, J::SHAPE, Some(&peers));
+        let recovered = Recovered {
+            durable: None,
+            checkpoint: None,
+            journal: Vec::new(),
+            nonce: rand::random::<u128>() | 1,
+        };
+        let replica = Replica::recover(config, machine, recovered)
+            .map_err(|error| refused(dir, format!("the wiped replica cannot start: {error}")))?;
+        tracing::warn!(
+            dir = %dir.display(),
+            replica = peers.replica,
+            "this replica has no files of a group its peers hold: it rejoins as a wiped replica and catches up from them (repairs, or a state transfer of their checkpoint and log)"
+        );
+        let placeholder = DurableState::formatted(cluster, peers.replica, peers.replica_count);
+        let mut opened =
+            LocalGroup::assemble(replica, files, journal, cluster, (placeholder, 0), Some(peers));
+        opened.superblock_blank = true;
+        opened.come_up(&[])?;
+        Ok(opened)
+    }
+
     fn assemble(
         replica: Replica<S>,
         files: Files,
@@ -984,6 +1068,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             transfer: None,
             transfer_turn: 0,
             install_pending: None,
+            superblock_blank: false,
             incarnation: rand::random(),
         }
     }
@@ -1664,15 +1749,28 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 // The superblock may name ops of the journal: they are durable first.
                 self.journal.flush()?;
                 let (current, sequence) = &self.superblock;
-                let (next_sequence, bytes) =
-                    durable::plan_write(current, *sequence, &state).map_err(|error| {
-                        refused(
-                            &self.files.dir,
-                            format!("an invalid durable state was asked for: {error:?}"),
-                        )
-                    })?;
+                let planned = if self.superblock_blank {
+                    durable::plan_format(&state)
+                } else {
+                    durable::plan_write(current, *sequence, &state)
+                };
+                let (next_sequence, bytes) = planned.map_err(|error| {
+                    refused(
+                        &self.files.dir,
+                        format!("an invalid durable state was asked for: {error:?}"),
+                    )
+                })?;
                 self.files.write_superblock(&bytes)?;
                 self.superblock = (state.clone(), next_sequence);
+                if self.superblock_blank {
+                    // The wiped replica's first durable state: from now on its directory is
+                    // a group like any other.
+                    self.superblock_blank = false;
+                    let marker = self.files.dir.join(REJOINING_FILE);
+                    std::fs::remove_file(&marker)
+                        .and_then(|()| File::open(&self.files.dir)?.sync_all())
+                        .map_err(|source| GroupError::Io { path: marker, source })?;
+                }
                 // A transferred log goes live before the replica writes anything above the
                 // checkpoint the superblock now names.
                 self.commit_install_if_named(CheckpointId {
@@ -2484,30 +2582,49 @@ mod tests {
             assert!(inbox.push(message(7)), "room again once taken");
         }
 
-        /// A replica with peers whose directory lost its group is not formatted afresh: it
-        /// may have acknowledged ops, and a new replica would vote as if it never had.
+        /// A replica with peers whose directory lost its group is not formatted afresh (it
+        /// may have acknowledged ops, and a new replica would vote as if it never had): it
+        /// opens as a wiped replica, recovering, with a blank superblock until its first
+        /// durable state. Opened again before then, it starts over; a blank superblock that
+        /// no wiped open made is damage, set aside with its bytes.
         #[test]
-        fn a_replica_that_lost_its_files_is_not_formatted_again() {
+        fn a_replica_that_lost_its_files_rejoins_as_a_wiped_one() {
             let temp = tempfile::tempdir().expect("tempdir");
             let net = Net::new(MetadataMachine::body_verifies);
             let dir = temp.path().join("wiped");
-            let mut peers = peers(&net, 1);
-            peers.format_if_missing = false;
-            let opened: Result<LocalGroup<MetadataMachine>, _> = LocalGroup::open_with_peers(
-                &dir,
-                GROUP,
-                &(MetadataMachine::body_verifies as BodyRule),
-                MetadataMachine::default,
-                Some(peers),
+            let open = || -> LocalGroup<MetadataMachine> {
+                let mut peers = peers(&net, 1);
+                peers.format_if_missing = false;
+                LocalGroup::open_with_peers(
+                    &dir,
+                    GROUP,
+                    &(MetadataMachine::body_verifies as BodyRule),
+                    MetadataMachine::default,
+                    Some(peers),
+                )
+                .expect("a wiped replica opens")
+            };
+            let check_wiped = |group: &LocalGroup<MetadataMachine>| {
+                assert_eq!(group.replica_status().role, "recovering");
+                assert!(!group.takes_requests());
+                assert!(superblock_is_blank(&dir), "no durable state yet");
+                assert!(dir.join(REJOINING_FILE).exists());
+            };
+            let group = open();
+            check_wiped(&group);
+            drop(group);
+            // Its own blank directory: started over, nothing set aside.
+            check_wiped(&open());
+            assert!(!temp.path().join("wiped.quarantine.0").exists());
+            // A blank superblock without the marker: the files go to quarantine, kept.
+            std::fs::remove_file(dir.join(REJOINING_FILE)).expect("remove the marker");
+            check_wiped(&open());
+            assert!(
+                temp.path()
+                    .join("wiped.quarantine.0")
+                    .join(SUPERBLOCK_FILE)
+                    .exists()
             );
-            match opened {
-                Err(GroupError::Refused { reason, .. }) => {
-                    assert!(reason.contains("wiped replica"), "{reason}")
-                }
-                Err(other) => panic!("refused for the wrong reason: {other}"),
-                Ok(_) => panic!("a replica that lost its files was formatted as a new one"),
-            }
-            assert!(!dir.exists(), "nothing was written");
         }
 
         /// The partition's journal is its segment log: backups write the primary's stamped

@@ -101,6 +101,9 @@ pub struct PartitionPeers {
     pub group: u64,
     /// Set while this node is the metadata group's primary: the partition's primary follows.
     pub leads_metadata: Arc<AtomicBool>,
+    /// This node rejoins after losing its data: a replica without files is a wiped one, never
+    /// a new one (`ClusterSeat::rejoining`).
+    pub missing_is_wiped: bool,
 }
 
 /// Why a partition did not open at boot (it is refused; its files are left as they are).
@@ -228,6 +231,7 @@ impl PartitionData {
                 peers,
                 group,
                 leads_metadata,
+                ..
             }) => (
                 partition_group::open_with_peers(dir, group, params, peers)?,
                 Some((leads_metadata, None)),
@@ -244,6 +248,12 @@ impl PartitionData {
     /// The partition replica's role and positions.
     pub fn replica_status(&self) -> crate::node::ReplicaStatus {
         self.group.replica_status()
+    }
+
+    /// Whether the replica is in a view and has applied what its view committed
+    /// (`LocalGroup::is_current`).
+    pub fn is_current(&self) -> bool {
+        self.group.is_current()
     }
 
     /// The replica index of the partition group's primary as this replica sees it (`None`

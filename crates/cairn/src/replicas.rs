@@ -411,8 +411,21 @@ mod tests {
 
     /// Open (format) node `index`'s replica of metadata-shaped group `group` in `dir`.
     async fn open_metadata(replicas: &Replicas, dir: &Path, index: u8, group: u64) -> Metadata {
+        open_metadata_with(replicas, dir, index, group, true).await
+    }
+
+    async fn open_metadata_with(
+        replicas: &Replicas,
+        dir: &Path,
+        index: u8,
+        group: u64,
+        format_if_missing: bool,
+    ) -> Metadata {
         let metadata: Metadata = Arc::new(Mutex::new(None));
-        let peers = peers(replicas, index, replicas.add_group(group, metadata.clone()));
+        let peers = Peers {
+            format_if_missing,
+            ..peers(replicas, index, replicas.add_group(group, metadata.clone()))
+        };
         let dir = dir.to_path_buf();
         let opened = blocking(move || {
             LocalGroup::open_with_peers(
@@ -435,11 +448,34 @@ mod tests {
         listener: tokio::net::TcpListener,
         addresses: &[std::net::SocketAddr],
     ) -> TestNode {
+        start_node_with(dir, index, listener, addresses, true).await
+    }
+
+    /// [`start_node`]; `format_if_missing: false` for a node whose groups existed before (a
+    /// missing directory is then a wiped replica).
+    async fn start_node_with(
+        dir: &Path,
+        index: u8,
+        listener: tokio::net::TcpListener,
+        addresses: &[std::net::SocketAddr],
+        format_if_missing: bool,
+    ) -> TestNode {
         let (bus, replicas) = start_bus(index, listener, addresses);
-        let metadata = open_metadata(&replicas, &dir.join("metadata"), index, METADATA_GROUP).await;
+        let metadata = open_metadata_with(
+            &replicas,
+            &dir.join("metadata"),
+            index,
+            METADATA_GROUP,
+            format_if_missing,
+        )
+        .await;
         let partition: Partition = Arc::new(Mutex::new(None));
         let inbox = replicas.add_group(PARTITION_GROUP, partition.clone());
-        let (dir, peers_p) = (dir.to_path_buf(), peers(&replicas, index, inbox));
+        let peers_p = Peers {
+            format_if_missing,
+            ..peers(&replicas, index, inbox)
+        };
+        let dir = dir.to_path_buf();
         let params = LogParams::new(
             3,
             JournalOptions {
@@ -727,6 +763,55 @@ mod tests {
                 );
             }
         }
+
+        // Wiped: node 2 stops, loses every file, and the others go on past both windows. It
+        // rejoins as a wiped replica of both groups, by state transfer.
+        nodes[2].take().expect("up").crash().await;
+        std::fs::remove_dir_all(&dir).expect("wipe node 2");
+        let first = nodes[0].as_ref().expect("up");
+        let (metadata, partition) = (first.metadata.clone(), first.partition.clone());
+        blocking(move || {
+            for n in STREAMS..2 * STREAMS {
+                create_stream(&metadata, n).expect("committed");
+            }
+        })
+        .await;
+        blocking(move || append_many(&partition, APPENDS)).await;
+        let expected_offset = 3 + 2 * APPENDS as u64;
+        let listener = tokio::net::TcpListener::bind(addresses[2]).await.expect("rebind");
+        nodes[2] = Some(start_node_with(&dir, 2, listener, &addresses, false).await);
+        let back = nodes[2].as_ref().expect("up");
+        eventually("the wiped node catches up with both groups", || {
+            streams(&back.metadata) == 2 * STREAMS as usize && next_offset(&back.partition) == expected_offset
+        })
+        .await;
+        assert!(
+            cairn_storage::transfer::live_generation(&cairn_storage::io::RealDisk, &dir.join("partition"))
+                .expect("live generation")
+                >= 1,
+            "the wiped partition's journal came by state transfer"
+        );
+
+        // It is a member again: with the primary of both groups gone, node 1 and the
+        // rejoined node 2 elect new primaries, which commit with offsets that continue.
+        nodes[0].take().expect("up").crash().await;
+        eventually("new primaries on the two left", || {
+            nodes.iter().flatten().any(|node| takes(&node.metadata))
+                && nodes.iter().flatten().any(|node| takes(&node.partition))
+        })
+        .await;
+        let partition = nodes
+            .iter()
+            .flatten()
+            .find(|node| takes(&node.partition))
+            .expect("primary")
+            .partition
+            .clone();
+        let offsets = blocking(move || append(&partition, 1)).await.expect("committed");
+        assert_eq!(
+            offsets[0], expected_offset,
+            "offsets continue, none handed out twice"
+        );
         for node in nodes.into_iter().flatten() {
             node.crash().await;
         }
@@ -817,6 +902,7 @@ mod tests {
             tick: Duration::from_millis(10),
             request_timeout: Duration::from_secs(20),
             forming,
+            rejoining: Arc::default(),
             leads_metadata: Arc::default(),
         };
         let writers = crate::writer::WriterContext::new(tokio::runtime::Handle::current());

@@ -71,16 +71,22 @@ fn write_configs(dir: &Path) -> Vec<Node> {
 
 /// Start the nodes at once (a first start waits for every peer before it is ready).
 fn start_all(nodes: &[&Node]) -> Vec<TestServer> {
+    start_all_with(nodes, &[])
+}
+
+/// [`start_all`] with extra environment variables.
+fn start_all_with(nodes: &[&Node], env: &[(&'static str, &'static str)]) -> Vec<TestServer> {
     let starting: Vec<_> = nodes
         .iter()
         .map(|node| {
             let (config, data) = (node.config.clone(), node.data.clone());
+            let env = env.to_vec();
             std::thread::spawn(move || {
                 let (config, data_text) = (
                     config.to_str().expect("utf-8").to_string(),
                     data.to_str().expect("utf-8").to_string(),
                 );
-                TestServer::start_args(&data, &["--data-dir", &data_text, "--config", &config], &[])
+                TestServer::start_args(&data, &["--data-dir", &data_text, "--config", &config], &env)
             })
         })
         .collect();
@@ -223,7 +229,8 @@ async fn poll_until(
     }
 }
 
-/// Every segment log of every partition directory under `data`, by path relative to it.
+/// Every segment log of every partition directory under `data`, by path relative to it (a
+/// journal a state transfer brought, `log.<g>/`, named as the first one, `log/`).
 fn segment_logs_of(data: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
     let mut logs = std::collections::BTreeMap::new();
     let mut pending = vec![data.join("streams")];
@@ -236,7 +243,20 @@ fn segment_logs_of(data: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> 
             if path.is_dir() {
                 pending.push(path);
             } else if path.extension().is_some_and(|extension| extension == "log") {
-                let relative = path.strip_prefix(data).expect("under data").to_path_buf();
+                let relative: PathBuf = path
+                    .strip_prefix(data)
+                    .expect("under data")
+                    .components()
+                    .map(|component| {
+                        let name = component.as_os_str().to_string_lossy();
+                        match name.strip_prefix("log.") {
+                            Some(generation) if generation.bytes().all(|b| b.is_ascii_digit()) => {
+                                "log".into()
+                            }
+                            _ => name.into_owned(),
+                        }
+                    })
+                    .collect();
                 logs.insert(relative, std::fs::read(&path).expect("read a segment"));
             }
         }
@@ -415,60 +435,54 @@ async fn three_nodes_form_a_cluster_replicate_sends_and_fail_over() {
     drop(client);
 
     // The killed node's disk is lost: started with an empty data directory, it learns from
-    // its peers' handshakes that the cluster holds data, and is refused with nothing written
-    // (a node that lost its data must not vote as a new one).
+    // its peers' handshakes that the cluster holds data, and rejoins as a wiped node (never
+    // as a new one, which could vote away what it acknowledged before): every group a wiped
+    // replica that catches up from its peers. Then the node that has led since is killed
+    // too: the cluster goes on with the rejoined node as one of its two, and nothing
+    // acknowledged is missing.
     let wiped = &nodes[leader_index];
     std::fs::remove_dir_all(&wiped.data).expect("wipe");
-    let (code, stderr) = run_to_exit(&wiped.data, &wiped.config);
-    assert_ne!(code, Some(0));
-    assert!(stderr.contains("lost its data"), "{stderr}");
-    assert!(!wiped.data.join("membership").exists(), "nothing was recorded");
-    assert!(!wiped.data.join("vsr").exists(), "nothing was formatted");
+    let rejoined = start_all(&[wiped]).pop().expect("started");
+    assert!(
+        rejoined.wait_for_log("has rejoined the cluster", WITHIN).await,
+        "the wiped node rejoins: {}",
+        rejoined.logs()
+    );
+    servers[leader_index] = Some(rejoined);
+    servers[node_index(&new_leader)].take().expect("running").kill();
+    let client = cluster_client(wiped.tcp).await;
+    leader_of(&client, 2).await;
+    send_batches(&client, stream, topic, 0, 6_000, 3).await;
+    let polled = poll_until(&client, stream, topic, 0, 160).await;
+    for (offset, message) in polled.iter().enumerate() {
+        assert_eq!(
+            message.header.offset, offset as u64,
+            "every acknowledged message is there, offsets without a gap"
+        );
+    }
+    drop(client);
     for server in servers.into_iter().flatten() {
         stop_node(server);
     }
 
-    // A node that lost its metadata group's files (the rest of its data kept) is refused at
-    // start: its record says the group was formatted, so it is not made anew.
+    // A node that lost its metadata group's files (the rest of its data kept): its record
+    // says the group was formatted, so it is not made anew; its replica rejoins as a wiped
+    // one, and the partitions it held open from their files once the metadata names them.
     let damaged = &nodes[survivor];
     std::fs::remove_dir_all(damaged.data.join("vsr").join("metadata")).expect("remove the metadata group");
-    let (code, stderr) = run_to_exit(&damaged.data, &damaged.config);
-    assert_ne!(code, Some(0));
-    assert!(stderr.contains("no formatted group here"), "{stderr}");
+    let servers = start_running(&nodes);
+    let restarted = servers[survivor].as_ref().expect("running");
     assert!(
-        !damaged.data.join("vsr").join("metadata").exists(),
-        "nothing was formatted"
+        restarted.wait_for_log("rejoins as a wiped replica", WITHIN).await,
+        "{}",
+        restarted.logs()
     );
-}
-
-/// Run `cairn serve` on `data` with `config` until it exits by itself (bounded); its exit code
-/// and standard error.
-fn run_to_exit(data: &Path, config: &Path) -> (Option<i32>, String) {
-    let mut child = cairn_tool()
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(data)
-        .arg("--config")
-        .arg(config)
-        .env("CAIRN_ROOT_PASSWORD", ROOT_PASSWORD)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run cairn");
-    let deadline = Instant::now() + WITHIN;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            panic!("cairn did not exit within {WITHIN:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr).expect("stderr");
-    (status.code(), stderr)
+    let client = cluster_client(damaged.tcp).await;
+    poll_until(&client, stream, topic, 0, 160).await;
+    drop(client);
+    for server in servers.into_iter().flatten() {
+        stop_node(server);
+    }
 }
 
 /// SIGTERM, and a clean exit. (`cairn check` does not verify a cluster node's directory
@@ -544,6 +558,72 @@ async fn killing_the_leader_under_load_loses_nothing_acknowledged() {
         drop(client);
         servers[index] = Some(start_all(&[&nodes[index]]).remove(0));
     }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let client = stop_and_verify(&nodes, stream, topic, &stop, producers).await;
+    stop_and_compare_segments(&nodes, servers, client, (stream, topic)).await;
+}
+
+/// A backup is SIGKILLed and loses its data directory while four producers take every
+/// partition past its journal's window (1 024 ops). Started again, it rejoins as a wiped
+/// node: each partition's replica fetches a peer's checkpoint and log by state transfer. The
+/// leader is SIGKILLed while that runs, and restarted. Nothing acknowledged is lost, and
+/// every node, the rejoined one too, ends with the same segment bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_node_rejoins_by_state_transfer_while_the_leader_is_killed() {
+    const OPS_PER_PARTITION: usize = 1_300;
+    let dir = temp_dir();
+    let nodes = write_configs(dir.path());
+    let mut servers = start_running(&nodes);
+    let admin = cluster_client(nodes[0].tcp).await;
+    let leader = node_index(&leader_of(&admin, 3).await);
+    let (stream, topic) = create_stream_topic(&admin, "load", "t", 4).await;
+    drop(admin);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acknowledged = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let producers = spawn_producers(&nodes, stream, topic, &stop, &acknowledged);
+
+    let wiped = (leader + 1) % 3;
+    servers[wiped].take().expect("running").kill();
+    std::fs::remove_dir_all(&nodes[wiped].data).expect("wipe");
+    let deadline = Instant::now() + 4 * WITHIN;
+    while acknowledged.load(std::sync::atomic::Ordering::Acquire) < 4 * OPS_PER_PARTITION {
+        assert!(
+            Instant::now() < deadline,
+            "the producers got {} batches acknowledged",
+            acknowledged.load(std::sync::atomic::Ordering::Acquire)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Paced at 1 MiB/s, the transfers (a few MiB each) run long enough for the kill below to
+    // land in the middle of them.
+    let rejoining = start_all_with(
+        &[&nodes[wiped]],
+        &[("CAIRN_CLUSTER_TRANSFER_BYTES_PER_SECOND", "1048576")],
+    )
+    .pop()
+    .expect("started");
+    assert!(
+        rejoining
+            .wait_for_log("a peer offered its checkpoint and log", WITHIN)
+            .await,
+        "the wiped node fetches a partition by state transfer: {}",
+        rejoining.logs()
+    );
+    servers[wiped] = Some(rejoining);
+    let observer = cluster_client(nodes[3 - leader - wiped].tcp).await;
+    let leader = node_index(&leader_of(&observer, 3).await);
+    drop(observer);
+    servers[leader].take().expect("running").kill();
+    servers[leader] = Some(start_all(&[&nodes[leader]]).remove(0));
+    let rejoined = servers[wiped].as_ref().expect("running");
+    assert!(
+        rejoined
+            .wait_for_log("has rejoined the cluster", 2 * WITHIN)
+            .await,
+        "the wiped node rejoins: {}",
+        rejoined.logs()
+    );
     tokio::time::sleep(Duration::from_millis(700)).await;
     let client = stop_and_verify(&nodes, stream, topic, &stop, producers).await;
     stop_and_compare_segments(&nodes, servers, client, (stream, topic)).await;

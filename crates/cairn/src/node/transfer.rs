@@ -31,7 +31,7 @@ use cairn_storage::transfer::{CheckpointId, ChunkRequest, TransferChunk};
 use cairn_vsr::checkpoint::Checkpoint;
 use cairn_vsr::constants::HEADER_SIZE;
 use cairn_vsr::header::{Command, Header, Message};
-use cairn_vsr::replica::{StateMachine, TransferredLog};
+use cairn_vsr::replica::{StateMachine, Status, TransferredLog};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -194,6 +194,13 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     /// group is served.
     pub(super) fn continue_transfer(&mut self, now: Instant) {
         let Some(transfer) = &self.transfer else {
+            if self.transfer_wanted
+                && self.replica.status() == Status::Normal
+                && self.replica.commit_min() >= self.replica.commit_max()
+            {
+                // Caught up by repairs after all (a peer's journal held what it missed).
+                self.transfer_wanted = false;
+            }
             return;
         };
         let waiting_for_peer = transfer.checkpoint.is_none() || transfer.asked.is_some();
