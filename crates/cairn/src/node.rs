@@ -78,6 +78,12 @@ pub enum GroupError {
     /// What the files hold cannot be booted from; they are left as they are.
     #[error("{}: {reason}", dir.display())]
     Refused { dir: PathBuf, reason: String },
+    /// Like `Refused`, for damage: bytes that fail verification where nothing may be cut
+    /// away (a journal below its durable frontier, every superblock copy, the named
+    /// checkpoint). A group of one refuses; a replica with peers sets the files aside and
+    /// rejoins wiped.
+    #[error("{}: {reason}", dir.display())]
+    Damaged { dir: PathBuf, reason: String },
     /// An earlier write failed; nothing more is taken until a restart.
     #[error("the replicated log in {} stopped after a failed write ({reason}); restart the server", dir.display())]
     Stopped { dir: PathBuf, reason: String },
@@ -96,6 +102,15 @@ pub enum GroupError {
 }
 
 impl GroupError {
+    /// `Damaged` when the storage error is damage, `Refused` otherwise, with `reason`.
+    pub fn refused_for(error: &cairn_storage::StorageError, dir: &Path, reason: String) -> GroupError {
+        let dir = dir.to_path_buf();
+        match error {
+            cairn_storage::StorageError::Damaged { .. } => GroupError::Damaged { dir, reason },
+            _ => GroupError::Refused { dir, reason },
+        }
+    }
+
     /// The same failure for another request of the same batch (the error is not `Clone`): an
     /// undone write or a request not taken stays one (nothing was taken), a stop stays that
     /// stop, anything else becomes a stop of the group in `dir` saying what happened.
@@ -850,7 +865,24 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 LocalGroup::rejoin_wiped(dir, group, params, fresh(), peers.clone())?
             }
             _ if dir.join(SUPERBLOCK_FILE).exists() => {
-                LocalGroup::recover(dir, group, params, fresh.clone(), false, peers.clone())?
+                match LocalGroup::recover(dir, group, params, fresh.clone(), false, peers.clone()) {
+                    // Damage a replica with peers cannot boot from: the files are set aside
+                    // whole, and it rejoins wiped (its peers hold the group).
+                    Err(GroupError::Damaged { reason, .. }) if let Some(peers) = &peers => {
+                        let aside = cairn_storage::transfer::quarantine(&cairn_storage::io::RealDisk, dir)
+                            .map_err(|error| {
+                                refused(dir, format!("{reason}; setting the files aside failed: {error}"))
+                            })?;
+                        tracing::warn!(
+                            dir = %dir.display(),
+                            quarantine = %aside.display(),
+                            %reason,
+                            "the replica's files are damaged where nothing may be cut away: they were set aside whole (every byte kept for an operator), and the replica rejoins as a wiped one, repaired from its peers"
+                        );
+                        LocalGroup::rejoin_wiped(dir, group, params, fresh(), peers.clone())?
+                    }
+                    opened => opened?,
+                }
             }
             _ => LocalGroup::format(dir, group, params, fresh(), peers.clone())?,
         };
@@ -1891,10 +1923,10 @@ fn read_durable<J: GroupJournal>(
             ));
         }
         Err(refusal) => {
-            return Err(refused(
-                dir,
-                format!("the superblock cannot be booted from: {refusal}"),
-            ));
+            return Err(GroupError::Damaged {
+                dir: dir.to_path_buf(),
+                reason: format!("the superblock cannot be booted from: {refusal}"),
+            });
         }
     };
     let checkpoint = named_checkpoint::<J>(&files, &state, cluster, group)?
@@ -1930,13 +1962,13 @@ fn named_checkpoint<J: GroupJournal>(
             return Ok(Some((checkpoint, slot, bytes)));
         }
     }
-    Err(refused(
-        &files.dir,
-        format!(
+    Err(GroupError::Damaged {
+        dir: files.dir.clone(),
+        reason: format!(
             "the superblock names checkpoint op {}, and no checkpoint slot holds it intact",
             state.checkpoint_op
         ),
-    ))
+    })
 }
 
 /// The machine snapshot of the durable checkpoint of the group in `dir`, read without

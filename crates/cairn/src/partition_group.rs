@@ -136,11 +136,14 @@ impl LogJournal {
             segment_size_bytes: params.segment_size_bytes,
             relaxed: params.relaxed,
         };
-        let generations_refused = |error: cairn_storage::StorageError| GroupError::Refused {
-            dir: dir.to_path_buf(),
-            reason: format!(
-                "the partition's journal generations cannot be resolved, its files are left as they are: {error}"
-            ),
+        let generations_refused = |error: cairn_storage::StorageError| {
+            GroupError::refused_for(
+                &error,
+                dir,
+                format!(
+                    "the partition's journal generations cannot be resolved, its files are left as they are: {error}"
+                ),
+            )
         };
         // Which journal generation is live, finishing a state transfer's install a crash
         // interrupted (`cairn_storage::transfer`); the checker only reads what the open would do.
@@ -177,11 +180,12 @@ impl LogJournal {
             }
             log_dir
         };
-        let refused = |error: cairn_storage::StorageError| GroupError::Refused {
-            dir: log_dir.clone(),
-            reason: format!(
-                "the partition's journal cannot be opened, its files are left as they are: {error}"
-            ),
+        let refused = |error: cairn_storage::StorageError| {
+            GroupError::refused_for(
+                &error,
+                &log_dir,
+                format!("the partition's journal cannot be opened, its files are left as they are: {error}"),
+            )
         };
         if read_only {
             // What the open would keep, read in place (the checker's view).
@@ -1964,7 +1968,7 @@ mod tests {
         bytes[synced_len / 2] ^= 0x10;
         std::fs::write(&segment, &bytes).expect("flip");
         match open(&dir, GROUP, params()) {
-            Err(GroupError::Refused { reason, .. }) => {
+            Err(GroupError::Damaged { reason, .. }) => {
                 assert!(reason.contains("damaged"), "{reason}");
             }
             Err(other) => panic!("refused for another reason: {other}"),

@@ -792,6 +792,29 @@ mod tests {
             "the wiped partition's journal came by state transfer"
         );
 
+        // Damaged: every superblock copy of node 2's partition replica fails verification.
+        // Restarted, the replica's files go to quarantine whole and it rejoins wiped.
+        nodes[2].take().expect("up").crash().await;
+        let superblock = dir.join("partition").join("superblock");
+        let mut bytes = std::fs::read(&superblock).expect("read the superblock");
+        for copy in bytes.chunks_mut(cairn_vsr::durable::COPY_SIZE) {
+            copy[100] ^= 0x40;
+        }
+        std::fs::write(&superblock, &bytes).expect("damage the superblock");
+        let listener = tokio::net::TcpListener::bind(addresses[2]).await.expect("rebind");
+        nodes[2] = Some(start_node_with(&dir, 2, listener, &addresses, false).await);
+        let back = nodes[2].as_ref().expect("up");
+        eventually("the damaged replica is rebuilt from its peers", || {
+            next_offset(&back.partition) == expected_offset
+                && takes(&nodes[0].as_ref().expect("up").partition)
+        })
+        .await;
+        assert_eq!(
+            std::fs::read(dir.join("partition.quarantine.0").join("superblock")).expect("kept"),
+            bytes,
+            "the damaged files are kept, byte for byte"
+        );
+
         // It is a member again: with the primary of both groups gone, node 1 and the
         // rejoined node 2 elect new primaries, which commit with offsets that continue.
         nodes[0].take().expect("up").crash().await;
