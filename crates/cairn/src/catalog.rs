@@ -182,6 +182,9 @@ pub struct ClusterSeat {
     /// never a new one. Cleared once the metadata caught up and every partition it names
     /// has a replica here.
     pub rejoining: Arc<AtomicBool>,
+    /// What this node's handshakes say: it holds the cluster's data (its metadata formatted,
+    /// and not rejoining). Set once it has rejoined.
+    pub holds_data: Arc<AtomicBool>,
     /// Set while this node's metadata replica is the primary (the leader clients are sent
     /// to): the partitions' replicas here then take their groups' primaries over.
     pub leads_metadata: Arc<AtomicBool>,
@@ -355,13 +358,16 @@ impl Partition {
     ) -> PartitionState {
         debug_assert_eq!(ids.partition_id, doc.id);
         let opened = match peers {
-            // A replica whose directory is missing: the node stopped between applying the
-            // create and making its files (or joined after it); nothing of it was ever
-            // acknowledged here, so it starts as a new replica and catches up from its peers.
+            // A replica whose directory is missing on a node that rejoins after losing its
+            // data: a wiped replica (it may have acknowledged ops before).
             Some(peers) if !dir.exists() && peers.missing_is_wiped => {
                 tracing::warn!(partition_dir = %dir.display(), "this node rejoins after losing its data and holds no files of this partition: its replica rejoins as a wiped one and catches up from its peers");
                 PartitionData::create(dir, ids, options, Some(peers)).map_err(OpenError::from)
             }
+            // Otherwise the node stopped between applying the create and making its files
+            // (or joined after it): nothing of it was ever acknowledged here, so it starts as
+            // a new replica and catches up from its peers (a directory whose files went to
+            // quarantine rejoins wiped instead: `LocalGroup::open_with_peers`).
             Some(peers) if !dir.exists() => {
                 tracing::info!(partition_dir = %dir.display(), "the metadata names a partition this node holds no files of (it stopped after applying the create and before making them): formatting a new replica, which catches up from its peers");
                 let peers = PartitionPeers {
@@ -686,6 +692,7 @@ impl Catalog {
         match crate::membership::note_rejoined(&self.data_dir) {
             Ok(()) => {
                 seat.rejoining.store(false, Ordering::Release);
+                seat.holds_data.store(true, Ordering::Release);
                 tracing::info!(
                     applied_op = self.group.commit_op(),
                     "this node has rejoined the cluster: its metadata and every partition's replica caught up with their peers"

@@ -60,16 +60,38 @@ impl Cluster {
     /// cluster is being formed (every peer up and without data) or this node lost its data
     /// (it rejoins). Returns once the catalog may load.
     pub async fn start(config: &ClusterConfig, data_dir: &Path) -> Result<Cluster, String> {
-        let recorded = match membership::check(data_dir, Some(config)).map_err(|error| error.to_string())? {
-            Checked::Recorded(membership) => Some(membership),
-            Checked::Unrecorded => None,
-        };
+        let mut recorded =
+            match membership::check(data_dir, Some(config)).map_err(|error| error.to_string())? {
+                Checked::Recorded(membership) => Some(membership),
+                Checked::Unrecorded => None,
+            };
+        let metadata_dir = crate::catalog::metadata_group_dir(data_dir);
+        if let Some(membership) = &recorded
+            && membership.metadata_formatted
+            && !membership.rejoining
+            && crate::node::lost_group(&metadata_dir)
+        {
+            // The record says the metadata group was formatted here, and it is gone: this
+            // node lost its data (the record survived), so it rejoins, every group wiped.
+            tracing::warn!(
+                dir = %metadata_dir.display(),
+                "this node's metadata group is gone although its record says it was formatted: the node lost its data and rejoins, every group opening as a wiped replica"
+            );
+            recorded =
+                Some(membership::note_rejoining(data_dir, membership).map_err(|error| error.to_string())?);
+        }
         let entry = config.this_node();
         let address = crate::config::listen_address(&entry.replica);
         let listener = tokio::net::TcpListener::bind(address)
             .await
             .map_err(|error| format!("cannot listen for replica traffic on {address}: {error}"))?;
-        let holds_data = Arc::new(AtomicBool::new(recorded.is_some()));
+        // A node says it holds the cluster's data once its metadata group is formatted and it
+        // is not rejoining: a node that recorded but has not formatted yet (or rejoins) must
+        // not make a node of a forming cluster believe it lost its data.
+        let holds_data =
+            Arc::new(AtomicBool::new(recorded.as_ref().is_some_and(|membership| {
+                membership.metadata_formatted && !membership.rejoining
+            })));
         let nodes = config
             .nodes
             .iter()
@@ -104,7 +126,6 @@ impl Cluster {
                 };
                 let membership = membership::record(data_dir, config, rejoining.is_some())
                     .map_err(|error| error.to_string())?;
-                holds_data.store(true, Ordering::Release);
                 match rejoining {
                     Some(holder) => tracing::warn!(
                         holder,
@@ -141,6 +162,7 @@ impl Cluster {
             request_timeout: REQUEST_TIMEOUT,
             forming,
             rejoining: Arc::new(AtomicBool::new(membership.rejoining)),
+            holds_data: holds_data.clone(),
             leads_metadata: Arc::default(),
         };
         Ok(Cluster {
@@ -156,7 +178,11 @@ impl Cluster {
     /// Note in the membership record that the metadata group is formatted (after the
     /// catalog loaded).
     pub fn note_metadata_formatted(&self, data_dir: &Path) -> Result<(), String> {
-        membership::note_metadata_formatted(data_dir, &self.membership).map_err(|error| error.to_string())
+        membership::note_metadata_formatted(data_dir, &self.membership).map_err(|error| error.to_string())?;
+        if !self.seat.rejoining.load(Ordering::Acquire) {
+            self.seat.holds_data.store(true, Ordering::Release);
+        }
+        Ok(())
     }
 
     /// The seat the catalog's groups open with.

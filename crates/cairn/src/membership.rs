@@ -193,6 +193,23 @@ pub fn note_metadata_formatted(data_dir: &Path, recorded: &Membership) -> Result
     cairn_storage::atomic_file::write(&path, &bytes).map_err(|error| io(error.to_string()))
 }
 
+/// Note in the record that this node rejoins (it lost its metadata group after it was
+/// formatted): its groups open wiped until it has rejoined. Returns the record as written.
+pub fn note_rejoining(data_dir: &Path, recorded: &Membership) -> Result<Membership, MembershipError> {
+    let path = data_dir.join(MEMBERSHIP_FILE);
+    let io = |reason: String| MembershipError::Io {
+        path: path.clone(),
+        reason,
+    };
+    let membership = Membership {
+        rejoining: true,
+        ..recorded.clone()
+    };
+    let bytes = serde_json::to_vec_pretty(&membership).map_err(|error| io(error.to_string()))?;
+    cairn_storage::atomic_file::write(&path, &bytes).map_err(|error| io(error.to_string()))?;
+    Ok(membership)
+}
+
 /// Note in the record that this node has rejoined (its metadata caught up with its peers'
 /// and every partition it names has a replica here): groups new to it are formatted again.
 pub fn note_rejoined(data_dir: &Path) -> Result<(), MembershipError> {

@@ -370,8 +370,11 @@ pub trait GroupJournal: Sized {
     fn stage_finish(&mut self) -> Result<(), String> {
         Err("no staging".into())
     }
-    /// Remove what was staged (the core did not take it, or it failed).
-    fn stage_abandon(&mut self) {}
+    /// Remove what was staged (the core did not take it, or it failed). `Err`: it could not
+    /// be removed (the group must stop: nothing may name its checkpoint).
+    fn stage_abandon(&mut self) -> Result<(), String> {
+        Ok(())
+    }
     /// The superblock names the staged log's checkpoint: make the staged log live.
     fn stage_commit(&mut self, _checkpoint: NamedCheckpoint) -> Result<(), GroupError> {
         Ok(())
@@ -553,10 +556,35 @@ fn install_superblock_file(dir: &Path, bytes: &[u8; COPY_SIZE]) -> Result<(), Gr
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
 }
 
-/// Whether `dir`'s superblock file is there and every byte of it is zero: a wiped replica's
-/// (or a durable state lost whole).
+/// Whether `dir`'s superblock file is there, whole, and every byte of it is zero: a wiped
+/// replica's (or a durable state lost whole).
 fn superblock_is_blank(dir: &Path) -> bool {
-    std::fs::read(dir.join(SUPERBLOCK_FILE)).is_ok_and(|bytes| bytes.iter().all(|&byte| byte == 0))
+    std::fs::read(dir.join(SUPERBLOCK_FILE)).is_ok_and(|bytes| {
+        bytes.len() == SUPERBLOCK_COPIES * COPY_SIZE && bytes.iter().all(|&byte| byte == 0)
+    })
+}
+
+/// Whether the files of a group directory named as `dir` were set aside beside it
+/// (`transfer::quarantine`): a missing `dir` then lost them, and its replica is never new.
+fn has_quarantine_sibling(dir: &Path) -> bool {
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name().and_then(|name| name.to_str())) else {
+        return false;
+    };
+    let prefix = format!("{name}.quarantine.");
+    std::fs::read_dir(parent).is_ok_and(|entries| {
+        entries.flatten().any(|entry| {
+            entry
+                .file_name()
+                .to_str()
+                .is_some_and(|found| found.starts_with(&prefix))
+        })
+    })
+}
+
+/// Whether the group in `dir` is gone: no superblock, or a blank one (a node's record says
+/// it was formatted, so the node lost it).
+pub fn lost_group(dir: &Path) -> bool {
+    !is_formatted(dir) || superblock_is_blank(dir)
 }
 
 /// Whether `dir` holds a formatted group (its superblock file, written last at format, is
@@ -846,8 +874,9 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     /// reaches a view through messages and ticks ([`LocalGroup::serve_inbox`]); a group of one
     /// comes up serving. A replica with peers whose directory holds no group is formatted
     /// only when [`Peers::format_if_missing`] says the group is new to this node: one that
-    /// lost its files is a wiped replica, never a new one (`docs/replication.md`), and is
-    /// refused until rejoining wiped is built.
+    /// lost its files is a wiped replica, never a new one (`docs/replication.md`, "A wiped
+    /// replica"): it rejoins as one ([`LocalGroup::rejoin_wiped`]), as does one whose files
+    /// are damaged where nothing may be cut away (set aside first).
     pub fn open_with_peers(
         dir: &Path,
         group: u64,
@@ -858,28 +887,21 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         let mut opened = match &peers {
             // A replica with peers whose files are gone (or whose superblock is blank) may
             // have acknowledged ops before: it rejoins as a wiped replica, never as a new one.
+            // A directory missing after its files were set aside (a crash between the
+            // quarantine and the new directory) is one too.
             Some(peers)
                 if superblock_is_blank(dir)
-                    || (!dir.join(SUPERBLOCK_FILE).exists() && !peers.format_if_missing) =>
+                    || (!dir.join(SUPERBLOCK_FILE).exists()
+                        && (!peers.format_if_missing || has_quarantine_sibling(dir))) =>
             {
-                LocalGroup::rejoin_wiped(dir, group, params, fresh(), peers.clone())?
+                LocalGroup::rejoin_wiped(dir, group, params, fresh(), peers.clone(), None)?
             }
             _ if dir.join(SUPERBLOCK_FILE).exists() => {
                 match LocalGroup::recover(dir, group, params, fresh.clone(), false, peers.clone()) {
                     // Damage a replica with peers cannot boot from: the files are set aside
                     // whole, and it rejoins wiped (its peers hold the group).
                     Err(GroupError::Damaged { reason, .. }) if let Some(peers) = &peers => {
-                        let aside = cairn_storage::transfer::quarantine(&cairn_storage::io::RealDisk, dir)
-                            .map_err(|error| {
-                                refused(dir, format!("{reason}; setting the files aside failed: {error}"))
-                            })?;
-                        tracing::warn!(
-                            dir = %dir.display(),
-                            quarantine = %aside.display(),
-                            %reason,
-                            "the replica's files are damaged where nothing may be cut away: they were set aside whole (every byte kept for an operator), and the replica rejoins as a wiped one, repaired from its peers"
-                        );
-                        LocalGroup::rejoin_wiped(dir, group, params, fresh(), peers.clone())?
+                        LocalGroup::rejoin_wiped(dir, group, params, fresh(), peers.clone(), Some(&reason))?
                     }
                     opened => opened?,
                 }
@@ -947,6 +969,16 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         .map_err(|error| refused(dir, format!("the replica cannot start from its files: {error}")))?;
         let mut opened =
             LocalGroup::assemble(replica, files, journal_store, cluster, (state, sequence), peers);
+        if !read_only && dir.join(REJOINING_FILE).exists() {
+            // A wiped replica's marker left by a crash right after its first durable state:
+            // the directory is a group like any other.
+            std::fs::remove_file(dir.join(REJOINING_FILE))
+                .and_then(|()| File::open(dir)?.sync_all())
+                .map_err(|source| GroupError::Io {
+                    path: dir.join(REJOINING_FILE),
+                    source,
+                })?;
+        }
         opened.come_up(&damaged)?;
         Ok(opened)
     }
@@ -1003,27 +1035,37 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     ///
     /// What the directory holds first is set aside in quarantine, every byte kept, unless
     /// an earlier wiped open made it (its marker is there): that one held nothing
-    /// acknowledged and is started over.
+    /// acknowledged and is started over. `damage` says why the files could not be booted
+    /// from, when that is the reason.
     fn rejoin_wiped(
         dir: &Path,
         group: u64,
         params: &J::Params,
         machine: S,
         peers: Peers,
+        damage: Option<&str>,
     ) -> Result<LocalGroup<S, J>, GroupError> {
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| GroupError::Io { path, source }
         };
         if dir.join(REJOINING_FILE).exists() {
+            tracing::info!(dir = %dir.display(), "an earlier rejoin of this replica stopped before its first durable state (nothing in it was acknowledged): started over");
             std::fs::remove_dir_all(dir).map_err(io(dir))?;
         } else if std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some()) {
+            let why = match damage {
+                Some(reason) => format!("its files are damaged where nothing may be cut away ({reason})"),
+                None if dir.join(SUPERBLOCK_FILE).exists() => {
+                    "every copy of its superblock is blank: its durable state is gone".to_string()
+                }
+                None => "its directory holds no superblock".to_string(),
+            };
             let aside = cairn_storage::transfer::quarantine(&cairn_storage::io::RealDisk, dir)
-                .map_err(|error| refused(dir, format!("cannot set the group's files aside: {error}")))?;
+                .map_err(|error| refused(dir, format!("{why}; setting the files aside failed: {error}")))?;
             tracing::warn!(
                 dir = %dir.display(),
                 quarantine = %aside.display(),
-                "the group's superblock is blank (every copy): its durable state is gone. Its files were set aside, every byte kept, and the replica rejoins as a wiped one"
+                "the replica cannot boot from its files: {why}. They were set aside whole (every byte kept for an operator), and the replica rejoins as a wiped one, rebuilt from its peers"
             );
         }
         create_dir_durably(dir)?;
@@ -1919,14 +1961,22 @@ fn read_durable<J: GroupJournal>(
         Ok(Chosen::Wiped) => {
             return Err(refused(
                 dir,
-                "every superblock copy is blank: the log's durable state is gone; a group of one has no peer to rebuild it from, and a replica with peers cannot rejoin as a wiped one yet, so the group does not start and its files are left as they are".to_string(),
+                "every superblock copy is blank: the log's durable state is gone; a group of one has no peer to rebuild it from, so the group does not start and its files are left as they are".to_string(),
             ));
         }
-        Err(refusal) => {
+        // No copy verifies: damage. A foreign or contradictory copy is not damage the fault
+        // model makes (another replica's files, or a bug): refused for an operator.
+        Err(refusal @ durable::DurableRefusal::AllCopiesCorrupt { .. }) => {
             return Err(GroupError::Damaged {
                 dir: dir.to_path_buf(),
                 reason: format!("the superblock cannot be booted from: {refusal}"),
             });
+        }
+        Err(refusal) => {
+            return Err(refused(
+                dir,
+                format!("the superblock cannot be booted from: {refusal}"),
+            ));
         }
     };
     let checkpoint = named_checkpoint::<J>(&files, &state, cluster, group)?
@@ -2624,9 +2674,9 @@ mod tests {
             let temp = tempfile::tempdir().expect("tempdir");
             let net = Net::new(MetadataMachine::body_verifies);
             let dir = temp.path().join("wiped");
-            let open = || -> LocalGroup<MetadataMachine> {
+            let open_with = |format_if_missing: bool| -> LocalGroup<MetadataMachine> {
                 let mut peers = peers(&net, 1);
-                peers.format_if_missing = false;
+                peers.format_if_missing = format_if_missing;
                 LocalGroup::open_with_peers(
                     &dir,
                     GROUP,
@@ -2636,6 +2686,7 @@ mod tests {
                 )
                 .expect("a wiped replica opens")
             };
+            let open = || open_with(false);
             let check_wiped = |group: &LocalGroup<MetadataMachine>| {
                 assert_eq!(group.replica_status().role, "recovering");
                 assert!(!group.takes_requests());
@@ -2657,6 +2708,11 @@ mod tests {
                     .join(SUPERBLOCK_FILE)
                     .exists()
             );
+            // The directory gone after its files were set aside (a crash between the
+            // quarantine and the new directory): never formatted as a new replica, even where
+            // a missing group would be.
+            std::fs::remove_dir_all(&dir).expect("remove the directory");
+            check_wiped(&open_with(true));
         }
 
         /// The partition's journal is its segment log: backups write the primary's stamped

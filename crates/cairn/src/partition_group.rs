@@ -607,20 +607,18 @@ impl GroupJournal for LogJournal {
         Ok(())
     }
 
-    fn stage_abandon(&mut self) {
+    fn stage_abandon(&mut self) -> Result<(), String> {
         let Some(transfer) = self.transfer.take() else {
-            return;
+            return Ok(());
         };
         let generation = match (&transfer.staging, &transfer.staged) {
             (Some(staging), _) => staging.generation(),
             (None, Some(staged)) => staged.generation,
-            (None, None) => return,
+            (None, None) => return Ok(()),
         };
         drop(transfer);
-        if let Err(error) = transfer::abandon(self.params.disk.as_ref(), &self.group_dir, generation) {
-            // The next staging or open removes it.
-            tracing::warn!(dir = %self.group_dir.display(), generation, %error, "cannot remove a state transfer's discarded staging yet");
-        }
+        transfer::abandon(self.params.disk.as_ref(), &self.group_dir, generation)
+            .map_err(|error| format!("generation {generation}: {error}"))
     }
 
     fn stage_commit(&mut self, checkpoint: NamedCheckpoint) -> Result<(), GroupError> {

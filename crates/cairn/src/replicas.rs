@@ -926,6 +926,7 @@ mod tests {
             request_timeout: Duration::from_secs(20),
             forming,
             rejoining: Arc::default(),
+            holds_data: Arc::default(),
             leads_metadata: Arc::default(),
         };
         let writers = crate::writer::WriterContext::new(tokio::runtime::Handle::current());

@@ -42,6 +42,14 @@ const SILENCE_MAX: Duration = Duration::from_secs(5);
 /// Bytes asked of a peer at once.
 pub const CHUNK_BYTES: u64 = 1 << 20;
 
+/// How long a chunk asked for may go unanswered before it is asked again (a message the
+/// replica network dropped under load), within [`SILENCE_MAX`].
+const CHUNK_RESEND: Duration = Duration::from_secs(1);
+
+/// The largest transfer message: what the replica network carries (a partition's message),
+/// whatever the group's shape (a metadata checkpoint fills its own shape's message).
+const MESSAGE_BYTES_MAX: usize = cairn_vsr::constants::Shape::PARTITION.message_size_max;
+
 /// Progress of a long transfer is logged at most this often.
 const LOG_EVERY: Duration = Duration::from_secs(2);
 
@@ -96,8 +104,8 @@ pub(super) struct Transfer {
     commit_max: u64,
     /// The checkpoint offered (its bytes, checksum and op), once the offer was staged.
     checkpoint: Option<(Vec<u8>, u128, u64)>,
-    /// The chunk asked for and not answered yet.
-    asked: Option<ChunkRequest>,
+    /// The chunk asked for and not answered yet, and when it was last asked.
+    asked: Option<(ChunkRequest, Instant)>,
     /// The last answer from the peer (or the first ask).
     heard_at: Instant,
     started: Instant,
@@ -138,7 +146,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         };
         let now = Instant::now();
         self.continue_transfer(now);
-        if self.transfer.is_some() || peers.replica_count < 2 {
+        if self.transfer.is_some() || self.install_pending.is_some() || peers.replica_count < 2 {
             return;
         }
         let me = peers.replica;
@@ -203,6 +211,17 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             }
             return;
         };
+        if transfer
+            .checkpoint
+            .as_ref()
+            .is_some_and(|(_, _, op)| *op <= self.replica.commit_min())
+        {
+            // The replica reached the checkpoint's op on its own: the transfer cannot be
+            // installed any more.
+            tracing::info!(dir = %self.files.dir.display(), "a state transfer is not needed any more (the replica caught up by repairs); dropped it");
+            self.drop_transfer();
+            return;
+        }
         let waiting_for_peer = transfer.checkpoint.is_none() || transfer.asked.is_some();
         if waiting_for_peer && now.saturating_duration_since(transfer.heard_at) > SILENCE_MAX {
             tracing::warn!(
@@ -214,11 +233,19 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             self.drop_transfer();
             return;
         }
+        let peer = transfer.peer;
+        let nonce = transfer.nonce;
+        if let Some((request, asked_at)) = transfer.asked {
+            if now.saturating_duration_since(asked_at) >= CHUNK_RESEND {
+                // Asked again, not dropped: one message lost under load must not throw
+                // away what was staged.
+                self.ask_chunk(peer, nonce, request, now);
+            }
+            return;
+        }
         if waiting_for_peer {
             return;
         }
-        let peer = transfer.peer;
-        let nonce = transfer.nonce;
         match self.journal.stage_next() {
             Some(request) => {
                 let request = ChunkRequest {
@@ -232,19 +259,29 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                     // The next serve of the group asks again.
                     return;
                 }
-                let message = self.transfer_message(Command::RequestChunk, Vec::new(), |header| {
-                    header.op = request.segment_first_op;
-                    header.commit = request.position_bytes;
-                    header.request = request.len_bytes;
-                    header.nonce = nonce;
-                });
-                peers.transport.send(peer, message);
                 if let Some(transfer) = &mut self.transfer {
-                    transfer.asked = Some(request);
                     transfer.heard_at = now;
                 }
+                self.ask_chunk(peer, nonce, request, now);
             }
             None => self.finish_transfer(),
+        }
+    }
+
+    /// Ask `peer` for the chunk `request` of transfer `nonce`.
+    fn ask_chunk(&mut self, peer: u8, nonce: u128, request: ChunkRequest, now: Instant) {
+        let Some(peers) = self.peers.clone() else {
+            return;
+        };
+        let message = self.transfer_message(Command::RequestChunk, Vec::new(), |header| {
+            header.op = request.segment_first_op;
+            header.commit = request.position_bytes;
+            header.request = request.len_bytes;
+            header.nonce = nonce;
+        });
+        peers.transport.send(peer, message);
+        if let Some(transfer) = &mut self.transfer {
+            transfer.asked = Some((request, now));
         }
     }
 
@@ -259,18 +296,8 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         };
         let dir = self.files.dir.display().to_string();
         if let Err(reason) = self.journal.stage_finish() {
-            tracing::warn!(%dir, peer = transfer.peer, %reason, "the log a state transfer brought does not verify; discarded it (the next try asks another peer)");
-            self.journal.stage_abandon();
-            return;
-        }
-        let installed = self
-            .replica
-            .on_state_transferred(&bytes, checksum, TransferredLog::Replaced);
-        if !installed {
-            // The replica reached the checkpoint's op on its own meanwhile, or is busy with a
-            // checkpoint of its own: the staging goes before any superblock write.
-            self.journal.stage_abandon();
-            tracing::info!(%dir, checkpoint_op = op, "a state transfer was not needed any more; discarded what it staged");
+            tracing::warn!(%dir, peer = transfer.peer, %reason, "the log a state transfer brought could not be staged whole (it failed verification, or a write failed); discarded it (the next try asks another peer)");
+            self.abandon_staging();
             return;
         }
         let prepare_checksum = Checkpoint::decode(
@@ -281,6 +308,30 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             self.replica.config().group,
         )
         .map_or(0, |checkpoint| checkpoint.header.checksum);
+        if self.journal.holds_prepare_durably(op, prepare_checksum) {
+            // Repairs wrote the checkpoint's op while the log was fetched: the journal keeps
+            // its own log (it may hold ops above the checkpoint this replica acknowledged),
+            // as the simulator decides at the install.
+            self.abandon_staging();
+            let installed = self
+                .replica
+                .on_state_transferred(&bytes, checksum, TransferredLog::Kept);
+            if installed {
+                self.transfer_wanted = false;
+                tracing::info!(%dir, peer = transfer.peer, checkpoint_op = op, "state transfer complete: installed a peer's checkpoint; the journal keeps its log, which reached the checkpoint meanwhile");
+            }
+            return;
+        }
+        let installed = self
+            .replica
+            .on_state_transferred(&bytes, checksum, TransferredLog::Replaced);
+        if !installed {
+            // The replica reached the checkpoint's op on its own meanwhile, or is busy with a
+            // checkpoint of its own: the staging goes before any superblock write.
+            self.abandon_staging();
+            tracing::info!(%dir, checkpoint_op = op, "a state transfer was not needed any more; discarded what it staged");
+            return;
+        }
         self.install_pending = Some(NamedCheckpoint {
             id: CheckpointId { op, checksum },
             prepare_checksum,
@@ -325,7 +376,18 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             .take()
             .is_some_and(|transfer| transfer.checkpoint.is_some())
         {
-            self.journal.stage_abandon();
+            self.abandon_staging();
+        }
+    }
+
+    /// Remove what was staged. It must be gone before any superblock write (a later
+    /// checkpoint of this replica's own at the same op would otherwise roll it forward at
+    /// the next open): if that fails, the group stops.
+    fn abandon_staging(&mut self) {
+        if let Err(reason) = self.journal.stage_abandon() {
+            let reason = format!("cannot remove a state transfer's discarded staging: {reason}");
+            tracing::error!(dir = %self.files.dir.display(), %reason, "the replicated log stops");
+            self.stopped = Some(reason);
         }
     }
 
@@ -364,7 +426,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             }
         };
         let body = [&(bytes.len() as u32).to_le_bytes()[..], &bytes, &offer].concat();
-        if HEADER_SIZE + body.len() > J::SHAPE.message_size_max {
+        if HEADER_SIZE + body.len() > MESSAGE_BYTES_MAX {
             tracing::warn!(%dir, bytes = body.len(), "a checkpoint offer does not fit one message; not offered");
             return;
         }
@@ -493,7 +555,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         let Some(transfer) = &mut self.transfer else {
             return;
         };
-        let Some(asked) = transfer.asked else {
+        let Some((asked, _)) = transfer.asked else {
             return;
         };
         let len = message.body.len() as u64;
