@@ -290,6 +290,11 @@ impl Bus {
         self.index
     }
 
+    /// How many nodes the list holds, this one included.
+    pub fn node_count(&self) -> usize {
+        self.peers.len()
+    }
+
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
     }

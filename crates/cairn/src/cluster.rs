@@ -81,7 +81,15 @@ impl Cluster {
                 Some(membership::note_rejoining(data_dir, membership).map_err(|error| error.to_string())?);
         }
         let entry = config.this_node();
-        let address = crate::config::listen_address(&entry.replica);
+        let address = match std::env::var(crate::config::TEST_REPLICA_LISTEN_ENV) {
+            Ok(overridden) => overridden.parse().map_err(|error| {
+                format!(
+                    "{}=`{overridden}` is not an address: {error}",
+                    crate::config::TEST_REPLICA_LISTEN_ENV
+                )
+            })?,
+            Err(_) => crate::config::listen_address(&entry.replica),
+        };
         let listener = tokio::net::TcpListener::bind(address)
             .await
             .map_err(|error| format!("cannot listen for replica traffic on {address}: {error}"))?;

@@ -150,6 +150,12 @@ pub const TEST_CRASH_AT_ENV: &str = "CAIRN_TEST_CRASH_AT";
 /// Not a configuration key; never set in production.
 pub const TEST_FAIL_AT_ENV: &str = "CAIRN_TEST_FAIL_AT";
 
+/// Test-only: `CAIRN_TEST_REPLICA_LISTEN=<host:port>` makes a node of a cluster listen for
+/// replica traffic there rather than at its `replica` address, so a test can put a proxy on
+/// that address (and cut the traffic one way). Not a configuration key; never set in
+/// production.
+pub const TEST_REPLICA_LISTEN_ENV: &str = "CAIRN_TEST_REPLICA_LISTEN";
+
 /// Upper bound of `storage.scrub_interval_ms` (thirty days).
 pub const SCRUB_INTERVAL_MS_MAX: u64 = 30 * 86_400_000;
 
@@ -381,7 +387,7 @@ impl Sources {
             if !name.starts_with("CAIRN_") {
                 continue;
             }
-            if name == TEST_CRASH_AT_ENV || name == TEST_FAIL_AT_ENV {
+            if name == TEST_CRASH_AT_ENV || name == TEST_FAIL_AT_ENV || name == TEST_REPLICA_LISTEN_ENV {
                 // A test-only fault hook read where it fires (see the handler), not a key.
                 continue;
             }

@@ -16,6 +16,14 @@
 //!   into each group's `Commit`. So an idle node pair exchanges at most one message per
 //!   tick each way, however many groups they share.
 //!
+//! - **Abdication.** Every tick each node sends every peer its `Heartbeats` message, empty
+//!   when it has no primaries, so a node hears each live peer every tick. A node that has
+//!   not heard from a quorum of the nodes (itself included) for [`ABDICATE_AFTER_TICKS`]
+//!   abdicates: its primaries' heartbeats and prepares are no longer sent, so their backups
+//!   stop hearing them and elect others (a one-way cut that keeps its peers' messages from it
+//!   would otherwise leave a primary that heartbeats but can commit nothing). It resumes as
+//!   soon as it hears a quorum again; a new view's StartView makes its replicas backups.
+//!
 //! A group is scheduled at most once at a time (a flag set when queued, cleared when a worker
 //! takes it), so a busy group costs one slot in the queue however many messages it gets.
 
@@ -26,7 +34,7 @@ use cairn_vsr::header::{Command, Message};
 use cairn_vsr::node::{heartbeat_commits, heartbeat_messages, push_heartbeat_entry};
 use cairn_vsr::replica::StateMachine;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -34,6 +42,10 @@ use std::time::{Duration, Instant};
 /// messages is served as they arrive, and a request ticks its group itself): an idle group
 /// costs a fifth of serving it every tick, and its timeouts keep their length.
 const SCHEDULE_ALL_EVERY_TICKS: u64 = 5;
+
+/// Ticks a node may go without hearing from a quorum of the nodes before it abdicates (see
+/// the module doc): as long as a backup waits for its primary before it starts a view change.
+const ABDICATE_AFTER_TICKS: u32 = 50;
 
 /// How a worker serves a group.
 pub trait Served: Send + Sync {
@@ -113,6 +125,12 @@ pub struct Replicas {
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// The pace every group's incoming state transfers share.
     transfer_pace: Arc<TransferPace>,
+    /// When each peer was last heard, in milliseconds since `started` (any message).
+    heard_ms: Vec<AtomicU64>,
+    started: Instant,
+    /// Set while this node abdicates (see the module doc).
+    abdicating: Arc<AtomicBool>,
+    tick: Duration,
 }
 
 impl Replicas {
@@ -127,6 +145,7 @@ impl Replicas {
         tick: Duration,
         transfer_bytes_per_second: u64,
     ) -> Arc<Replicas> {
+        let node_count = bus.node_count();
         let replicas = Arc::new(Replicas {
             bus,
             cluster,
@@ -137,13 +156,20 @@ impl Replicas {
             stopping: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
             transfer_pace: Arc::new(TransferPace::new(transfer_bytes_per_second)),
+            heard_ms: (0..node_count).map(|_| AtomicU64::new(0)).collect(),
+            started: Instant::now(),
+            abdicating: Arc::default(),
+            tick,
         });
         {
             let replicas = replicas.clone();
             tokio::spawn(async move {
-                while let Some(Received { message, .. }) = received.recv().await {
+                while let Some(Received { message, from, .. }) = received.recv().await {
                     if replicas.stopping.load(Ordering::Acquire) {
                         return;
+                    }
+                    if let Some(heard) = replicas.heard_ms.get(usize::from(from)) {
+                        heard.store(replicas.started.elapsed().as_millis() as u64, Ordering::Release);
                     }
                     replicas.deliver(message);
                 }
@@ -176,6 +202,7 @@ impl Replicas {
                             // Behind (a stalled machine): tick once and catch up.
                             next = now;
                         }
+                        replicas.check_quorum_heard();
                         replicas.send_heartbeats();
                         ticks += 1;
                         if ticks.is_multiple_of(SCHEDULE_ALL_EVERY_TICKS) {
@@ -221,15 +248,64 @@ impl Replicas {
         Arc::new(BusTransport {
             bus: self.bus.clone(),
             heartbeats: self.heartbeats.clone(),
+            abdicating: self.abdicating.clone(),
         })
     }
 
     /// Send the heartbeats gathered since the last tick: one message per peer.
     fn send_heartbeats(&self) {
-        let batches = std::mem::take(&mut *lock(&self.heartbeats));
-        for (to, batch) in batches {
-            for message in heartbeat_messages(self.cluster, self.bus.index(), &batch) {
+        let mut batches = std::mem::take(&mut *lock(&self.heartbeats));
+        let me = self.bus.index();
+        for to in (0..self.bus.node_count() as u8).filter(|&to| to != me) {
+            let batch = batches.remove(&to).unwrap_or_default();
+            let messages = heartbeat_messages(self.cluster, me, &batch);
+            if messages.is_empty() {
+                // No primary here: an empty one, so the peer hears this node every tick.
+                let mut header = cairn_vsr::header::Header::new(Command::Heartbeats, self.cluster);
+                header.replica = me;
+                let _ = self.bus.send(to, Message::new(header, bytes::Bytes::new()));
+            }
+            for message in messages {
                 let _ = self.bus.send(to, message);
+            }
+        }
+    }
+
+    /// Abdicate while this node has not heard from a quorum of the nodes for
+    /// [`ABDICATE_AFTER_TICKS`]; resume once it has (see the module doc).
+    fn check_quorum_heard(&self) {
+        let nodes = self.bus.node_count();
+        if nodes < 2 {
+            return;
+        }
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        let window_ms = (self.tick * ABDICATE_AFTER_TICKS).as_millis() as u64;
+        if now_ms < window_ms {
+            return;
+        }
+        let me = usize::from(self.bus.index());
+        let heard = 1 + self
+            .heard_ms
+            .iter()
+            .enumerate()
+            .filter(|&(peer, heard)| {
+                peer != me && now_ms - heard.load(Ordering::Acquire).min(now_ms) <= window_ms
+            })
+            .count();
+        let abdicate = heard < nodes / 2 + 1;
+        if self.abdicating.swap(abdicate, Ordering::AcqRel) != abdicate {
+            if abdicate {
+                tracing::warn!(
+                    heard_nodes = heard,
+                    nodes,
+                    "this node has not heard from a quorum of the nodes for {window_ms} ms: it abdicates (its primaries send no heartbeats or prepares, so their backups elect other primaries) until it hears a quorum again"
+                );
+            } else {
+                tracing::info!(
+                    heard_nodes = heard,
+                    nodes,
+                    "this node hears a quorum of the nodes again: it no longer abdicates"
+                );
             }
         }
     }
@@ -303,10 +379,20 @@ impl Replicas {
 struct BusTransport {
     bus: Arc<Bus>,
     heartbeats: Arc<Mutex<BTreeMap<u8, Vec<u8>>>>,
+    abdicating: Arc<AtomicBool>,
 }
 
 impl Transport for BusTransport {
     fn send(&self, to: u8, message: Message) {
+        let from_primary = match message.header.command {
+            Command::Commit => true,
+            Command::Prepare => message.header.replica == self.bus.index(),
+            _ => false,
+        };
+        if from_primary && self.abdicating.load(Ordering::Acquire) {
+            // Abdicating: its backups must stop hearing this primary.
+            return;
+        }
         if message.header.command == Command::Commit {
             push_heartbeat_entry(lock(&self.heartbeats).entry(to).or_default(), &message.header);
         } else {

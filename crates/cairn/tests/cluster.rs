@@ -26,6 +26,8 @@ struct Node {
     config: PathBuf,
     data: PathBuf,
     tcp: SocketAddr,
+    /// The replica address the node list gives it.
+    replica: SocketAddr,
 }
 
 /// Ports free on loopback now (held together while chosen, so they differ).
@@ -64,6 +66,7 @@ fn write_configs(dir: &Path) -> Vec<Node> {
                 config,
                 data: dir.join(format!("data-{}", index + 1)),
                 tcp: SocketAddr::from(([127, 0, 0, 1], ports[index])),
+                replica: SocketAddr::from(([127, 0, 0, 1], ports[6 + index])),
             }
         })
         .collect()
@@ -76,16 +79,30 @@ fn start_all(nodes: &[&Node]) -> Vec<TestServer> {
 
 /// [`start_all`] with extra environment variables.
 fn start_all_with(nodes: &[&Node], env: &[(&'static str, &'static str)]) -> Vec<TestServer> {
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(name, value)| (name.to_string(), value.to_string()))
+        .collect();
+    start_each_with(nodes, |_| env.clone())
+}
+
+/// [`start_all`] with environment variables for each node (by its position in `nodes`).
+fn start_each_with(nodes: &[&Node], env_of: impl Fn(usize) -> Vec<(String, String)>) -> Vec<TestServer> {
     let starting: Vec<_> = nodes
         .iter()
-        .map(|node| {
+        .enumerate()
+        .map(|(position, node)| {
             let (config, data) = (node.config.clone(), node.data.clone());
-            let env = env.to_vec();
+            let env = env_of(position);
             std::thread::spawn(move || {
                 let (config, data_text) = (
                     config.to_str().expect("utf-8").to_string(),
                     data.to_str().expect("utf-8").to_string(),
                 );
+                let env: Vec<(&str, &str)> = env
+                    .iter()
+                    .map(|(name, value)| (name.as_str(), value.as_str()))
+                    .collect();
                 TestServer::start_args(&data, &["--data-dir", &data_text, "--config", &config], &env)
             })
         })
@@ -627,6 +644,181 @@ async fn a_wiped_node_rejoins_by_state_transfer_while_the_leader_is_killed() {
     tokio::time::sleep(Duration::from_millis(700)).await;
     let client = stop_and_verify(&nodes, stream, topic, &stop, producers).await;
     stop_and_compare_segments(&nodes, servers, client, (stream, topic)).await;
+}
+
+/// Which directions of the replica network are cut: `[from][to]` drops every message node
+/// `from` sends node `to` (by index in the node list).
+type Cuts = std::sync::Arc<[[std::sync::atomic::AtomicBool; 3]; 3]>;
+
+/// A frame-forwarding proxy at node `acceptor`'s replica address, in front of its real
+/// listener at `target`: each connection a lower-id node dials is forwarded after the
+/// handshake's frames (128 bytes each; the Hello names the dialler), one VSR message at a
+/// time (a 256-byte header whose bytes 48..52 give the message's size, then the body). A
+/// message whose direction is cut is read and dropped; the connection stays up.
+async fn cutting_proxy(listener: tokio::net::TcpListener, target: SocketAddr, acceptor: usize, cuts: Cuts) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const FRAME: usize = 128;
+    async fn forward(
+        mut from_stream: tokio::net::tcp::OwnedReadHalf,
+        mut to_stream: tokio::net::tcp::OwnedWriteHalf,
+        (from, to): (usize, usize),
+        cuts: Cuts,
+    ) -> std::io::Result<()> {
+        // The rest of the handshake: the Challenge one way, the Finish the other.
+        let mut frame = [0u8; FRAME];
+        from_stream.read_exact(&mut frame).await?;
+        to_stream.write_all(&frame).await?;
+        loop {
+            let mut header = [0u8; 256];
+            from_stream.read_exact(&mut header).await?;
+            let size = u32::from_le_bytes(header[48..52].try_into().expect("4 bytes")) as usize;
+            let mut body = vec![0u8; size.saturating_sub(256)];
+            from_stream.read_exact(&mut body).await?;
+            if !cuts[from][to].load(std::sync::atomic::Ordering::Acquire) {
+                to_stream.write_all(&header).await?;
+                to_stream.write_all(&body).await?;
+            }
+        }
+    }
+    while let Ok((inbound, _)) = listener.accept().await {
+        let cuts = cuts.clone();
+        tokio::spawn(async move {
+            let Ok(outbound) = tokio::net::TcpStream::connect(target).await else {
+                return;
+            };
+            let (mut in_read, in_write) = inbound.into_split();
+            let (out_read, mut out_write) = outbound.into_split();
+            let mut hello = [0u8; FRAME];
+            if in_read.read_exact(&mut hello).await.is_err() || out_write.write_all(&hello).await.is_err() {
+                return;
+            }
+            let dialler_id = u32::from_le_bytes(hello[32..36].try_into().expect("4 bytes")) as usize;
+            let dialler = dialler_id.saturating_sub(1).min(2);
+            let up = tokio::spawn(forward(in_read, out_write, (dialler, acceptor), cuts.clone()));
+            let _ = forward(out_read, in_write, (acceptor, dialler), cuts).await;
+            up.abort();
+        });
+    }
+}
+
+/// One-way cuts between the nodes, through a frame-forwarding proxy in front of each node's
+/// replica listener. First every message the leader sends its peers is dropped: they stop
+/// hearing it and elect another. Then every message its peers send the new leader is
+/// dropped: it hears no quorum, abdicates (no more heartbeats or prepares), and the others
+/// elect again. Both times a send commits again within 5 s of the cut; after each heals,
+/// every node is in the cluster again, and nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_way_cuts_elect_a_new_leader_within_five_seconds() {
+    let dir = temp_dir();
+    let nodes = write_configs(dir.path());
+    let real_ports = free_ports(3);
+    let cuts: Cuts = std::sync::Arc::new(Default::default());
+    for (index, node) in nodes.iter().enumerate() {
+        let listener = tokio::net::TcpListener::bind(node.replica)
+            .await
+            .expect("bind the proxy");
+        let target = SocketAddr::from(([127, 0, 0, 1], real_ports[index]));
+        tokio::spawn(cutting_proxy(listener, target, index, cuts.clone()));
+    }
+    let servers = start_each_with(&nodes.iter().collect::<Vec<_>>(), |index| {
+        vec![(
+            "CAIRN_TEST_REPLICA_LISTEN".to_string(),
+            format!("127.0.0.1:{}", real_ports[index]),
+        )]
+    });
+    let admin = cluster_client(nodes[0].tcp).await;
+    let first_leader = node_index(&leader_of(&admin, 3).await);
+    let (stream, topic) = create_stream_topic(&admin, "cuts", "t", 4).await;
+    send_batches(&admin, stream, topic, 0, 0, 3).await;
+    drop(admin);
+
+    let set_cut =
+        |from: usize, to: usize, cut: bool| cuts[from][to].store(cut, std::sync::atomic::Ordering::Release);
+    // The first cut: the leader's messages to its peers are dropped.
+    for peer in (0..3).filter(|&peer| peer != first_leader) {
+        set_cut(first_leader, peer, true);
+    }
+    let cut_at = Instant::now();
+    let second_leader = new_metadata_primary(&nodes[(first_leader + 1) % 3], first_leader).await;
+    let client = cluster_client(nodes[second_leader].tcp).await;
+    send_batches(&client, stream, topic, 0, 1_000, 3).await;
+    let first_recovery = cut_at.elapsed();
+    drop(client);
+    for peer in 0..3 {
+        set_cut(first_leader, peer, false);
+    }
+
+    // The second: the peers' messages to the new leader are dropped.
+    for peer in (0..3).filter(|&peer| peer != second_leader) {
+        set_cut(peer, second_leader, true);
+    }
+    let cut_at = Instant::now();
+    let third_leader = new_metadata_primary(&nodes[(second_leader + 1) % 3], second_leader).await;
+    let client = cluster_client(nodes[third_leader].tcp).await;
+    send_batches(&client, stream, topic, 0, 2_000, 3).await;
+    let second_recovery = cut_at.elapsed();
+    eprintln!(
+        "leader -> peers cut: committed again after {} ms; peers -> leader cut: after {} ms",
+        first_recovery.as_millis(),
+        second_recovery.as_millis()
+    );
+    assert!(first_recovery < Duration::from_secs(5), "{first_recovery:?}");
+    assert!(second_recovery < Duration::from_secs(5), "{second_recovery:?}");
+    for from in 0..3 {
+        set_cut(from, second_leader, false);
+    }
+
+    // Healed: the three nodes are one cluster again, and every acknowledged message is there.
+    leader_of(&client, 3).await;
+    send_batches(&client, stream, topic, 0, 3_000, 1).await;
+    let polled = poll_until(&client, stream, topic, 0, 100).await;
+    for (offset, message) in polled.iter().enumerate() {
+        assert_eq!(message.header.offset, offset as u64, "offsets without a gap");
+    }
+    let servers: Vec<Option<TestServer>> = servers.into_iter().map(Some).collect();
+    stop_and_compare_segments(&nodes, servers, client, (stream, topic)).await;
+}
+
+/// The index of the node whose metadata replica is the primary of the highest view, as
+/// `cairn status` (asked through `node`'s configuration) shows, once that is not `old`.
+async fn new_metadata_primary(node: &Node, old: usize) -> usize {
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let output = cairn_tool()
+            .arg("status")
+            .arg("--config")
+            .arg(&node.config)
+            .output()
+            .expect("run cairn status");
+        let text = String::from_utf8_lossy(&output.stdout);
+        // Each node's cell is 34 characters after the 14 of the group column and a space.
+        let primary = text
+            .lines()
+            .find(|line| line.starts_with("metadata"))
+            .and_then(|line| {
+                (0..3)
+                    .filter_map(|index| {
+                        let start = 15 + 35 * index;
+                        let cell = line.get(start..(start + 34).min(line.len()))?;
+                        let mut words = cell.split_whitespace();
+                        (words.next()? == "primary").then_some(())?;
+                        let view: u64 = words.next()?.strip_prefix('v')?.parse().ok()?;
+                        Some((index, view))
+                    })
+                    .max_by_key(|&(_, view)| view)
+            });
+        if let Some((index, _)) = primary
+            && index != old
+        {
+            return index;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no metadata primary other than node {} within {WITHIN:?}:\n{text}",
+            old + 1
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Every node's SIGKILLed at once under load from four producers, and restarted: every
