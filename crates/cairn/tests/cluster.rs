@@ -28,6 +28,8 @@ struct Node {
     tcp: SocketAddr,
     /// The replica address the node list gives it.
     replica: SocketAddr,
+    /// Its HTTP address (no leader logic: a poll there is served by this node).
+    http: SocketAddr,
 }
 
 /// Ports free on loopback now (held together while chosen, so they differ).
@@ -67,6 +69,7 @@ fn write_configs(dir: &Path) -> Vec<Node> {
                 data: dir.join(format!("data-{}", index + 1)),
                 tcp: SocketAddr::from(([127, 0, 0, 1], ports[index])),
                 replica: SocketAddr::from(([127, 0, 0, 1], ports[6 + index])),
+                http: SocketAddr::from(([127, 0, 0, 1], ports[3 + index])),
             }
         })
         .collect()
@@ -644,6 +647,103 @@ async fn a_wiped_node_rejoins_by_state_transfer_while_the_leader_is_killed() {
     tokio::time::sleep(Duration::from_millis(700)).await;
     let client = stop_and_verify(&nodes, stream, topic, &stop, producers).await;
     stop_and_compare_segments(&nodes, servers, client, (stream, topic)).await;
+}
+
+/// A purge while one node is down; the node returns and applies it. Then another node is
+/// wiped and rejoins from its peers. Each node, asked over HTTP (no leader logic: the node
+/// serves at its own commit point), serves exactly what was sent after the purge: purged
+/// messages never reappear anywhere, at any moment the test looks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purged_messages_never_reappear_when_a_node_returns_or_rejoins_wiped() {
+    let dir = temp_dir();
+    let nodes = write_configs(dir.path());
+    let mut servers = start_running(&nodes);
+    let admin = cluster_client(nodes[0].tcp).await;
+    let leader = node_index(&leader_of(&admin, 3).await);
+    let (stream, topic) = create_stream_topic(&admin, "purge", "t", 1).await;
+    send_batches(&admin, stream, topic, 0, 0, 10).await;
+    drop(admin);
+
+    let (down, wiped) = ((leader + 1) % 3, (leader + 2) % 3);
+    servers[down].take().expect("running").kill();
+    let client = cluster_client(nodes[leader].tcp).await;
+    leader_of(&client, 2).await;
+    client
+        .purge_topic(&id_num(stream), &id_num(topic))
+        .await
+        .expect("purge the topic");
+    send_batches(&client, stream, topic, 0, 1_000, 5).await;
+    drop(client);
+    let kept: Vec<u128> = (1_000..1_050).collect();
+
+    servers[down] = Some(start_all(&[&nodes[down]]).remove(0));
+    serves_exactly(&nodes[down], (stream, topic), &kept).await;
+
+    servers[wiped].take().expect("running").kill();
+    std::fs::remove_dir_all(&nodes[wiped].data).expect("wipe");
+    let rejoined = start_all(&[&nodes[wiped]]).remove(0);
+    assert!(
+        rejoined.wait_for_log("has rejoined the cluster", WITHIN).await,
+        "{}",
+        rejoined.logs()
+    );
+    servers[wiped] = Some(rejoined);
+    for node in &nodes {
+        serves_exactly(node, (stream, topic), &kept).await;
+    }
+    for server in servers.into_iter().flatten() {
+        stop_node(server);
+    }
+}
+
+/// Wait until `node`, polled over HTTP from offset 0, serves exactly the messages `kept`, in
+/// order; any message it serves that is not in `kept` (a purged one) fails at once.
+async fn serves_exactly(node: &Node, (stream, topic): (u32, u32), kept: &[u128]) {
+    let http = HttpClient::create(std::sync::Arc::new(HttpClientConfig {
+        api_url: format!("http://{}", node.http),
+        retries: 0,
+        ..Default::default()
+    }))
+    .expect("http client");
+    let client = IggyClient::new(ClientWrapper::Http(http));
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let signed_in = client.login_user(ROOT_USER, ROOT_PASSWORD).await.is_ok();
+        let polled = if signed_in {
+            client
+                .poll_messages(
+                    &id_num(stream),
+                    &id_num(topic),
+                    Some(0),
+                    &Consumer::new(id_num(999_999)),
+                    &PollingStrategy::offset(0),
+                    1_000,
+                    false,
+                )
+                .await
+                .map(|polled| polled.messages)
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let ids: Vec<u128> = polled.iter().map(|message| message.header.id).collect();
+        assert!(
+            ids.iter().all(|id| kept.contains(id)),
+            "node at {} serves a message that was purged or never sent: {ids:?}",
+            node.http
+        );
+        if ids == kept {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node at {} serves {} of the {} kept messages within {WITHIN:?}",
+            node.http,
+            ids.len(),
+            kept.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Which directions of the replica network are cut: `[from][to]` drops every message node
