@@ -203,6 +203,7 @@ impl ClusterSeat {
             request_timeout: self.request_timeout,
             format_if_missing,
             transfer_pace: self.replicas.transfer_pace(),
+            abdicating: self.replicas.abdicating(),
         }
     }
 

@@ -752,6 +752,9 @@ pub struct Peers {
     pub format_if_missing: bool,
     /// The node-wide pace of incoming state transfers.
     pub transfer_pace: Arc<TransferPace>,
+    /// Set while the node hears no quorum of its peers (`replicas.rs`, "Abdication"): a
+    /// primary takes no request then (it could commit none).
+    pub abdicating: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// One replication group over the files of one directory: a group of one replica, or this
@@ -1366,13 +1369,27 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         debug_assert!(!self.files.read_only, "a read-only group takes no requests");
         let count = requests.len();
         let mut results: Vec<Option<Result<Vec<u8>, GroupError>>> = (0..count).map(|_| None).collect();
-        let not_primary = (!self.takes_requests()).then(|| GroupError::NotTaken {
-            dir: self.files.dir.clone(),
-            reason: format!(
-                "this replica is not the group's primary in status normal ({})",
-                self.replica.describe()
-            ),
-        });
+        let abdicating = self
+            .peers
+            .as_ref()
+            .is_some_and(|peers| peers.abdicating.load(std::sync::atomic::Ordering::Acquire));
+        let not_primary = if !self.takes_requests() {
+            Some(GroupError::NotTaken {
+                dir: self.files.dir.clone(),
+                reason: format!(
+                    "this replica is not the group's primary in status normal ({})",
+                    self.replica.describe()
+                ),
+            })
+        } else if abdicating {
+            Some(GroupError::NotTaken {
+                dir: self.files.dir.clone(),
+                reason: "this node hears no quorum of its peers (it abdicates): no request can commit here"
+                    .to_string(),
+            })
+        } else {
+            None
+        };
         for (result, (_, body)) in results.iter_mut().zip(&requests) {
             if let Err(error) = self.check_not_stopped() {
                 *result = Some(Err(error));
@@ -2338,6 +2355,7 @@ mod tests {
                 request_timeout: Duration::from_secs(20),
                 format_if_missing: true,
                 transfer_pace: Arc::new(TransferPace::new(64 << 20)),
+                abdicating: Arc::default(),
             }
         }
 

@@ -238,6 +238,11 @@ impl Replicas {
         write(&self.groups).remove(&group);
     }
 
+    /// Set while this node abdicates (see the module doc).
+    pub fn abdicating(&self) -> Arc<AtomicBool> {
+        self.abdicating.clone()
+    }
+
     /// The pace of this node's incoming state transfers.
     pub fn transfer_pace(&self) -> Arc<TransferPace> {
         self.transfer_pace.clone()
@@ -492,6 +497,7 @@ mod tests {
             request_timeout: Duration::from_secs(20),
             format_if_missing: true,
             transfer_pace: replicas.transfer_pace(),
+            abdicating: replicas.abdicating(),
         }
     }
 
