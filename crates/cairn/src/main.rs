@@ -527,7 +527,7 @@ async fn run_scrub(
             segments_verified = totals.segments_verified,
             bytes_verified = totals.bytes_verified,
             segments_unread = totals.segments_unread,
-            partitions_refused = totals.partitions_refused,
+            partitions_damaged = totals.partitions_damaged,
             interrupted = totals.interrupted,
             took_ms = took.as_millis() as u64,
             "scrub pass done"

@@ -799,8 +799,9 @@ pub struct LocalGroup<S: StateMachine, J: GroupJournal = RingJournal> {
     incarnation: u128,
 }
 
-/// How a group reopens itself from its files.
-type Reopen<S, J> = Arc<dyn Fn() -> Result<LocalGroup<S, J>, GroupError> + Send + Sync>;
+/// How a group reopens itself from its files; `true` after its files were set aside (a
+/// replica with peers rebuilt wiped), when a missing directory is expected.
+type Reopen<S, J> = Arc<dyn Fn(bool) -> Result<LocalGroup<S, J>, GroupError> + Send + Sync>;
 
 /// Lanes of a group: client ids of this process that each carry one request at a time (the
 /// core admits one request per client in its pipeline), so requests on several lanes are
@@ -912,10 +913,11 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             _ => LocalGroup::format(dir, group, params, fresh(), peers.clone())?,
         };
         let (dir, params) = (dir.to_path_buf(), params.clone());
-        opened.reopen = Some(Arc::new(move || {
+        opened.reopen = Some(Arc::new(move |set_aside: bool| {
             // Never a format: a group reopened after an undone write must find its files
-            // (formatting afresh would hand its offsets out again).
-            if !dir.join(SUPERBLOCK_FILE).exists() {
+            // (formatting afresh would hand its offsets out again). One whose files were
+            // set aside opens wiped (`open_with_peers` finds them in quarantine).
+            if !set_aside && !dir.join(SUPERBLOCK_FILE).exists() {
                 return Err(refused(
                     &dir,
                     "the superblock vanished; the group cannot reopen".into(),
@@ -1341,6 +1343,32 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         &mut self.journal
     }
 
+    /// With peers: damage was found in this replica's files while it ran (a read, the
+    /// scrub). Its directory is set aside whole (`transfer::quarantine`, every byte kept) and
+    /// the replica reopens as a wiped one, rebuilt from its peers. `Err` for a group of one
+    /// (it has no peer to rebuild from) or when setting aside or reopening failed.
+    pub fn rebuild_from_peers(&mut self, damage: &str) -> Result<PathBuf, GroupError> {
+        let dir = self.files.dir.clone();
+        let (Some(_), Some(reopen)) = (&self.peers, self.reopen.clone()) else {
+            return Err(refused(
+                &dir,
+                "a group of one has no peer to rebuild from".to_string(),
+            ));
+        };
+        let aside = cairn_storage::transfer::quarantine(&cairn_storage::io::RealDisk, &dir)
+            .map_err(|error| refused(&dir, format!("cannot set the damaged files aside: {error}")))?;
+        tracing::warn!(
+            dir = %dir.display(),
+            quarantine = %aside.display(),
+            %damage,
+            "damage was found in the replica's files while it ran: they were set aside whole (every byte kept for an operator), and the replica rejoins as a wiped one, rebuilt from its peers"
+        );
+        // The reopen finds the directory gone beside its quarantine: a wiped replica.
+        let reopened = reopen(true)?;
+        *self = reopened;
+        Ok(aside)
+    }
+
     /// Why the group takes no more requests, if it stopped.
     pub fn stopped_reason(&self) -> Option<&str> {
         self.stopped.as_deref()
@@ -1724,7 +1752,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         // unclean stop. (If this fails, the reopen sees a reservation and skips: safe.)
         let _ = self.journal.flush_for_stop();
         let reopened = match &self.reopen {
-            Some(reopen) => reopen(),
+            Some(reopen) => reopen(false),
             None => Err(refused(&self.files.dir, "a read-only group cannot reopen".into())),
         };
         match reopened {

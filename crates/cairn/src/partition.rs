@@ -703,6 +703,22 @@ pub fn check(dir: &Path, ids @ (_, _, partition_id): (u32, u32, u32)) -> Partiti
 /// the damaged segment's summary (if any) is removed, so every later start reads that
 /// segment and refuses the partition too.
 pub fn refuse_for_damage(state: &mut PartitionState, dir: &Path, damage: &StorageError, finder: &str) {
+    // With peers the replica is rebuilt from them instead, its files set aside whole.
+    if let PartitionState::Serving(data) = state
+        && data.follows_leader.is_some()
+    {
+        match data
+            .group
+            .rebuild_from_peers(&format!("{finder} found: {damage}"))
+        {
+            Ok(_) => return,
+            Err(error) => tracing::error!(
+                partition_dir = %dir.display(),
+                %error,
+                "the damaged replica could not be rebuilt from its peers: it is refused instead"
+            ),
+        }
+    }
     let later_starts = match damage {
         StorageError::Damaged { path, .. } => {
             match cairn_storage::journal::forget_summary(&cairn_storage::io::RealDisk, path) {
@@ -776,7 +792,10 @@ pub fn serving(state: &mut PartitionState) -> Result<&mut PartitionData, u32> {
                 };
             }
         }
-        return Err(PARTITION_REFUSED_STATUS);
+        // With peers a damaged replica is rebuilt from them and serves on (as a wiped one).
+        if !matches!(state, PartitionState::Serving(_)) {
+            return Err(PARTITION_REFUSED_STATUS);
+        }
     }
     match state {
         PartitionState::Serving(data) => Ok(data),

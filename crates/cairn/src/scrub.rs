@@ -32,7 +32,9 @@ pub struct ScrubTotals {
     /// Segments that could not be read (an IO error, or removed while read): the next pass
     /// reads them again.
     pub segments_unread: u64,
-    pub partitions_refused: u64,
+    /// Partitions found damaged: refused on a node of one, set aside and rebuilt from their
+    /// peers on a node of a cluster (`partition::refuse_for_damage`).
+    pub partitions_damaged: u64,
     /// The pass stopped early (the server is stopping).
     pub interrupted: bool,
 }
@@ -71,7 +73,7 @@ fn scrub_partition(partition: &Partition, totals: &mut ScrubTotals, stopping: &d
             }
             Err(error @ StorageError::Damaged { .. }) => {
                 if refuse(partition, &segment, &error) {
-                    totals.partitions_refused += 1;
+                    totals.partitions_damaged += 1;
                     return;
                 }
             }

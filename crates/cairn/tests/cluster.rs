@@ -710,6 +710,88 @@ async fn a_rolling_restart_under_load_keeps_every_acknowledged_message_and_group
     stop_and_compare_segments(&nodes, servers, client, (stream, topic)).await;
 }
 
+/// Damage found while a node runs: a bit flips in a sealed segment of a backup's partition
+/// replica, the node's scrub finds it, sets the replica's files aside whole and rebuilds the
+/// replica from its peers. The node then serves every message again, and the quarantine
+/// holds the damaged bytes as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damage_found_while_a_node_runs_is_rebuilt_from_its_peers() {
+    let dir = temp_dir();
+    let nodes = write_configs(dir.path());
+    let env = vec![
+        (
+            "CAIRN_STORAGE_SEGMENT_SIZE_BYTES".to_string(),
+            "65536".to_string(),
+        ),
+        ("CAIRN_STORAGE_SCRUB_INTERVAL_MS".to_string(), "300".to_string()),
+    ];
+    let mut servers: Vec<Option<TestServer>> =
+        start_each_with(&nodes.iter().collect::<Vec<_>>(), |_| env.clone())
+            .into_iter()
+            .map(Some)
+            .collect();
+    let admin = cluster_client(nodes[0].tcp).await;
+    let leader = node_index(&leader_of(&admin, 3).await);
+    let (stream, topic) = create_stream_topic(&admin, "scrubbed", "t", 1).await;
+    // (Id 0 would be replaced by a random one.)
+    send_batches(&admin, stream, topic, 0, 1_000, 60).await;
+    drop(admin);
+    let all: Vec<u128> = (1_000..1_600).collect();
+    let backup = (leader + 1) % 3;
+    serves_exactly(&nodes[backup], (stream, topic), &all).await;
+
+    // A bit flips in the backup's first (sealed) segment.
+    let partitions = nodes[backup]
+        .data
+        .join(format!("streams/{stream}/topics/{topic}/partitions"));
+    let replica_dir = std::fs::read_dir(&partitions)
+        .expect("partitions")
+        .flatten()
+        .map(|entry| entry.path())
+        .find(|path| {
+            path.file_name()
+                .is_some_and(|name| name.to_string_lossy().starts_with("0-"))
+        })
+        .expect("partition 0's replica");
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(replica_dir.join("log"))
+        .expect("the journal")
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|extension| extension == "log"))
+        .collect();
+    segments.sort();
+    assert!(segments.len() >= 2, "a sealed segment: {segments:?}");
+    let sealed = &segments[0];
+    let mut bytes = std::fs::read(sealed).expect("read the segment");
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x08;
+    std::fs::write(sealed, &bytes).expect("flip a bit");
+
+    let node = servers[backup].as_ref().expect("running");
+    assert!(
+        node.wait_for_log("damage was found in the replica's files while it ran", WITHIN)
+            .await,
+        "{}",
+        node.logs()
+    );
+    serves_exactly(&nodes[backup], (stream, topic), &all).await;
+    let quarantined = replica_dir
+        .with_file_name(format!(
+            "{}.quarantine.0",
+            replica_dir.file_name().expect("a name").to_string_lossy()
+        ))
+        .join("log")
+        .join(sealed.file_name().expect("a name"));
+    assert_eq!(
+        std::fs::read(&quarantined).expect("the quarantined segment"),
+        bytes,
+        "the damaged bytes are kept as they were"
+    );
+    for server in servers.iter_mut().filter_map(Option::take) {
+        stop_node(server);
+    }
+}
+
 /// A purge while one node is down; the node returns and applies it. Then another node is
 /// wiped and rejoins from its peers. Each node, asked over HTTP (no leader logic: the node
 /// serves at its own commit point), serves exactly what was sent after the purge: purged
@@ -929,7 +1011,12 @@ async fn one_way_cuts_elect_a_new_leader_within_five_seconds() {
         set_cut(from, second_leader, false);
     }
 
-    // Healed: the three nodes are one cluster again, and every acknowledged message is there.
+    // Healed: the three nodes are one cluster again (the cut-off node's replicas, primaries
+    // of the old view, join through a view change), and every acknowledged message is there.
+    wait_for_primaries(&nodes[0], 5, |line| {
+        line.matches("primary").count() == 1 && line.matches("backup").count() == 2
+    })
+    .await;
     leader_of(&client, 3).await;
     send_batches(&client, stream, topic, 0, 3_000, 1).await;
     let polled = poll_until(&client, stream, topic, 0, 100).await;
