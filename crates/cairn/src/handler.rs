@@ -1251,6 +1251,12 @@ impl Server {
         let partition = self.partition(stream, topic, partition_id)?;
         let mut state = lock(&partition.state);
         let data = serving(&mut state)?;
+        if data.has_peers() && !data.is_current() {
+            // A replica in a view change, recovering, or rebuilding from its peers would
+            // answer from a log that may lack committed messages (a wiped one holds none):
+            // retryable, nothing read.
+            return Err(codes::TRANSIENT_NOT_ACCEPTED);
+        }
         // The reply is built in one buffer: prefix, poll head (count patched below), then the
         // batches, read straight from the segment files behind the head.
         let mut out = PrefixedPayload::with_head(PollHead {

@@ -564,6 +564,13 @@ fn superblock_is_blank(dir: &Path) -> bool {
     })
 }
 
+/// Whether a replica with peers in `dir` is mid-rejoin: its files were set aside beside it
+/// (a quarantine sibling), or a wiped open began there (its marker) and stopped before the
+/// blank superblock. Such a replica is never formatted as a new one.
+pub fn rejoin_pending(dir: &Path) -> bool {
+    dir.join(REJOINING_FILE).exists() || has_quarantine_sibling(dir)
+}
+
 /// Whether the files of a group directory named as `dir` were set aside beside it
 /// (`transfer::quarantine`): a missing `dir` then lost them, and its replica is never new.
 fn has_quarantine_sibling(dir: &Path) -> bool {
@@ -896,7 +903,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             Some(peers)
                 if superblock_is_blank(dir)
                     || (!dir.join(SUPERBLOCK_FILE).exists()
-                        && (!peers.format_if_missing || has_quarantine_sibling(dir))) =>
+                        && (!peers.format_if_missing || rejoin_pending(dir))) =>
             {
                 LocalGroup::rejoin_wiped(dir, group, params, fresh(), peers.clone(), None)?
             }
@@ -2758,6 +2765,11 @@ mod tests {
             // quarantine and the new directory): never formatted as a new replica, even where
             // a missing group would be.
             std::fs::remove_dir_all(&dir).expect("remove the directory");
+            check_wiped(&open_with(true));
+            // A wiped open that stopped after its marker, before its blank superblock: wiped
+            // again, never formatted as new.
+            std::fs::remove_dir_all(temp.path().join("wiped.quarantine.0")).expect("remove");
+            std::fs::remove_file(dir.join(SUPERBLOCK_FILE)).expect("remove the superblock");
             check_wiped(&open_with(true));
         }
 

@@ -178,7 +178,9 @@ impl PartitionData {
         // A partition the metadata names was formatted before its create was committed: a
         // directory without a formatted group lost its files, and formatting a new one would
         // hand its offsets out again.
-        if !crate::node::is_formatted(dir) {
+        // (With peers, a replica mid-rejoin opens wiped: `LocalGroup::open_with_peers`.)
+        let rejoins = peers.is_some() && crate::node::rejoin_pending(dir);
+        if !crate::node::is_formatted(dir) && !rejoins {
             return Err(OpenError::NotFormatted {
                 dir: dir.to_path_buf(),
             });
@@ -254,6 +256,11 @@ impl PartitionData {
     /// (`LocalGroup::is_current`).
     pub fn is_current(&self) -> bool {
         self.group.is_current()
+    }
+
+    /// Whether this is a replica of a group with peers (a node of a cluster).
+    pub fn has_peers(&self) -> bool {
+        self.follows_leader.is_some()
     }
 
     /// The replica index of the partition group's primary as this replica sees it (`None`
@@ -650,7 +657,7 @@ impl PartitionData {
         match error {
             PartitionError::Status(status) => status,
             PartitionError::Group(GroupError::NotTaken { .. }) => {
-                tracing::debug!(partition_dir = %self.dir.display(), %error, "{what} was not taken: this replica is not the partition's primary now; nothing of it was stored");
+                tracing::debug!(partition_dir = %self.dir.display(), %error, "{what} was not taken (the error says why: this replica is not the partition's primary now, or its node hears no quorum); nothing of it was stored");
                 codes::TRANSIENT_NOT_ACCEPTED
             }
             PartitionError::Group(GroupError::WriteUndone { .. }) => {
@@ -705,19 +712,24 @@ pub fn check(dir: &Path, ids @ (_, _, partition_id): (u32, u32, u32)) -> Partiti
 pub fn refuse_for_damage(state: &mut PartitionState, dir: &Path, damage: &StorageError, finder: &str) {
     // With peers the replica is rebuilt from them instead, its files set aside whole.
     if let PartitionState::Serving(data) = state
-        && data.follows_leader.is_some()
+        && data.has_peers()
     {
-        match data
+        let error = match data
             .group
             .rebuild_from_peers(&format!("{finder} found: {damage}"))
         {
             Ok(_) => return,
-            Err(error) => tracing::error!(
-                partition_dir = %dir.display(),
-                %error,
-                "the damaged replica could not be rebuilt from its peers: it is refused instead"
-            ),
-        }
+            Err(error) => error,
+        };
+        tracing::error!(
+            partition_dir = %dir.display(),
+            %error,
+            "partition refused: {finder} found damage in its log and the replica could not be rebuilt from its peers (the error says whether its files were set aside); it will not serve reads or writes until a restart"
+        );
+        *state = PartitionState::Refused {
+            reason: damage.to_string(),
+        };
+        return;
     }
     let later_starts = match damage {
         StorageError::Damaged { path, .. } => {

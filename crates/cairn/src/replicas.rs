@@ -21,8 +21,11 @@
 //!   not heard from a quorum of the nodes (itself included) for [`ABDICATE_AFTER_TICKS`]
 //!   abdicates: its primaries' heartbeats and prepares are no longer sent, so their backups
 //!   stop hearing them and elect others (a one-way cut that keeps its peers' messages from it
-//!   would otherwise leave a primary that heartbeats but can commit nothing). It resumes as
-//!   soon as it hears a quorum again; a new view's StartView makes its replicas backups.
+//!   would otherwise leave a primary that heartbeats but can commit nothing), and its
+//!   replicas' StartViewChange and DoViewChange are withheld too (hearing no primary, they
+//!   would otherwise pull the groups its peers run into one view change after another). It
+//!   resumes as soon as it hears a quorum again; a new view's StartView makes its replicas
+//!   backups.
 //!
 //! A group is scheduled at most once at a time (a flag set when queued, cleared when a worker
 //! takes it), so a busy group costs one slot in the queue however many messages it gets.
@@ -303,7 +306,7 @@ impl Replicas {
                 tracing::warn!(
                     heard_nodes = heard,
                     nodes,
-                    "this node has not heard from a quorum of the nodes for {window_ms} ms: it abdicates (its primaries send no heartbeats or prepares, so their backups elect other primaries) until it hears a quorum again"
+                    "this node has not heard from a quorum of the nodes for {window_ms} ms: it abdicates until it hears a quorum again (its primaries' heartbeats and prepares and its replicas' view-change votes are withheld, so their groups elect primaries elsewhere; its primaries refuse requests)"
                 );
             } else {
                 tracing::info!(
@@ -389,13 +392,16 @@ struct BusTransport {
 
 impl Transport for BusTransport {
     fn send(&self, to: u8, message: Message) {
-        let from_primary = match message.header.command {
+        let withheld = match message.header.command {
+            // Its backups must stop hearing this node's primaries.
             Command::Commit => true,
             Command::Prepare => message.header.replica == self.bus.index(),
+            // Its replicas, which hear no primary, must not pull the groups its peers run
+            // into one view change after another.
+            Command::StartViewChange | Command::DoViewChange => true,
             _ => false,
         };
-        if from_primary && self.abdicating.load(Ordering::Acquire) {
-            // Abdicating: its backups must stop hearing this primary.
+        if withheld && self.abdicating.load(Ordering::Acquire) {
             return;
         }
         if message.header.command == Command::Commit {

@@ -603,7 +603,7 @@ fn outcomes_of(
         Err(PartitionError::Group(error @ GroupError::NotTaken { .. })) => {
             // With peers: this replica is not the partition's primary (now). The client may
             // send again, here or elsewhere: nothing of it was prepared.
-            tracing::debug!(partition_dir = %shared.dir.display(), %error, sends = sends_count, "append not taken: this replica is not the partition's primary now; nothing of it was stored");
+            tracing::debug!(partition_dir = %shared.dir.display(), %error, sends = sends_count, "append not taken (the error says why: this replica is not the partition's primary now, or its node hears no quorum); nothing of it was stored");
             vec![Err(codes::TRANSIENT_NOT_ACCEPTED); sends_count]
         }
         Err(PartitionError::Group(error @ GroupError::OutcomeUnknown { .. })) => {
