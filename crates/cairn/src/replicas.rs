@@ -644,6 +644,15 @@ mod tests {
         }
     }
 
+    /// Wait until the nodes still up hold a primary of both groups (after a node crashed).
+    async fn new_primaries(nodes: &[Option<TestNode>]) {
+        eventually("new primaries for both groups on the nodes left", || {
+            nodes.iter().flatten().any(|node| takes(&node.metadata))
+                && nodes.iter().flatten().any(|node| takes(&node.partition))
+        })
+        .await;
+    }
+
     fn takes<T: StateMachine, J: GroupJournal>(group: &Mutex<Option<LocalGroup<T, J>>>) -> bool {
         group
             .lock()
@@ -737,11 +746,7 @@ mod tests {
         );
 
         nodes[0].take().expect("up").crash().await;
-        eventually("new primaries for both groups", || {
-            nodes.iter().flatten().any(|node| takes(&node.metadata))
-                && nodes.iter().flatten().any(|node| takes(&node.partition))
-        })
-        .await;
+        new_primaries(&nodes).await;
         let metadata_primary = nodes
             .iter()
             .flatten()
@@ -916,11 +921,7 @@ mod tests {
         // It is a member again: with the primary of both groups gone, node 1 and the
         // rejoined node 2 elect new primaries, which commit with offsets that continue.
         nodes[0].take().expect("up").crash().await;
-        eventually("new primaries on the two left", || {
-            nodes.iter().flatten().any(|node| takes(&node.metadata))
-                && nodes.iter().flatten().any(|node| takes(&node.partition))
-        })
-        .await;
+        new_primaries(&nodes).await;
         let partition = nodes
             .iter()
             .flatten()

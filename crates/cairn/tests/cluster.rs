@@ -75,6 +75,33 @@ fn write_configs(dir: &Path) -> Vec<Node> {
         .collect()
 }
 
+/// A formed cluster with one stream and topic: its nodes, their servers (each slot `None`
+/// once the test stopped or killed it), the leader's index and the stream and topic ids.
+struct Formed {
+    nodes: Vec<Node>,
+    servers: Vec<Option<TestServer>>,
+    leader: usize,
+    stream: u32,
+    topic: u32,
+}
+
+/// Form a cluster under `dir`, and create stream `name` with a topic of `partitions`.
+async fn form_with_topic(dir: &Path, name: &str, partitions: u32) -> Formed {
+    let nodes = write_configs(dir);
+    let servers = start_running(&nodes);
+    let admin = cluster_client(nodes[0].tcp).await;
+    let leader = node_index(&leader_of(&admin, 3).await);
+    let (stream, topic) = create_stream_topic(&admin, name, "t", partitions).await;
+    drop(admin);
+    Formed {
+        nodes,
+        servers,
+        leader,
+        stream,
+        topic,
+    }
+}
+
 /// Start the nodes at once (a first start waits for every peer before it is ready).
 fn start_all(nodes: &[&Node]) -> Vec<TestServer> {
     start_all_with(nodes, &[])
@@ -544,12 +571,13 @@ async fn killing_the_leader_under_load_loses_nothing_acknowledged() {
         .map(|value| value.parse().expect("CAIRN_CLUSTER_KILLS must be a number"))
         .unwrap_or(3);
     let dir = temp_dir();
-    let nodes = write_configs(dir.path());
-    let mut servers = start_running(&nodes);
-    let admin = cluster_client(nodes[0].tcp).await;
-    leader_of(&admin, 3).await;
-    let (stream, topic) = create_stream_topic(&admin, "load", "t", 4).await;
-    drop(admin);
+    let Formed {
+        nodes,
+        mut servers,
+        stream,
+        topic,
+        ..
+    } = form_with_topic(dir.path(), "load", 4).await;
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producers = spawn_producers(&nodes, stream, topic, &stop, &Default::default());
@@ -592,12 +620,13 @@ async fn killing_the_leader_under_load_loses_nothing_acknowledged() {
 async fn a_wiped_node_rejoins_by_state_transfer_while_the_leader_is_killed() {
     const OPS_PER_PARTITION: usize = 1_300;
     let dir = temp_dir();
-    let nodes = write_configs(dir.path());
-    let mut servers = start_running(&nodes);
-    let admin = cluster_client(nodes[0].tcp).await;
-    let leader = node_index(&leader_of(&admin, 3).await);
-    let (stream, topic) = create_stream_topic(&admin, "load", "t", 4).await;
-    drop(admin);
+    let Formed {
+        nodes,
+        mut servers,
+        leader,
+        stream,
+        topic,
+    } = form_with_topic(dir.path(), "load", 4).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let acknowledged = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let producers = spawn_producers(&nodes, stream, topic, &stop, &acknowledged);
@@ -799,11 +828,14 @@ async fn damage_found_while_a_node_runs_is_rebuilt_from_its_peers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purged_messages_never_reappear_when_a_node_returns_or_rejoins_wiped() {
     let dir = temp_dir();
-    let nodes = write_configs(dir.path());
-    let mut servers = start_running(&nodes);
-    let admin = cluster_client(nodes[0].tcp).await;
-    let leader = node_index(&leader_of(&admin, 3).await);
-    let (stream, topic) = create_stream_topic(&admin, "purge", "t", 1).await;
+    let Formed {
+        nodes,
+        mut servers,
+        leader,
+        stream,
+        topic,
+    } = form_with_topic(dir.path(), "purge", 1).await;
+    let admin = cluster_client(nodes[leader].tcp).await;
     send_batches(&admin, stream, topic, 0, 0, 10).await;
     drop(admin);
 
@@ -1109,13 +1141,13 @@ async fn killing_every_node_at_once_under_load_loses_nothing_acknowledged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_stopped_for_ten_seconds_acknowledges_nothing_lost_and_rejoins() {
     let dir = temp_dir();
-    let nodes = write_configs(dir.path());
-    let servers = start_running(&nodes);
-    let admin = cluster_client(nodes[0].tcp).await;
-    let leader = leader_of(&admin, 3).await;
-    let (stream, topic) = create_stream_topic(&admin, "load", "t", 4).await;
-    drop(admin);
-    let index = node_index(&leader);
+    let Formed {
+        nodes,
+        servers,
+        leader: index,
+        stream,
+        topic,
+    } = form_with_topic(dir.path(), "load", 4).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let acknowledged = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let producers = spawn_producers(&nodes, stream, topic, &stop, &acknowledged);
@@ -1140,7 +1172,7 @@ async fn a_leader_stopped_for_ten_seconds_acknowledges_nothing_lost_and_rejoins(
             .filter(|node| node.role == ClusterNodeRole::Leader)
             .map(|node| node.name.as_str())
             .collect();
-        if leaders.len() == 1 && leaders[0] != leader {
+        if leaders.len() == 1 && node_index(leaders[0]) != index {
             break;
         }
         assert!(
