@@ -644,6 +644,18 @@ mod tests {
         }
     }
 
+    /// Three nodes under `dir` (`node-<index>`), each with a metadata and a partition group,
+    /// and their replica addresses.
+    async fn start_three(dir: &Path) -> (Vec<Option<TestNode>>, Vec<std::net::SocketAddr>) {
+        let (listeners, addresses) = bind_three().await;
+        let mut nodes = Vec::new();
+        for (index, listener) in listeners.into_iter().enumerate() {
+            let dir = dir.join(format!("node-{index}"));
+            nodes.push(Some(start_node(&dir, index as u8, listener, &addresses).await));
+        }
+        (nodes, addresses)
+    }
+
     /// Wait until the nodes still up hold a primary of both groups (after a node crashed).
     async fn new_primaries(nodes: &[Option<TestNode>]) {
         eventually("new primaries for both groups on the nodes left", || {
@@ -706,12 +718,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn groups_replicate_over_the_bus_and_fail_over_when_a_node_dies() {
         let temp = tempfile::tempdir().expect("tempdir");
-        let (listeners, addresses) = bind_three().await;
-        let mut nodes = Vec::new();
-        for (index, listener) in listeners.into_iter().enumerate() {
-            let dir = temp.path().join(format!("node-{index}"));
-            nodes.push(Some(start_node(&dir, index as u8, listener, &addresses).await));
-        }
+        let (mut nodes, _) = start_three(temp.path()).await;
         let first = nodes[0].as_ref().expect("up");
         assert!(
             takes(&first.metadata) && takes(&first.partition),
@@ -798,12 +805,7 @@ mod tests {
         const STREAMS: u32 = 100;
         const APPENDS: usize = 1_300;
         let temp = tempfile::tempdir().expect("tempdir");
-        let (listeners, addresses) = bind_three().await;
-        let mut nodes = Vec::new();
-        for (index, listener) in listeners.into_iter().enumerate() {
-            let dir = temp.path().join(format!("node-{index}"));
-            nodes.push(Some(start_node(&dir, index as u8, listener, &addresses).await));
-        }
+        let (mut nodes, addresses) = start_three(temp.path()).await;
         let first = nodes[0].as_ref().expect("up");
         let (metadata, partition) = (first.metadata.clone(), first.partition.clone());
         blocking(move || create_stream(&metadata, 0))

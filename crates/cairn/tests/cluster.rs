@@ -607,8 +607,7 @@ async fn killing_the_leader_under_load_loses_nothing_acknowledged() {
         servers[index] = Some(start_all(&[&nodes[index]]).remove(0));
     }
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let client = stop_and_verify(&nodes, stream, topic, &stop, producers).await;
-    stop_and_compare_segments(&nodes, servers, client, (stream, topic)).await;
+    verify_and_compare(&nodes, servers, (stream, topic), &stop, producers).await;
 }
 
 /// A backup is SIGKILLed and loses its data directory while four producers take every
@@ -674,8 +673,7 @@ async fn a_wiped_node_rejoins_by_state_transfer_while_the_leader_is_killed() {
         rejoined.logs()
     );
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let client = stop_and_verify(&nodes, stream, topic, &stop, producers).await;
-    stop_and_compare_segments(&nodes, servers, client, (stream, topic)).await;
+    verify_and_compare(&nodes, servers, (stream, topic), &stop, producers).await;
 }
 
 /// A rolling restart under load: each node in turn is stopped with SIGTERM and started
@@ -735,8 +733,7 @@ async fn a_rolling_restart_under_load_keeps_every_acknowledged_message_and_group
         );
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let client = stop_and_verify(&nodes, stream, topic, &stop, producers).await;
-    stop_and_compare_segments(&nodes, servers, client, (stream, topic)).await;
+    verify_and_compare(&nodes, servers, (stream, topic), &stop, producers).await;
 }
 
 /// Damage found while a node runs: a bit flips in a sealed segment of a backup's partition
@@ -1306,6 +1303,18 @@ async fn stop_and_verify(
         );
     }
     client
+}
+
+/// [`stop_and_verify`], then [`stop_and_compare_segments`]: the end of every test under load.
+async fn verify_and_compare(
+    nodes: &[Node],
+    servers: Vec<Option<TestServer>>,
+    (stream, topic): (u32, u32),
+    stop: &std::sync::atomic::AtomicBool,
+    producers: Vec<tokio::task::JoinHandle<Produced>>,
+) {
+    let client = stop_and_verify(nodes, stream, topic, stop, producers).await;
+    stop_and_compare_segments(nodes, servers, client, (stream, topic)).await;
 }
 
 /// One last batch to every partition through `client`, then wait until every node's segment
