@@ -160,7 +160,7 @@ impl Cluster {
         // group then lost it, and is refused.
         let forming = !membership.metadata_formatted
             && !membership.rejoining
-            && !crate::node::is_formatted(&crate::catalog::metadata_group_dir(data_dir));
+            && !crate::node::is_formatted(&metadata_dir);
         let seat = ClusterSeat {
             replicas: replicas.clone(),
             replica: index,

@@ -105,30 +105,12 @@ pub enum Checked {
 /// [`check_or_record`] without the write: a node of several decides first whether it forms
 /// the cluster (`cluster.rs`), then records.
 pub fn check(data_dir: &Path, cluster: Option<&ClusterConfig>) -> Result<Checked, MembershipError> {
-    let path = data_dir.join(MEMBERSHIP_FILE);
-    let io = |reason: String| MembershipError::Io {
-        path: path.clone(),
-        reason,
-    };
     let mismatch = |key: &'static str, reason: String| MembershipError::Mismatch {
         key,
         path: data_dir.to_path_buf(),
         reason,
     };
-    let recorded = match cairn_storage::atomic_file::read(&path).map_err(|error| io(error.to_string()))? {
-        Some(bytes) => {
-            let membership: Membership = serde_json::from_slice(&bytes)
-                .map_err(|error| io(format!("not a node list record: {error}")))?;
-            if membership.format != FORMAT {
-                return Err(io(format!(
-                    "record format {}, this build reads {FORMAT}",
-                    membership.format
-                )));
-            }
-            Some(membership)
-        }
-        None => None,
-    };
+    let recorded = read_record(data_dir)?;
     match (recorded, cluster) {
         (Some(recorded), Some(cluster)) => {
             if recorded.node_id != cluster.node_id {
@@ -180,56 +162,41 @@ pub fn note_metadata_formatted(data_dir: &Path, recorded: &Membership) -> Result
     if recorded.metadata_formatted {
         return Ok(());
     }
-    let path = data_dir.join(MEMBERSHIP_FILE);
-    let io = |reason: String| MembershipError::Io {
-        path: path.clone(),
-        reason,
-    };
-    let membership = Membership {
-        metadata_formatted: true,
-        ..recorded.clone()
-    };
-    let bytes = serde_json::to_vec_pretty(&membership).map_err(|error| io(error.to_string()))?;
-    cairn_storage::atomic_file::write(&path, &bytes).map_err(|error| io(error.to_string()))
+    write_record(
+        data_dir,
+        &Membership {
+            metadata_formatted: true,
+            ..recorded.clone()
+        },
+    )
 }
 
 /// Note in the record that this node rejoins (it lost its metadata group after it was
 /// formatted): its groups open wiped until it has rejoined. Returns the record as written.
 pub fn note_rejoining(data_dir: &Path, recorded: &Membership) -> Result<Membership, MembershipError> {
-    let path = data_dir.join(MEMBERSHIP_FILE);
-    let io = |reason: String| MembershipError::Io {
-        path: path.clone(),
-        reason,
-    };
     let membership = Membership {
         rejoining: true,
         ..recorded.clone()
     };
-    let bytes = serde_json::to_vec_pretty(&membership).map_err(|error| io(error.to_string()))?;
-    cairn_storage::atomic_file::write(&path, &bytes).map_err(|error| io(error.to_string()))?;
+    write_record(data_dir, &membership)?;
     Ok(membership)
 }
 
 /// Note in the record that this node has rejoined (its metadata caught up with its peers'
 /// and every partition it names has a replica here): groups new to it are formatted again.
 pub fn note_rejoined(data_dir: &Path) -> Result<(), MembershipError> {
-    let path = data_dir.join(MEMBERSHIP_FILE);
-    let io = |reason: String| MembershipError::Io {
-        path: path.clone(),
-        reason,
-    };
-    let bytes = cairn_storage::atomic_file::read(&path)
-        .map_err(|error| io(error.to_string()))?
-        .ok_or_else(|| io("the record is missing".to_string()))?;
-    let recorded: Membership =
-        serde_json::from_slice(&bytes).map_err(|error| io(format!("not a node list record: {error}")))?;
-    let membership = Membership {
-        rejoining: false,
-        metadata_formatted: true,
-        ..recorded
-    };
-    let bytes = serde_json::to_vec_pretty(&membership).map_err(|error| io(error.to_string()))?;
-    cairn_storage::atomic_file::write(&path, &bytes).map_err(|error| io(error.to_string()))
+    let recorded = read_record(data_dir)?.ok_or_else(|| MembershipError::Io {
+        path: data_dir.join(MEMBERSHIP_FILE),
+        reason: "the record is missing".to_string(),
+    })?;
+    write_record(
+        data_dir,
+        &Membership {
+            rejoining: false,
+            metadata_formatted: true,
+            ..recorded
+        },
+    )
 }
 
 /// Record `cluster` as what `data_dir` belongs to (after [`check`] found no record); with
@@ -239,23 +206,52 @@ pub fn record(
     cluster: &ClusterConfig,
     rejoining: bool,
 ) -> Result<Membership, MembershipError> {
-    let path = data_dir.join(MEMBERSHIP_FILE);
-    let io = |reason: String| MembershipError::Io {
-        path: path.clone(),
-        reason,
-    };
     let membership = Membership {
         rejoining,
         ..Membership::of(cluster)
     };
-    let bytes = serde_json::to_vec_pretty(&membership).map_err(|error| io(error.to_string()))?;
-    cairn_storage::atomic_file::write(&path, &bytes).map_err(|error| io(error.to_string()))?;
+    write_record(data_dir, &membership)?;
     tracing::info!(
         node_id = cluster.node_id,
         nodes = cluster.nodes.len(),
         "recorded this node's id and the cluster's node list in the data directory"
     );
     Ok(membership)
+}
+
+/// The record in `data_dir`, read and checked (its format); `None` when there is none.
+fn read_record(data_dir: &Path) -> Result<Option<Membership>, MembershipError> {
+    let path = data_dir.join(MEMBERSHIP_FILE);
+    let io = |reason: String| MembershipError::Io {
+        path: path.clone(),
+        reason,
+    };
+    let recorded = match cairn_storage::atomic_file::read(&path).map_err(|error| io(error.to_string()))? {
+        Some(bytes) => {
+            let membership: Membership = serde_json::from_slice(&bytes)
+                .map_err(|error| io(format!("not a node list record: {error}")))?;
+            if membership.format != FORMAT {
+                return Err(io(format!(
+                    "record format {}, this build reads {FORMAT}",
+                    membership.format
+                )));
+            }
+            Some(membership)
+        }
+        None => None,
+    };
+    Ok(recorded)
+}
+
+/// Write `membership` as the record in `data_dir` (an atomic file).
+fn write_record(data_dir: &Path, membership: &Membership) -> Result<(), MembershipError> {
+    let path = data_dir.join(MEMBERSHIP_FILE);
+    let io = |reason: String| MembershipError::Io {
+        path: path.clone(),
+        reason,
+    };
+    let bytes = serde_json::to_vec_pretty(membership).map_err(|error| io(error.to_string()))?;
+    cairn_storage::atomic_file::write(&path, &bytes).map_err(|error| io(error.to_string()))
 }
 
 /// The first way `configured` differs from `recorded`, in words; `None` when they are equal.

@@ -564,6 +564,18 @@ fn superblock_is_blank(dir: &Path) -> bool {
     })
 }
 
+/// Remove a wiped replica's marker from `dir`, if it is there (durably: the directory is
+/// synced).
+fn remove_rejoining_marker(dir: &Path) -> Result<(), GroupError> {
+    let marker = dir.join(REJOINING_FILE);
+    if !marker.exists() {
+        return Ok(());
+    }
+    std::fs::remove_file(&marker)
+        .and_then(|()| File::open(dir)?.sync_all())
+        .map_err(|source| GroupError::Io { path: marker, source })
+}
+
 /// Whether a replica with peers in `dir` is mid-rejoin: its files were set aside beside it
 /// (a quarantine sibling), or a wiped open began there (its marker) and stopped before the
 /// blank superblock. Such a replica is never formatted as a new one.
@@ -981,15 +993,10 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         .map_err(|error| refused(dir, format!("the replica cannot start from its files: {error}")))?;
         let mut opened =
             LocalGroup::assemble(replica, files, journal_store, cluster, (state, sequence), peers);
-        if !read_only && dir.join(REJOINING_FILE).exists() {
+        if !read_only {
             // A wiped replica's marker left by a crash right after its first durable state:
             // the directory is a group like any other.
-            std::fs::remove_file(dir.join(REJOINING_FILE))
-                .and_then(|()| File::open(dir)?.sync_all())
-                .map_err(|source| GroupError::Io {
-                    path: dir.join(REJOINING_FILE),
-                    source,
-                })?;
+            remove_rejoining_marker(dir)?;
         }
         opened.come_up(&damaged)?;
         Ok(opened)
@@ -1007,26 +1014,13 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             Some(peers) => peers.cluster,
             None => rand::random::<u128>() | 1,
         };
-        cairn_storage::atomic_file::write(&dir.join(CLUSTER_FILE), &cluster.to_le_bytes())
-            .map_err(|error| refused(dir, format!("cannot write the cluster id: {error}")))?;
         let (replica, replica_count) = peers
             .as_ref()
             .map_or((0, 1), |peers| (peers.replica, peers.replica_count));
         let state = DurableState::formatted(cluster, replica, replica_count);
         let (sequence, bytes) = durable::plan_format(&state)
             .map_err(|error| refused(dir, format!("cannot format: {error:?}")))?;
-        // The journal and checkpoint files first (empty: nothing of an interrupted earlier
-        // format was ever used), the superblock last: its name is what makes a group formatted.
-        let journal = J::create(dir, params, (cluster, group))?;
-        let checkpoints = dir.join(CHECKPOINTS_FILE);
-        File::create(&checkpoints)
-            .and_then(|f| f.sync_all())
-            .map_err(|source| GroupError::Io {
-                path: checkpoints.clone(),
-                source,
-            })?;
-        install_superblock_file(dir, &bytes)?;
-        let files = Files::open(dir, &J::SHAPE, false)?;
+        let (files, journal) = LocalGroup::<S, J>::lay_out(dir, (cluster, group), params, &bytes)?;
         tracing::info!(dir = %dir.display(), replica, replica_count, "formatted a replicated log");
         let replica = Replica::new(config(cluster, group, J::SHAPE, peers.as_ref()), machine);
         Ok(LocalGroup::assemble(
@@ -1087,15 +1081,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         )
         .map_err(|error| refused(dir, format!("cannot mark the directory as rejoining: {error}")))?;
         let cluster = peers.cluster;
-        cairn_storage::atomic_file::write(&dir.join(CLUSTER_FILE), &cluster.to_le_bytes())
-            .map_err(|error| refused(dir, format!("cannot write the cluster id: {error}")))?;
-        let journal = J::create(dir, params, (cluster, group))?;
-        let checkpoints = dir.join(CHECKPOINTS_FILE);
-        File::create(&checkpoints)
-            .and_then(|f| f.sync_all())
-            .map_err(io(&checkpoints))?;
-        install_superblock_file(dir, &[0u8; COPY_SIZE])?;
-        let files = Files::open(dir, &J::SHAPE, false)?;
+        let (files, journal) = LocalGroup::<S, J>::lay_out(dir, (cluster, group), params, &[0u8; COPY_SIZE])?;
         let config = config(cluster, group, J::SHAPE, Some(&peers));
         let recovered = Recovered {
             durable: None,
@@ -1116,6 +1102,31 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         opened.superblock_blank = true;
         opened.come_up(&[])?;
         Ok(opened)
+    }
+
+    /// Lay out a group's files in the directory `dir` (made already) for group `ids`
+    /// (cluster, group): the cluster id, an empty journal and checkpoint file (nothing an
+    /// interrupted earlier layout left was ever used), and last the superblock holding `copy`
+    /// in every copy, whose name is what makes the group formatted (a format's first state,
+    /// or a wiped replica's blank one). Returns the open files and the journal.
+    fn lay_out(
+        dir: &Path,
+        (cluster, group): (u128, u64),
+        params: &J::Params,
+        copy: &[u8; COPY_SIZE],
+    ) -> Result<(Files, J), GroupError> {
+        cairn_storage::atomic_file::write(&dir.join(CLUSTER_FILE), &cluster.to_le_bytes())
+            .map_err(|error| refused(dir, format!("cannot write the cluster id: {error}")))?;
+        let journal = J::create(dir, params, (cluster, group))?;
+        let checkpoints = dir.join(CHECKPOINTS_FILE);
+        File::create(&checkpoints)
+            .and_then(|f| f.sync_all())
+            .map_err(|source| GroupError::Io {
+                path: checkpoints.clone(),
+                source,
+            })?;
+        install_superblock_file(dir, copy)?;
+        Ok((Files::open(dir, &J::SHAPE, false)?, journal))
     }
 
     fn assemble(
@@ -1892,10 +1903,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                     // The wiped replica's first durable state: from now on its directory is
                     // a group like any other.
                     self.superblock_blank = false;
-                    let marker = self.files.dir.join(REJOINING_FILE);
-                    std::fs::remove_file(&marker)
-                        .and_then(|()| File::open(&self.files.dir)?.sync_all())
-                        .map_err(|source| GroupError::Io { path: marker, source })?;
+                    remove_rejoining_marker(&self.files.dir)?;
                 }
                 // A transferred log goes live before the replica writes anything above the
                 // checkpoint the superblock now names.
