@@ -704,11 +704,13 @@ pub fn check(dir: &Path, ids @ (_, _, partition_id): (u32, u32, u32)) -> Partiti
     report
 }
 
-/// Refuse the partition whose state is `state` for `damage` found in its files by `finder`
-/// (a poll, the scrub, the check of a prefix a start took unread), as a start refuses it:
-/// every request then gets the refusal status, its segment files are left as they are, and
-/// the damaged segment's summary (if any) is removed, so every later start reads that
-/// segment and refuses the partition too.
+/// Act on `damage` found in the files of the partition whose state is `state` by `finder`
+/// (a poll, the scrub, the check of a prefix a start took unread). With peers, its replica's
+/// files are set aside whole and it is rebuilt from them (`LocalGroup::rebuild_from_peers`;
+/// refused if that fails). A node of one refuses it as a start would: every request then
+/// gets the refusal status, its segment files are left as they are, and the damaged
+/// segment's summary (if any) is removed, so every later start reads that segment and
+/// refuses the partition too.
 pub fn refuse_for_damage(state: &mut PartitionState, dir: &Path, damage: &StorageError, finder: &str) {
     // With peers the replica is rebuilt from them instead, its files set aside whole.
     if let PartitionState::Serving(data) = state
