@@ -615,6 +615,14 @@ impl Catalog {
         }
     }
 
+    /// Whether the metadata this node holds is the cluster's: always for a node of one; with
+    /// peers, once its replica is in a view and applied everything that view committed (a
+    /// restarted node recovers from its checkpoint and learns the commit point from its
+    /// peers, so until then it may lack users, streams or topics the cluster has).
+    pub fn metadata_current(&self) -> bool {
+        self.seat.is_none() || self.group.is_current()
+    }
+
     /// With peers: remove the directories of streams and topics the metadata deleted while
     /// this node did not follow (it was down, or behind). Ids are never reused, so a
     /// directory whose id lies below the next id the metadata hands out, and which the

@@ -718,14 +718,15 @@ impl Server {
     // ---- login ----
 
     fn login_password(&self, session: &mut Session, username: &str, password: &str) -> Reply {
-        let user = {
+        let (user, metadata_current) = {
             let catalog = self.read();
-            catalog
+            let user = catalog
                 .meta()
                 .users
                 .iter()
                 .find(|u| u.username == username)
-                .cloned()
+                .cloned();
+            (user, catalog.metadata_current())
         };
         // Always run one argon2 verification so a missing user costs the same as a wrong
         // password (no user enumeration by timing).
@@ -735,7 +736,7 @@ impl Server {
             .unwrap_or_else(|| dummy_hash());
         let verified = auth::verify_secret(password, hash);
         let Some(user) = user.filter(|_| verified) else {
-            return Err(codes::INVALID_CREDENTIALS);
+            return Err(refused_login(metadata_current, codes::INVALID_CREDENTIALS));
         };
         if user.status != auth::USER_STATUS_ACTIVE {
             return Err(codes::USER_INACTIVE);
@@ -747,12 +748,13 @@ impl Server {
         let Some(token_id) = auth::token_id(token) else {
             return Err(codes::INVALID_PAT);
         };
-        let found = {
+        let (found, metadata_current) = {
             let catalog = self.read();
-            catalog.meta().tokens.iter().find(|t| t.id == token_id).cloned()
+            let found = catalog.meta().tokens.iter().find(|t| t.id == token_id).cloned();
+            (found, catalog.metadata_current())
         };
         let Some(found) = found.filter(|t| auth::verify_secret(token, &t.token_hash)) else {
-            return Err(codes::INVALID_PAT);
+            return Err(refused_login(metadata_current, codes::INVALID_PAT));
         };
         if found.expiry_at_us != 0 && found.expiry_at_us <= self.clock.now_us() {
             return Err(codes::PAT_EXPIRED);
@@ -1573,4 +1575,21 @@ fn topic_settings(options: &[OptionEntry], create: bool) -> Result<metadata::Top
         }
     }
     Ok(settings)
+}
+
+/// The status of a login refused for `status` (an unknown user, a wrong password or token):
+/// that status on a node whose metadata is the cluster's; 58 (retryable, on any node) on a
+/// node still catching up with its peers, whose metadata may lack the user or token (a
+/// restarted node learns the users created since its checkpoint from its peers). The SDK
+/// replays a login answered 58.
+fn refused_login(metadata_current: bool, status: u32) -> u32 {
+    if metadata_current {
+        status
+    } else {
+        tracing::debug!(
+            status,
+            "login refused while this node's metadata catches up with its peers: answered retryable"
+        );
+        codes::TRANSIENT_NOT_ACCEPTED
+    }
 }
