@@ -258,6 +258,19 @@ impl PartitionData {
         self.group.is_current()
     }
 
+    /// Whether the replica takes requests and applied every op its log holds (a new primary
+    /// first commits what earlier views prepared): only then do the batches it applied
+    /// include every batch its group may have committed.
+    pub fn is_caught_up(&self) -> bool {
+        self.group.is_caught_up()
+    }
+
+    /// The base offset a committed batch with content key `key`
+    /// (`cairn_wire::batch::content_key`) got, if it is among the newest this replica applied.
+    pub fn committed_batch(&self, key: u128) -> Option<u64> {
+        self.group.state_machine().recent_batches().base_offset(key)
+    }
+
     /// Whether this is a replica of a group with peers (a node of a cluster).
     pub fn has_peers(&self) -> bool {
         self.follows_leader.is_some()

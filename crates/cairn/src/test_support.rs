@@ -10,6 +10,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 /// A valid client batch (what `batch::validate` accepts) of `count` messages of
 /// `payload_bytes` bytes each; message `i`'s payload bytes are all `fill + i`.
 pub fn client_batch(count: u32, payload_bytes: usize, fill: u8) -> Vec<u8> {
+    client_batch_from(1, count, payload_bytes, fill)
+}
+
+/// [`client_batch`] with message ids from `first_id` up.
+pub fn client_batch_from(first_id: u128, count: u32, payload_bytes: usize, fill: u8) -> Vec<u8> {
     let frame_bytes = FRAME_HEADER_SIZE + payload_bytes;
     let length = BATCH_HEADER_SIZE + frame_bytes * count as usize;
     let mut batch = vec![0u8; length];
@@ -18,7 +23,7 @@ pub fn client_batch(count: u32, payload_bytes: usize, fill: u8) -> Vec<u8> {
     for index in 0..count {
         let start = BATCH_HEADER_SIZE + frame_bytes * index as usize;
         let frame = &mut batch[start..start + frame_bytes];
-        frame[8..24].copy_from_slice(&u128::from(index + 1).to_le_bytes());
+        frame[8..24].copy_from_slice(&(first_id + u128::from(index)).to_le_bytes());
         frame[24..28].copy_from_slice(&index.to_le_bytes());
         frame[36..40].copy_from_slice(&(payload_bytes as u32).to_le_bytes());
         frame[FRAME_HEADER_SIZE..].fill(fill.wrapping_add(index as u8));

@@ -42,7 +42,7 @@ use crate::node::{GroupError, LANES};
 pub use crate::partition::{BARRIER_FAILED_STATUS, PARTITION_STOPPED_STATUS, WRITE_FAILED_STATUS};
 use crate::partition::{PartitionState, lock, serving, serving_verified};
 use crate::partition_group::{Append, PartitionError};
-use cairn_wire::batch::ReceivedBatch;
+use cairn_wire::batch::{self, ReceivedBatch};
 use cairn_wire::codes;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -483,36 +483,88 @@ async fn run(mut queue: mpsc::Receiver<PendingSend>, shared: Arc<WriterShared>) 
 fn commit_groups(shared: &WriterShared, groups: Vec<Vec<PendingSend>>) {
     assert!(!groups.is_empty() && groups.len() <= LANES);
     assert!(groups.iter().all(|group| !group.is_empty()));
-    // The batches go to the partition's op by value (the op may stamp a batch in the buffer
-    // it arrived in); the replies stay here.
-    let mut appends: Vec<Append> = Vec::with_capacity(groups.len());
-    let mut replies: Vec<Vec<oneshot::Sender<SendOutcome>>> = Vec::with_capacity(groups.len());
-    for group in groups {
-        let timestamp_us = group
-            .iter()
-            .map(|send| send.received_at_us)
-            .max()
-            .unwrap_or_default();
-        let (batches, group_replies) = group.into_iter().map(|send| (send.batch, send.reply)).unzip();
-        appends.push(Append {
-            timestamp_us,
-            batches,
-        });
-        replies.push(group_replies);
-    }
-    let outcomes: Vec<Vec<SendOutcome>> = {
+    // Computed before the lock: a walk over each batch's frame headers.
+    let keyed: Vec<Vec<(PendingSend, Option<u128>)>> = groups
+        .into_iter()
+        .map(|group| {
+            group
+                .into_iter()
+                .map(|send| {
+                    let key = batch::content_key(&send.batch);
+                    (send, key)
+                })
+                .collect()
+        })
+        .collect();
+    // Sends answered without an op (refused, or resends of committed batches).
+    let mut settled: Vec<(oneshot::Sender<SendOutcome>, SendOutcome)> = Vec::new();
+    let mut replies: Vec<Vec<oneshot::Sender<SendOutcome>>> = Vec::with_capacity(keyed.len());
+    let outcomes: Vec<Vec<SendOutcome>> = 'locked: {
         let mut state = lock(&shared.state);
+        let refuse_all = |settled: &mut Vec<_>, keyed: Vec<Vec<(PendingSend, Option<u128>)>>, status: u32| {
+            settled.extend(
+                keyed
+                    .into_iter()
+                    .flatten()
+                    .map(|(send, _)| (send.reply, Err(status))),
+            );
+        };
         match serving(&mut state) {
-            Err(status) => replies
-                .iter()
-                .map(|group| vec![Err(status); group.len()])
-                .collect(),
+            Err(status) => {
+                refuse_all(&mut settled, keyed, status);
+                Vec::new()
+            }
             // Stopped earlier (logged then): refused without touching the log.
-            Ok(data) if data.stopped_reason().is_some() => replies
-                .iter()
-                .map(|group| vec![Err(PARTITION_STOPPED_STATUS); group.len()])
-                .collect(),
+            Ok(data) if data.stopped_reason().is_some() => {
+                refuse_all(&mut settled, keyed, PARTITION_STOPPED_STATUS);
+                Vec::new()
+            }
+            // With peers, a resend is recognised only by a primary that applied everything its
+            // log holds: a new primary's first ops (prepared in an earlier view) may hold the
+            // batch. Nothing is prepared; the client sends again (58), here or elsewhere.
+            Ok(data) if data.has_peers() && !data.is_caught_up() => {
+                refuse_all(&mut settled, keyed, codes::TRANSIENT_NOT_ACCEPTED);
+                Vec::new()
+            }
             Ok(data) => {
+                // The batches go to the partition's op by value (the op may stamp a batch in
+                // the buffer it arrived in); the replies stay here. A batch the partition
+                // committed already (same messages, same ids: the client resent it after
+                // losing the reply) is answered with the offset it got, and not stored again.
+                let mut appends: Vec<Append> = Vec::with_capacity(keyed.len());
+                let mut resends = 0usize;
+                for group in keyed {
+                    let mut timestamp_us = 0;
+                    let mut batches = Vec::with_capacity(group.len());
+                    let mut group_replies = Vec::with_capacity(group.len());
+                    for (send, key) in group {
+                        if let Some(base_offset) = key.and_then(|key| data.committed_batch(key)) {
+                            resends += 1;
+                            settled.push((send.reply, Ok(base_offset)));
+                            continue;
+                        }
+                        timestamp_us = timestamp_us.max(send.received_at_us);
+                        batches.push(send.batch);
+                        group_replies.push(send.reply);
+                    }
+                    if !batches.is_empty() {
+                        appends.push(Append {
+                            timestamp_us,
+                            batches,
+                        });
+                        replies.push(group_replies);
+                    }
+                }
+                if resends > 0 {
+                    tracing::info!(
+                        partition_dir = %shared.dir.display(),
+                        resends,
+                        "sends of batches this partition committed already (the same messages, resent after a lost reply) answered with the offsets they got; not stored again"
+                    );
+                }
+                if appends.is_empty() {
+                    break 'locked Vec::new();
+                }
                 let fdatasyncs_before = data.fdatasyncs();
                 let next_offset = data.purge_target();
                 let started = Instant::now();
@@ -566,11 +618,25 @@ fn commit_groups(shared: &WriterShared, groups: Vec<Vec<PendingSend>>) {
             }
         }
     };
-    // Completed after the lock is released, so woken submitters never wait on it.
+    finish(shared, settled, replies, outcomes);
+}
+
+/// Complete every send of a commit (after the partition's lock is released, so woken
+/// submitters never wait on it), then summarise the log's progress.
+fn finish(
+    shared: &WriterShared,
+    settled: Vec<(oneshot::Sender<SendOutcome>, SendOutcome)>,
+    replies: Vec<Vec<oneshot::Sender<SendOutcome>>>,
+    outcomes: Vec<Vec<SendOutcome>>,
+) {
+    debug_assert_eq!(replies.len(), outcomes.len());
+    // A submitter that went away (connection closed) just misses its reply.
+    for (reply, outcome) in settled {
+        let _ = reply.send(outcome);
+    }
     for (group, outcomes) in replies.into_iter().zip(outcomes) {
         debug_assert_eq!(outcomes.len(), group.len());
         for (reply, outcome) in group.into_iter().zip(outcomes) {
-            // A submitter that went away (connection closed) just misses its reply.
             let _ = reply.send(outcome);
         }
     }
@@ -607,10 +673,11 @@ fn outcomes_of(
             vec![Err(codes::TRANSIENT_NOT_ACCEPTED); sends_count]
         }
         Err(PartitionError::Group(error @ GroupError::OutcomeUnknown { .. })) => {
-            // Answered with a plain error, not 57: the SDK would send it again, and nothing
-            // yet recognises the repeat, so it could be stored twice.
-            tracing::warn!(partition_dir = %shared.dir.display(), %error, sends = sends_count, "append got no reply from a quorum in time: the sends may or may not be stored; answered with an error, the partition keeps serving");
-            vec![Err(codes::ERROR); sends_count]
+            // 57: the SDK sends the same batch again, and the partition recognises it by its
+            // content if it did commit (a batch whose messages have id 0 has no identity:
+            // such a resend could be stored twice, as after any lost reply).
+            tracing::warn!(partition_dir = %shared.dir.display(), %error, sends = sends_count, "append got no reply from a quorum in time: the sends may or may not be stored; answered 57 (the client resends; a resend of a committed batch is recognised), the partition keeps serving");
+            vec![Err(codes::TRANSIENT_NOT_COMMITTED); sends_count]
         }
         Err(PartitionError::Group(error @ GroupError::WriteUndone { .. })) => {
             tracing::warn!(
@@ -795,9 +862,12 @@ mod tests {
     use crate::partition_group::LogParams;
     use crate::test_support::{DISK_FULL, Faults, FaultyDisk};
 
-    /// A valid client batch of `count` messages of `payload_bytes` bytes.
+    /// A valid client batch of `count` messages of `payload_bytes` bytes, with ids no other
+    /// batch of these tests has (a batch with the same messages would be taken for a resend).
     fn client_batch(count: u32, payload_bytes: usize) -> Vec<u8> {
-        crate::test_support::client_batch(count, payload_bytes, 7)
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let first_id = NEXT_ID.fetch_add(u64::from(count), std::sync::atomic::Ordering::Relaxed);
+        crate::test_support::client_batch_from(u128::from(first_id), count, payload_bytes, 7)
     }
 
     struct Fixture {

@@ -694,3 +694,58 @@ async fn a_batch_of_almost_64_mib_is_one_op_and_comes_back_whole() {
     assert_eq!(batches.len(), 1, "one stored batch");
     assert_eq!(batches[0].message_count as usize, MESSAGES);
 }
+
+/// A batch sent again unchanged (the SDK producer resends one whose reply it lost: same
+/// messages, same ids) is recognised and stored once. A batch whose messages differ, even by
+/// one payload byte, is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_sent_again_unchanged_is_stored_once() {
+    let dir = temp_dir();
+    let server = TestServer::start(dir.path());
+    let client = root_client(server.addr()).await;
+    let (s, t) = create_stream_topic(&client, "resend", "t", 1).await;
+    // The messages as built once (each carries its origin timestamp), sent as they are.
+    let build = |last: &[u8]| -> Vec<IggyMessage> {
+        (1..=5u128)
+            .map(|id| {
+                let payload = if id == 5 {
+                    last.to_vec()
+                } else {
+                    format!("m{id}").into_bytes()
+                };
+                IggyMessage::builder()
+                    .id(id)
+                    .payload(payload.into())
+                    .build()
+                    .expect("a message")
+            })
+            .collect()
+    };
+    let send = |mut messages: Vec<IggyMessage>| {
+        let client = &client;
+        async move {
+            client
+                .send_messages(
+                    &id_num(s),
+                    &id_num(t),
+                    &Partitioning::partition_id(0),
+                    &mut messages,
+                )
+                .await
+                .map(|_| messages)
+        }
+    };
+    let sent = send(build(b"m5")).await.expect("the first send");
+    send(sent).await.expect("the resend is answered");
+    send(build(b"m5!")).await.expect("a changed batch");
+    let stored = poll_all(&client, s, t, 0, 100, 100).await;
+    let ids: Vec<u128> = stored.iter().map(|m| m.header.id).collect();
+    assert_eq!(
+        ids,
+        vec![1, 2, 3, 4, 5, 1, 2, 3, 4, 5],
+        "the resend is not stored"
+    );
+    assert_eq!(stored[9].payload.as_ref(), b"m5!");
+
+    server.stop();
+}

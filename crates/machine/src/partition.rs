@@ -46,7 +46,7 @@ use bytes::{Bytes, BytesMut};
 use cairn_vsr::replica::StateMachine;
 use cairn_wire::batch::{self, BATCH_HEADER_SIZE};
 use cairn_wire::codes;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use xxhash_rust::xxh3::Xxh3;
 
 /// Append batches (a group of sends: one prepare, one barrier, one acknowledgement round).
@@ -137,6 +137,45 @@ impl PartitionState {
     }
 }
 
+/// How many of its newest batches a partition remembers by content ([`RecentBatches`]).
+pub const RECENT_BATCHES_MAX: usize = 4096;
+
+/// The content keys ([`batch::content_key`]) of a partition's newest committed batches, with
+/// the base offset each got: what the primary checks a send against before preparing it, so a
+/// resend of a batch that committed (its reply lost with a connection, or in a failover) is
+/// answered with the offset it got instead of being stored a second time. Every replica keeps
+/// it in memory as it applies appends, bounded to the newest [`RECENT_BATCHES_MAX`]; it is not
+/// part of the snapshot, so a restarted replica knows the batches it applied since its
+/// checkpoint (the ops it replays included).
+#[derive(Debug, Clone, Default)]
+pub struct RecentBatches {
+    /// Keys in the order they were committed, oldest first.
+    order: VecDeque<u128>,
+    base_offsets: HashMap<u128, u64>,
+}
+
+impl RecentBatches {
+    fn insert(&mut self, key: u128, base_offset: u64) {
+        if self.base_offsets.insert(key, base_offset).is_some() {
+            // The same messages committed again (sent twice before either committed): the
+            // key keeps its place, with the newer offset.
+            return;
+        }
+        self.order.push_back(key);
+        if self.order.len() > RECENT_BATCHES_MAX
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.base_offsets.remove(&oldest);
+        }
+        debug_assert_eq!(self.order.len(), self.base_offsets.len());
+    }
+
+    /// The base offset the batch with content key `key` got, if it is among the newest.
+    pub fn base_offset(&self, key: u128) -> Option<u64> {
+        self.base_offsets.get(&key).copied()
+    }
+}
+
 /// The partition machine of one partition.
 #[derive(Debug, Clone, Default)]
 pub struct PartitionMachine {
@@ -144,6 +183,7 @@ pub struct PartitionMachine {
     state: PartitionState,
     /// The first op that continued the log elsewhere than it ended (never cleared).
     fault: Option<String>,
+    recent: RecentBatches,
 }
 
 impl PartitionMachine {
@@ -152,6 +192,7 @@ impl PartitionMachine {
             partition_id,
             state: PartitionState::default(),
             fault: None,
+            recent: RecentBatches::default(),
         }
     }
 
@@ -162,6 +203,11 @@ impl PartitionMachine {
     /// An op whose batches did not continue the committed log (a minting bug), if any.
     pub fn fault(&self) -> Option<&str> {
         self.fault.as_deref()
+    }
+
+    /// The newest batches this replica applied, by content.
+    pub fn recent_batches(&self) -> &RecentBatches {
+        &self.recent
     }
 }
 
@@ -560,6 +606,9 @@ impl StateMachine for PartitionMachine {
                     hasher.update(&bytes[..BATCH_HEADER_SIZE]);
                     self.state.data_digest = hasher.digest128();
                     reply.extend_from_slice(&header.base_offset.to_le_bytes());
+                    if let Some(key) = batch::content_key(bytes) {
+                        self.recent.insert(key, header.base_offset);
+                    }
                 }
                 self.state.next_offset = expected;
                 self.state.last_timestamp_us = append.timestamp_us;
@@ -749,6 +798,40 @@ mod tests {
 
     fn append(machine: &mut PartitionMachine, op: u64, cursor: u128, batches: &[&[u8]]) -> (Vec<u8>, u128) {
         append_at(machine, op, cursor, 1_000, batches)
+    }
+
+    #[test]
+    fn an_applied_batch_is_remembered_by_its_content_with_its_base_offset() {
+        let mut machine = PartitionMachine::new(3);
+        let (three, two) = (client_batch(3), client_batch(2));
+        let (_, cursor) = append(&mut machine, 1, 0, &[&three, &two]);
+        let key = |bytes: &[u8]| batch::content_key(bytes).expect("ids are set");
+        assert_eq!(machine.recent_batches().base_offset(key(&three)), Some(0));
+        assert_eq!(machine.recent_batches().base_offset(key(&two)), Some(3));
+        let four = client_batch(4);
+        assert_eq!(machine.recent_batches().base_offset(key(&four)), None);
+        append(&mut machine, 2, cursor, &[&four]);
+        assert_eq!(machine.recent_batches().base_offset(key(&four)), Some(5));
+        // Not part of the state: a replica restored from a snapshot knows none.
+        let mut restored = PartitionMachine::new(3);
+        restored.restore(&machine.snapshot()).expect("restores");
+        assert_eq!(restored.recent_batches().base_offset(key(&four)), None);
+    }
+
+    #[test]
+    fn recent_batches_keep_the_newest_and_a_key_committed_again_keeps_its_place() {
+        let mut recent = RecentBatches::default();
+        for key in 0..=RECENT_BATCHES_MAX as u128 {
+            recent.insert(key, key as u64 * 10);
+        }
+        assert_eq!(recent.base_offset(0), None, "the oldest left");
+        assert_eq!(recent.base_offset(1), Some(10));
+        recent.insert(1, 99);
+        assert_eq!(recent.base_offset(1), Some(99));
+        recent.insert(RECENT_BATCHES_MAX as u128 + 1, 7);
+        assert_eq!(recent.base_offset(1), None, "it kept its place, the oldest");
+        assert_eq!(recent.order.len(), RECENT_BATCHES_MAX);
+        assert_eq!(recent.base_offsets.len(), RECENT_BATCHES_MAX);
     }
 
     #[test]

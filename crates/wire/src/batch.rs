@@ -441,6 +441,30 @@ pub fn check_layout(batch: &[u8]) -> Result<BatchHeader, BatchError> {
     Ok(head)
 }
 
+/// What identifies a batch's messages across attempts to send it: XXH3-128 over its message
+/// count and each frame's stored checksum, which covers the message's id, offset delta,
+/// timestamp, user headers and payload (not the batch header, which the server stamps). The
+/// SDK's producer resends a batch whose reply it lost unchanged (ids are minted once, on the
+/// client, before the first attempt), so a resend has the same key. `None` when a message has
+/// id 0 (the client gave it no identity, so nothing may be taken for a resend of it) or the
+/// frames do not tile `batch` (it must have passed layout validation).
+pub fn content_key(batch: &[u8]) -> Option<u128> {
+    let count = read_u32(batch, MESSAGE_COUNT_AT)?;
+    let mut hasher = xxh3::Xxh3Default::new();
+    hasher.update(&count.to_le_bytes());
+    let mut walker = FrameWalker::new(batch);
+    let mut frames = 0u32;
+    for frame in walker.by_ref() {
+        let id = batch.get(frame.start + FRAME_CHECKSUM_LEN..frame.start + FRAME_CHECKSUM_LEN + 16)?;
+        if id.iter().all(|&byte| byte == 0) {
+            return None;
+        }
+        hasher.update(batch.get(frame.start..frame.start + FRAME_CHECKSUM_LEN)?);
+        frames += 1;
+    }
+    (!walker.overran && frames == count && frames > 0).then(|| hasher.digest128())
+}
+
 /// Stamp partition id, base offset and append timestamp into a validated batch and recompute
 /// the batch checksum.
 pub fn stamp(batch: &mut [u8], partition_id: u64, base_offset: u64, base_timestamp: u64) {

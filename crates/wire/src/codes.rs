@@ -50,6 +50,9 @@ pub const CONSUMER_GROUP_NAME_NOT_FOUND: u32 = 5003;
 pub const CONSUMER_GROUP_NAME_ALREADY_EXISTS: u32 = 5004;
 pub const CONSUMER_GROUP_MEMBER_NOT_FOUND: u32 = 5006;
 pub const INVALID_SESSION: u32 = 14001;
+/// The request may or may not have committed: the SDK sends it again unchanged on the same
+/// connection (a partition recognises the resend by its batch's content).
+pub const TRANSIENT_NOT_COMMITTED: u32 = 57;
 pub const TRANSIENT_NOT_ACCEPTED: u32 = 58;
 pub const TOO_MANY_MESSAGES: u32 = 4023;
 pub const INVALID_MESSAGES_SIZE: u32 = 4036;

@@ -83,6 +83,48 @@ fn stamped_header_is_the_header_stamp_writes_and_leaves_the_batch_alone() {
     assert_eq!(batch::stamped_header(&batch[..100], 0, 0, 0), None);
 }
 
+fn batch_of(ids: &[u128], payload: &[u8]) -> Vec<u8> {
+    let messages: Vec<batch::MessageIn<'_>> = ids
+        .iter()
+        .map(|&id| batch::MessageIn {
+            id,
+            origin_timestamp: 7,
+            payload,
+            user_headers: &[],
+        })
+        .collect();
+    batch::encode(&messages).unwrap()
+}
+
+#[test]
+fn a_batch_keeps_its_content_key_when_stamped_and_only_the_same_messages_share_it() {
+    let batch = batch_of(&[11, 12, 13], b"payload");
+    let key = batch::content_key(&batch).expect("every message has an id");
+    let mut stamped = batch.clone();
+    batch::stamp(&mut stamped, 3, 10, 2_000_000);
+    assert_eq!(
+        batch::content_key(&stamped),
+        Some(key),
+        "stamping leaves the messages alone"
+    );
+    assert_eq!(
+        batch::content_key(&batch_of(&[11, 12, 13], b"payload")),
+        Some(key)
+    );
+    // Another id, another payload, fewer messages: another key.
+    for other in [
+        batch_of(&[11, 12, 14], b"payload"),
+        batch_of(&[11, 12, 13], b"payloaD"),
+        batch_of(&[11, 12], b"payload"),
+    ] {
+        assert_ne!(batch::content_key(&other), Some(key));
+    }
+    // A message without an id gives the batch no identity; nor does a cut batch.
+    assert_eq!(batch::content_key(&batch_of(&[11, 0, 13], b"payload")), None);
+    assert_eq!(batch::content_key(&batch[..batch.len() - 1]), None);
+    assert_eq!(batch::content_key(&batch[..100]), None);
+}
+
 #[test]
 fn frames_verify_ties_a_stamped_header_to_every_byte() {
     let mut stamped = golden_batch();
