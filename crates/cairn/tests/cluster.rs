@@ -551,19 +551,32 @@ fn stop_node(mut server: TestServer) {
     assert!(String::from_utf8_lossy(&check.stderr).contains("cluster"));
 }
 
+/// Whether a test's producers may see a send fail past the SDK producer's retries (three, a
+/// second apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SendErrors {
+    /// A failover or restart the cluster rides out within that budget: none may.
+    NoneSurface,
+    /// No quorum for longer than the budget (every node down, a leader stopped for 10 s).
+    MaySurface,
+}
+
 /// A producer's record of one partition: every batch acknowledged, and every batch whose
 /// outcome it does not know (an error: it may or may not be stored; never sent again).
 #[derive(Default)]
 struct Produced {
     acknowledged: Vec<u128>,
     uncertain: Vec<u128>,
+    /// Sends whose error reached the application (past the SDK producer's retries).
+    errors: usize,
 }
 
 /// Four producers, one partition each, send batches of 10 through the cluster while the
-/// leader is SIGKILLed and restarted `CAIRN_CLUSTER_KILLS` times. Afterwards: every
-/// acknowledged message is in its partition exactly once, with its payload; every stored
-/// message was acknowledged or uncertain; offsets have no gap; and after a clean stop every
-/// node holds the same segment bytes.
+/// leader is SIGKILLed and restarted `CAIRN_CLUSTER_KILLS` times. No send fails past the SDK
+/// producer's retries. Afterwards: every acknowledged message is in its partition exactly
+/// once (the resends the producer made after losing a reply are recognised), with its
+/// payload; every stored message was acknowledged or uncertain; offsets have no gap; and
+/// after a clean stop every node holds the same segment bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_leader_under_load_loses_nothing_acknowledged() {
     let kills: usize = std::env::var("CAIRN_CLUSTER_KILLS")
@@ -607,7 +620,15 @@ async fn killing_the_leader_under_load_loses_nothing_acknowledged() {
         servers[index] = Some(start_all(&[&nodes[index]]).remove(0));
     }
     tokio::time::sleep(Duration::from_millis(700)).await;
-    verify_and_compare(&nodes, servers, (stream, topic), &stop, producers).await;
+    verify_and_compare(
+        &nodes,
+        servers,
+        (stream, topic),
+        &stop,
+        producers,
+        SendErrors::NoneSurface,
+    )
+    .await;
 }
 
 /// A backup is SIGKILLed and loses its data directory while four producers take every
@@ -643,11 +664,12 @@ async fn a_wiped_node_rejoins_by_state_transfer_while_the_leader_is_killed() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    // Paced at 1 MiB/s, the transfers (a few MiB each) run long enough for the kill below to
-    // land in the middle of them.
+    // Paced at 4 MiB/s, the transfers (a few MiB each, sharing the pace) run long enough for
+    // the kill below to land in the middle of them, and still outpace the producers (about
+    // 2 MB/s here), so the node catches up.
     let rejoining = start_all_with(
         &[&nodes[wiped]],
-        &[("CAIRN_CLUSTER_TRANSFER_BYTES_PER_SECOND", "1048576")],
+        &[("CAIRN_CLUSTER_TRANSFER_BYTES_PER_SECOND", "4194304")],
     )
     .pop()
     .expect("started");
@@ -673,15 +695,22 @@ async fn a_wiped_node_rejoins_by_state_transfer_while_the_leader_is_killed() {
         rejoined.logs()
     );
     tokio::time::sleep(Duration::from_millis(700)).await;
-    verify_and_compare(&nodes, servers, (stream, topic), &stop, producers).await;
+    verify_and_compare(
+        &nodes,
+        servers,
+        (stream, topic),
+        &stop,
+        producers,
+        SendErrors::NoneSurface,
+    )
+    .await;
 }
 
 /// A rolling restart under load: each node in turn is stopped with SIGTERM and started
 /// again, and the next waits until all three are healthy. Four producers send throughout; a
 /// consumer group's stored offset reads back the same after every restart. Nothing
-/// acknowledged is lost or stored twice, and the nodes end with the same segment bytes. The
-/// sends whose outcome a producer did not learn (in flight on a connection to the node being
-/// stopped: the SDK does not replay a replicated write) are counted and printed.
+/// acknowledged is lost or stored twice, no send fails past the SDK producer's retries, and
+/// the nodes end with the same segment bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_under_load_keeps_every_acknowledged_message_and_group_offset() {
     let dir = temp_dir();
@@ -733,7 +762,15 @@ async fn a_rolling_restart_under_load_keeps_every_acknowledged_message_and_group
         );
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    verify_and_compare(&nodes, servers, (stream, topic), &stop, producers).await;
+    verify_and_compare(
+        &nodes,
+        servers,
+        (stream, topic),
+        &stop,
+        producers,
+        SendErrors::NoneSurface,
+    )
+    .await;
 }
 
 /// Damage found while a node runs: a bit flips in a sealed segment of a backup's partition
@@ -1127,7 +1164,7 @@ async fn killing_every_node_at_once_under_load_loses_nothing_acknowledged() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let client = stop_and_verify(&nodes, stream, topic, &stop, producers).await;
+    let client = stop_and_verify(&nodes, stream, topic, &stop, producers, SendErrors::MaySurface).await;
     stop_and_compare_segments(&nodes, servers, client, (stream, topic)).await;
 }
 
@@ -1188,12 +1225,15 @@ async fn a_leader_stopped_for_ten_seconds_acknowledges_nothing_lost_and_rejoins(
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let client = stop_and_verify(&nodes, stream, topic, &stop, producers).await;
+    let client = stop_and_verify(&nodes, stream, topic, &stop, producers, SendErrors::MaySurface).await;
     stop_and_compare_segments(&nodes, servers, client, (stream, topic)).await;
 }
 
-/// Four producers, one partition each, connected to different nodes: batches of 10 until
-/// `stop`, each batch acknowledged or, on an error, uncertain (never sent again).
+/// Four producers, one partition each, connected to different nodes: the SDK's producer
+/// (`IggyProducer`, its default retries) sends batches of 10 until `stop`. Each batch is
+/// acknowledged or, on an error that reached the application, uncertain (never sent again by
+/// the test; the producer's own retries resend it, and the partition recognises a resend of
+/// a committed batch).
 fn spawn_producers(
     nodes: &[Node],
     stream: u32,
@@ -1207,25 +1247,36 @@ fn spawn_producers(
             let acknowledged_batches = acknowledged_batches.clone();
             tokio::spawn(async move {
                 let client = cluster_client(address).await;
+                // The SDK's producer with its default retry budget (three retries, a second
+                // apart): what an application uses, and what must see no error in a failover.
+                let producer = client
+                    .producer("load", "t")
+                    .expect("a producer")
+                    .stream(id_num(stream))
+                    .topic(id_num(topic))
+                    .do_not_create_stream_if_not_exists()
+                    .do_not_create_topic_if_not_exists()
+                    .partitioning(Partitioning::partition_id(partition))
+                    .build();
+                producer.init().await.expect("the producer starts");
                 let mut produced = Produced::default();
                 let mut next_id = u128::from(partition + 1) << 64;
                 while !stop.load(std::sync::atomic::Ordering::Acquire) {
-                    let messages: Vec<(u128, Vec<u8>)> = (0..10)
-                        .map(|i| {
-                            let id = next_id + i;
-                            (id, payload_for(id, 100))
-                        })
-                        .collect();
+                    let ids: Vec<u128> = (0..10).map(|i| next_id + i).collect();
                     next_id += 10;
-                    let ids = messages.iter().map(|(id, _)| *id);
-                    match send_batch(&client, stream, topic, partition, &messages).await {
-                        Ok(()) => {
+                    let messages = ids
+                        .iter()
+                        .map(|&id| sdk_message(id, payload_for(id, 100)))
+                        .collect();
+                    match producer.send(messages).await {
+                        Ok(_) => {
                             produced.acknowledged.extend(ids);
                             acknowledged_batches.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                         }
-                        Err(_) => {
+                        Err(error) => {
+                            eprintln!("producer of partition {partition}: a send failed: {error:?}");
+                            produced.errors += 1;
                             produced.uncertain.extend(ids);
-                            tokio::time::sleep(Duration::from_millis(20)).await;
                         }
                     }
                 }
@@ -1244,6 +1295,7 @@ async fn stop_and_verify(
     topic: u32,
     stop: &std::sync::atomic::AtomicBool,
     producers: Vec<tokio::task::JoinHandle<Produced>>,
+    errors: SendErrors,
 ) -> IggyClient {
     stop.store(true, std::sync::atomic::Ordering::Release);
     let mut produced = Vec::new();
@@ -1280,7 +1332,7 @@ async fn stop_and_verify(
             }
             assert!(
                 seen.insert(id),
-                "partition {partition}: message {id} stored twice"
+                "partition {partition}: message {id} stored twice (again at offset {offset})"
             );
             assert!(
                 acknowledged.contains(&id) || uncertain.contains(&id),
@@ -1296,11 +1348,18 @@ async fn stop_and_verify(
             lost.first()
         );
         eprintln!(
-            "partition {partition}: {} acknowledged, {} uncertain, {} stored",
+            "partition {partition}: {} acknowledged, {} uncertain, {} stored, {} sends failed",
             acknowledged.len(),
             uncertain.len(),
-            stored.len()
+            stored.len(),
+            produced.errors
         );
+        if errors == SendErrors::NoneSurface {
+            assert_eq!(
+                produced.errors, 0,
+                "partition {partition}: a send failed past the SDK producer's retries"
+            );
+        }
     }
     client
 }
@@ -1312,8 +1371,9 @@ async fn verify_and_compare(
     (stream, topic): (u32, u32),
     stop: &std::sync::atomic::AtomicBool,
     producers: Vec<tokio::task::JoinHandle<Produced>>,
+    errors: SendErrors,
 ) {
-    let client = stop_and_verify(nodes, stream, topic, stop, producers).await;
+    let client = stop_and_verify(nodes, stream, topic, stop, producers, errors).await;
     stop_and_compare_segments(nodes, servers, client, (stream, topic)).await;
 }
 
