@@ -1663,6 +1663,16 @@ impl<S: StateMachine> Replica<S> {
             self.send_request_start_view(header.replica);
             return;
         }
+        if self.status == Status::ViewChange
+            && header.view == self.view
+            && header.replica == self.config.primary_of(self.view)
+        {
+            // The view this replica is electing started without it (its StartView was lost):
+            // the view's primary heartbeats in it. Ask for the StartView instead of timing
+            // out into the next view, which would pull the whole group into another change.
+            self.send_request_start_view(header.replica);
+            return;
+        }
         if self.status != Status::Normal || self.is_primary() || header.view != self.view {
             return;
         }

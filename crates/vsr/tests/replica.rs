@@ -92,6 +92,8 @@ struct Cluster {
     crashed: Vec<bool>,
     /// `cut[a][b]`: messages from a to b are dropped.
     cut: Vec<Vec<bool>>,
+    /// Per replica: drop every StartView sent to it.
+    lose_start_views: Vec<bool>,
 }
 
 impl Cluster {
@@ -117,6 +119,7 @@ impl Cluster {
             journals: vec![Default::default(); n],
             crashed: vec![false; n],
             cut: vec![vec![false; n]; n],
+            lose_start_views: vec![false; n],
         }
     }
 
@@ -129,7 +132,11 @@ impl Cluster {
                         to: Destination::Replica(to),
                         message,
                     } => {
-                        if !self.cut[index][usize::from(to)] {
+                        let to_index = usize::from(to);
+                        if message.header.command == Command::StartView && self.lose_start_views[to_index] {
+                            continue;
+                        }
+                        if !self.cut[index][to_index] {
                             self.work.push_back(Work::Deliver { to, message });
                         }
                     }
@@ -523,6 +530,45 @@ fn a_new_primary_missing_the_newest_committed_op_recovers_it_in_the_view_change(
         Some(committed.context),
         "the op committed in view 0 survived into view 1 unchanged"
     );
+}
+
+/// A backup that voted for a view but lost its StartView stays in view-change status while
+/// the view runs. Hearing the view's primary heartbeat, it asks for the StartView and joins
+/// the view within a heartbeat, instead of timing out into the next view.
+#[test]
+fn a_replica_that_lost_its_start_view_asks_the_primary_of_its_view_for_it() {
+    let mut cluster = Cluster::new(3);
+    let session = cluster.register();
+    cluster.request(1, 1, session, b"before");
+    cluster.lose_start_views[2] = true;
+    cluster.crashed[0] = true;
+    let mut ticks = 0;
+    while cluster.replicas[1].status() != Status::Normal || !cluster.replicas[1].is_primary() {
+        cluster.tick(1);
+        ticks += 1;
+        assert!(ticks < 1_000, "replica 1 leads view 1");
+    }
+    assert_eq!(cluster.replicas[1].view(), 1);
+    assert_eq!(
+        cluster.replicas[2].status(),
+        Status::ViewChange,
+        "its StartView was lost"
+    );
+    assert_eq!(cluster.replicas[2].view(), 1);
+    cluster.lose_start_views[2] = false;
+    // Two heartbeats: far below the view change's timeout (100 ticks).
+    cluster.tick(25);
+    assert_eq!(cluster.replicas[2].status(), Status::Normal);
+    assert_eq!(
+        cluster.replicas[2].view(),
+        1,
+        "the view it voted for, no further view change"
+    );
+    assert_eq!(cluster.replicas[1].view(), 1);
+    cluster.request(2, 1, session, b"after");
+    assert_eq!(cluster.reply_for(2).expect("served").header.op, 3);
+    cluster.tick(15);
+    assert_eq!(cluster.replicas[2].commit_min(), 3, "it follows the view");
 }
 
 #[test]
