@@ -166,8 +166,10 @@ impl IntoResponse for ApiError {
 }
 
 /// 401/403/404 are the statuses the SDK turns into Unauthenticated, Unauthorized and
-/// ResourceNotFound (a single-object GET then returns `None`). Everything else is 400: the
-/// SDK retries 5xx, and a retried send is not idempotent.
+/// ResourceNotFound (a single-object GET then returns `None`). 58 (not taken: nothing was
+/// stored) is 503, which the SDK retries. Everything else is 400: a retried send is not
+/// always idempotent (57 among them: the HTTP transport mints ids for messages without one,
+/// so its resend would not be recognised).
 fn http_status(code: u32) -> StatusCode {
     match code {
         codes::UNAUTHENTICATED | codes::INVALID_CREDENTIALS | codes::INVALID_PAT | codes::PAT_EXPIRED => {
@@ -184,6 +186,7 @@ fn http_status(code: u32) -> StatusCode {
         | codes::CONSUMER_OFFSET_NOT_FOUND
         | codes::CONSUMER_GROUP_ID_NOT_FOUND
         | codes::CONSUMER_GROUP_NAME_NOT_FOUND => StatusCode::NOT_FOUND,
+        codes::TRANSIENT_NOT_ACCEPTED => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::BAD_REQUEST,
     }
 }
@@ -213,6 +216,8 @@ fn code_name(code: u32) -> &'static str {
         55 => "users_limit_reached",
         codes::INVALID_PAT => "invalid_personal_access_token",
         codes::PAT_EXPIRED => "personal_access_token_expired",
+        codes::TRANSIENT_NOT_COMMITTED => "transient_not_committed",
+        codes::TRANSIENT_NOT_ACCEPTED => "transient_not_accepted",
         codes::STREAM_ID_NOT_FOUND => "stream_id_not_found",
         codes::STREAM_NAME_NOT_FOUND => "stream_name_not_found",
         codes::STREAM_NAME_ALREADY_EXISTS => "stream_name_already_exists",

@@ -266,9 +266,13 @@ impl PartitionData {
     }
 
     /// The base offset a committed batch with content key `key`
-    /// (`cairn_wire::batch::content_key`) got, if it is among the newest this replica applied.
-    pub fn committed_batch(&self, key: u128) -> Option<u64> {
-        self.group.state_machine().recent_batches().base_offset(key)
+    /// (`cairn_wire::batch::content_key`) got, if it is among the newest this replica applied
+    /// and committed within the resend window before `now_us`.
+    pub fn committed_batch(&self, key: u128, now_us: u64) -> Option<u64> {
+        self.group
+            .state_machine()
+            .recent_batches()
+            .base_offset(key, now_us)
     }
 
     /// Whether this is a replica of a group with peers (a node of a cluster).

@@ -498,7 +498,11 @@ fn commit_groups(shared: &WriterShared, groups: Vec<Vec<PendingSend>>) {
         .collect();
     // Sends answered without an op (refused, or resends of committed batches).
     let mut settled: Vec<(oneshot::Sender<SendOutcome>, SendOutcome)> = Vec::new();
-    let mut replies: Vec<Vec<oneshot::Sender<SendOutcome>>> = Vec::with_capacity(keyed.len());
+    // Per op, per send: its reply, and whether its batch has a content key.
+    let mut replies: Vec<Vec<(oneshot::Sender<SendOutcome>, bool)>> = Vec::with_capacity(keyed.len());
+    // Sends of a batch another send of this commit carries (a resend queued behind its
+    // original): answered with that send's outcome, by (op, send) index.
+    let mut copies: Vec<(oneshot::Sender<SendOutcome>, (usize, usize))> = Vec::new();
     let outcomes: Vec<Vec<SendOutcome>> = 'locked: {
         let mut state = lock(&shared.state);
         let refuse_all = |settled: &mut Vec<_>, keyed: Vec<Vec<(PendingSend, Option<u128>)>>, status: u32| {
@@ -533,19 +537,30 @@ fn commit_groups(shared: &WriterShared, groups: Vec<Vec<PendingSend>>) {
                 // losing the reply) is answered with the offset it got, and not stored again.
                 let mut appends: Vec<Append> = Vec::with_capacity(keyed.len());
                 let mut resends = 0usize;
+                let mut in_this_commit: std::collections::HashMap<u128, (usize, usize)> =
+                    std::collections::HashMap::new();
                 for group in keyed {
                     let mut timestamp_us = 0;
                     let mut batches = Vec::with_capacity(group.len());
                     let mut group_replies = Vec::with_capacity(group.len());
                     for (send, key) in group {
-                        if let Some(base_offset) = key.and_then(|key| data.committed_batch(key)) {
-                            resends += 1;
-                            settled.push((send.reply, Ok(base_offset)));
-                            continue;
+                        if let Some(key) = key {
+                            if let Some(base_offset) = data.committed_batch(key, send.received_at_us) {
+                                resends += 1;
+                                settled.push((send.reply, Ok(base_offset)));
+                                continue;
+                            }
+                            let here = (appends.len(), batches.len());
+                            if let Some(&original) = in_this_commit.get(&key) {
+                                resends += 1;
+                                copies.push((send.reply, original));
+                                continue;
+                            }
+                            in_this_commit.insert(key, here);
                         }
                         timestamp_us = timestamp_us.max(send.received_at_us);
                         batches.push(send.batch);
-                        group_replies.push(send.reply);
+                        group_replies.push((send.reply, key.is_some()));
                     }
                     if !batches.is_empty() {
                         appends.push(Append {
@@ -591,10 +606,17 @@ fn commit_groups(shared: &WriterShared, groups: Vec<Vec<PendingSend>>) {
                     .iter()
                     .zip(results)
                     .map(|(group, result)| {
-                        let (outcomes, cause) = outcomes_of(shared, group.len(), result);
+                        let (mut outcomes, cause) = outcomes_of(shared, group.len(), result);
                         if let Some(cause) = cause {
                             stopped_sends += group.len();
                             stop_cause.get_or_insert(cause);
+                        }
+                        for (outcome, (_, keyed)) in outcomes.iter_mut().zip(group) {
+                            if *outcome == Err(codes::TRANSIENT_NOT_COMMITTED) && !keyed {
+                                // A resend of a batch without identity (a message of id 0)
+                                // would not be recognised: the client must not be invited.
+                                *outcome = Err(codes::ERROR);
+                            }
                         }
                         outcomes
                     })
@@ -618,6 +640,14 @@ fn commit_groups(shared: &WriterShared, groups: Vec<Vec<PendingSend>>) {
             }
         }
     };
+    for (reply, (op, send)) in copies {
+        let outcome = outcomes
+            .get(op)
+            .and_then(|outcomes| outcomes.get(send))
+            .copied()
+            .unwrap_or(Err(codes::ERROR));
+        settled.push((reply, outcome));
+    }
     finish(shared, settled, replies, outcomes);
 }
 
@@ -626,7 +656,7 @@ fn commit_groups(shared: &WriterShared, groups: Vec<Vec<PendingSend>>) {
 fn finish(
     shared: &WriterShared,
     settled: Vec<(oneshot::Sender<SendOutcome>, SendOutcome)>,
-    replies: Vec<Vec<oneshot::Sender<SendOutcome>>>,
+    replies: Vec<Vec<(oneshot::Sender<SendOutcome>, bool)>>,
     outcomes: Vec<Vec<SendOutcome>>,
 ) {
     debug_assert_eq!(replies.len(), outcomes.len());
@@ -636,7 +666,7 @@ fn finish(
     }
     for (group, outcomes) in replies.into_iter().zip(outcomes) {
         debug_assert_eq!(outcomes.len(), group.len());
-        for (reply, outcome) in group.into_iter().zip(outcomes) {
+        for ((reply, _), outcome) in group.into_iter().zip(outcomes) {
             let _ = reply.send(outcome);
         }
     }
@@ -961,6 +991,58 @@ mod tests {
                     .collect()
             })
             .collect()
+    }
+
+    /// Commit `groups` of the given batches; what each send got.
+    fn run_batches(shared: &WriterShared, groups: &[&[&[u8]]], received_at_us: u64) -> Vec<Vec<SendOutcome>> {
+        let mut pending = Vec::new();
+        let mut outcomes = Vec::new();
+        for group in groups {
+            let mut sends = Vec::new();
+            let mut group_outcomes = Vec::new();
+            for batch in group.iter() {
+                let (reply, outcome) = oneshot::channel();
+                sends.push(PendingSend {
+                    batch: batch.to_vec().into(),
+                    received_at_us,
+                    reply,
+                });
+                group_outcomes.push(outcome);
+            }
+            pending.push(sends);
+            outcomes.push(group_outcomes);
+        }
+        commit_groups(shared, pending);
+        outcomes
+            .into_iter()
+            .map(|group| {
+                group
+                    .into_iter()
+                    .map(|mut outcome| outcome.try_recv().expect("every send is completed"))
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_resent_batch_is_answered_with_its_offset_and_stored_once() {
+        let fixture = fixture();
+        let (first, second) = (client_batch(2, 10), client_batch(3, 10));
+        // A copy in the same commit (a resend queued behind its original) shares its outcome.
+        let outcomes = run_batches(&fixture.shared, &[&[&first, &second], &[&first]], 1_000);
+        assert_eq!(outcomes, vec![vec![Ok(0), Ok(2)], vec![Ok(0)]]);
+        // A resend after the commit gets the offset the batch got.
+        let outcomes = run_batches(&fixture.shared, &[&[&second]], 2_000);
+        assert_eq!(outcomes, vec![vec![Ok(2)]]);
+        {
+            let mut state = lock(&fixture.shared.state);
+            let data = serving(&mut state).expect("serving");
+            assert_eq!(data.purge_target(), 5, "five messages stored, none twice");
+        }
+        // The same messages sent again after the resend window are new messages.
+        let later = 1_000 + cairn_machine::partition::RESEND_WINDOW_US + 1;
+        let outcomes = run_batches(&fixture.shared, &[&[&first]], later);
+        assert_eq!(outcomes, vec![vec![Ok(5)]]);
     }
 
     #[test]

@@ -140,39 +140,52 @@ impl PartitionState {
 /// How many of its newest batches a partition remembers by content ([`RecentBatches`]).
 pub const RECENT_BATCHES_MAX: usize = 4096;
 
+/// How long after its commit a batch sent again unchanged counts as a resend ([`RecentBatches`]):
+/// far beyond the SDK producer's retries (three, a second apart) and a reconnection, yet
+/// short enough that an application sending the same messages again later stores them.
+pub const RESEND_WINDOW_US: u64 = 120_000_000;
+
 /// The content keys ([`batch::content_key`]) of a partition's newest committed batches, with
-/// the base offset each got: what the primary checks a send against before preparing it, so a
-/// resend of a batch that committed (its reply lost with a connection, or in a failover) is
-/// answered with the offset it got instead of being stored a second time. Every replica keeps
-/// it in memory as it applies appends, bounded to the newest [`RECENT_BATCHES_MAX`]; it is not
-/// part of the snapshot, so a restarted replica knows the batches it applied since its
-/// checkpoint (the ops it replays included).
+/// the base offset and append timestamp each got: what the primary checks a send against
+/// before preparing it, so a resend of a batch that committed (its reply lost with a
+/// connection, or in a failover) is answered with the offset it got instead of being stored a
+/// second time. Every replica keeps it in memory as it applies appends, bounded to the newest
+/// [`RECENT_BATCHES_MAX`]. It is not part of the snapshot: a restarted replica knows the
+/// batches it applied since its checkpoint (the ops it replays included), and one that
+/// installed a transferred checkpoint does not know the batches the checkpoint covers.
 #[derive(Debug, Clone, Default)]
 pub struct RecentBatches {
     /// Keys in the order they were committed, oldest first.
     order: VecDeque<u128>,
-    base_offsets: HashMap<u128, u64>,
+    /// Per key: the base offset and the append timestamp (µs) of its batch.
+    committed: HashMap<u128, (u64, u64)>,
 }
 
 impl RecentBatches {
-    fn insert(&mut self, key: u128, base_offset: u64) {
-        if self.base_offsets.insert(key, base_offset).is_some() {
-            // The same messages committed again (sent twice before either committed): the
-            // key keeps its place, with the newer offset.
+    fn insert(&mut self, key: u128, base_offset: u64, timestamp_us: u64) {
+        if let Some(entry) = self.committed.get_mut(&key) {
+            // The same messages committed again (sent twice, the second before the first
+            // committed, or after the window): the key keeps its place, with the newer batch.
+            *entry = (base_offset, timestamp_us);
             return;
         }
-        self.order.push_back(key);
-        if self.order.len() > RECENT_BATCHES_MAX
+        if self.order.len() >= RECENT_BATCHES_MAX
             && let Some(oldest) = self.order.pop_front()
         {
-            self.base_offsets.remove(&oldest);
+            self.committed.remove(&oldest);
         }
-        debug_assert_eq!(self.order.len(), self.base_offsets.len());
+        self.order.push_back(key);
+        self.committed.insert(key, (base_offset, timestamp_us));
+        debug_assert_eq!(self.order.len(), self.committed.len());
+        debug_assert!(self.order.len() <= RECENT_BATCHES_MAX);
     }
 
-    /// The base offset the batch with content key `key` got, if it is among the newest.
-    pub fn base_offset(&self, key: u128) -> Option<u64> {
-        self.base_offsets.get(&key).copied()
+    /// The base offset the batch with content key `key` got, if it is among the newest and
+    /// was committed at most [`RESEND_WINDOW_US`] before `now_us` (by the clock that stamps
+    /// appends).
+    pub fn base_offset(&self, key: u128, now_us: u64) -> Option<u64> {
+        let &(base_offset, committed_at_us) = self.committed.get(&key)?;
+        (now_us.saturating_sub(committed_at_us) <= RESEND_WINDOW_US).then_some(base_offset)
     }
 }
 
@@ -607,7 +620,7 @@ impl StateMachine for PartitionMachine {
                     self.state.data_digest = hasher.digest128();
                     reply.extend_from_slice(&header.base_offset.to_le_bytes());
                     if let Some(key) = batch::content_key(bytes) {
-                        self.recent.insert(key, header.base_offset);
+                        self.recent.insert(key, header.base_offset, append.timestamp_us);
                     }
                 }
                 self.state.next_offset = expected;
@@ -806,32 +819,43 @@ mod tests {
         let (three, two) = (client_batch(3), client_batch(2));
         let (_, cursor) = append(&mut machine, 1, 0, &[&three, &two]);
         let key = |bytes: &[u8]| batch::content_key(bytes).expect("ids are set");
-        assert_eq!(machine.recent_batches().base_offset(key(&three)), Some(0));
-        assert_eq!(machine.recent_batches().base_offset(key(&two)), Some(3));
+        // `append` stamps at 1 000 µs.
+        let now = 1_000 + RESEND_WINDOW_US;
+        assert_eq!(machine.recent_batches().base_offset(key(&three), now), Some(0));
+        assert_eq!(machine.recent_batches().base_offset(key(&two), now), Some(3));
+        assert_eq!(
+            machine.recent_batches().base_offset(key(&two), now + 1),
+            None,
+            "sent again after the window: new messages"
+        );
         let four = client_batch(4);
-        assert_eq!(machine.recent_batches().base_offset(key(&four)), None);
+        assert_eq!(machine.recent_batches().base_offset(key(&four), now), None);
         append(&mut machine, 2, cursor, &[&four]);
-        assert_eq!(machine.recent_batches().base_offset(key(&four)), Some(5));
+        assert_eq!(machine.recent_batches().base_offset(key(&four), now), Some(5));
         // Not part of the state: a replica restored from a snapshot knows none.
         let mut restored = PartitionMachine::new(3);
         restored.restore(&machine.snapshot()).expect("restores");
-        assert_eq!(restored.recent_batches().base_offset(key(&four)), None);
+        assert_eq!(restored.recent_batches().base_offset(key(&four), now), None);
     }
 
     #[test]
     fn recent_batches_keep_the_newest_and_a_key_committed_again_keeps_its_place() {
         let mut recent = RecentBatches::default();
         for key in 0..=RECENT_BATCHES_MAX as u128 {
-            recent.insert(key, key as u64 * 10);
+            recent.insert(key, key as u64 * 10, 5);
         }
-        assert_eq!(recent.base_offset(0), None, "the oldest left");
-        assert_eq!(recent.base_offset(1), Some(10));
-        recent.insert(1, 99);
-        assert_eq!(recent.base_offset(1), Some(99));
-        recent.insert(RECENT_BATCHES_MAX as u128 + 1, 7);
-        assert_eq!(recent.base_offset(1), None, "it kept its place, the oldest");
+        assert_eq!(recent.base_offset(0, 5), None, "the oldest left");
+        assert_eq!(recent.base_offset(1, 5), Some(10));
+        recent.insert(1, 99, 5);
+        assert_eq!(recent.base_offset(1, 5), Some(99));
+        recent.insert(RECENT_BATCHES_MAX as u128 + 1, 7, 5);
+        assert_eq!(recent.base_offset(1, 5), None, "it kept its place, the oldest");
         assert_eq!(recent.order.len(), RECENT_BATCHES_MAX);
-        assert_eq!(recent.base_offsets.len(), RECENT_BATCHES_MAX);
+        assert_eq!(recent.committed.len(), RECENT_BATCHES_MAX);
+        assert!(
+            recent.order.capacity() < 2 * RECENT_BATCHES_MAX,
+            "it never grows past the bound"
+        );
     }
 
     #[test]

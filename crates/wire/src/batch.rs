@@ -443,7 +443,8 @@ pub fn check_layout(batch: &[u8]) -> Result<BatchHeader, BatchError> {
 
 /// What identifies a batch's messages across attempts to send it: XXH3-128 over its message
 /// count and each frame's stored checksum, which covers the message's id, offset delta,
-/// timestamp, user headers and payload (not the batch header, which the server stamps). The
+/// timestamp delta, user headers and payload (not the batch header, which the server stamps,
+/// and which holds the origin timestamp the deltas count from). The
 /// SDK's producer resends a batch whose reply it lost unchanged (ids are minted once, on the
 /// client, before the first attempt), so a resend has the same key. `None` when a message has
 /// id 0 (the client gave it no identity, so nothing may be taken for a resend of it) or the
