@@ -649,9 +649,21 @@ async fn a_wiped_node_rejoins_by_state_transfer_while_the_leader_is_killed() {
     } = form_with_topic(dir.path(), "load", 4).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let acknowledged = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let producers = spawn_producers(&nodes, stream, topic, &stop, &acknowledged);
-
     let wiped = (leader + 1) % 3;
+    // Through the nodes that stay up, and paced (about 4 × 200 batches of 10 a second, some
+    // 1.5 MB/s) so the rejoining node's paced transfers can catch up with them.
+    let addresses: Vec<SocketAddr> = (0..3)
+        .filter(|&index| index != wiped)
+        .map(|index| nodes[index].tcp)
+        .collect();
+    let producers = spawn_producers_through(
+        &addresses,
+        (stream, topic),
+        &stop,
+        &acknowledged,
+        Duration::from_millis(5),
+    );
+
     servers[wiped].take().expect("running").kill();
     std::fs::remove_dir_all(&nodes[wiped].data).expect("wipe");
     let deadline = Instant::now() + 4 * WITHIN;
@@ -665,8 +677,8 @@ async fn a_wiped_node_rejoins_by_state_transfer_while_the_leader_is_killed() {
     }
 
     // Paced at 4 MiB/s, the transfers (a few MiB each, sharing the pace) run long enough for
-    // the kill below to land in the middle of them, and still outpace the producers (about
-    // 2 MB/s here), so the node catches up.
+    // the kill below to land in the middle of them, and still outpace the producers, so the
+    // node catches up.
     let rejoining = start_all_with(
         &[&nodes[wiped]],
         &[("CAIRN_CLUSTER_TRANSFER_BYTES_PER_SECOND", "4194304")],
@@ -1241,9 +1253,28 @@ fn spawn_producers(
     stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
     acknowledged_batches: &std::sync::Arc<std::sync::atomic::AtomicUsize>,
 ) -> Vec<tokio::task::JoinHandle<Produced>> {
+    let addresses: Vec<SocketAddr> = nodes.iter().map(|node| node.tcp).collect();
+    spawn_producers_through(
+        &addresses,
+        (stream, topic),
+        stop,
+        acknowledged_batches,
+        Duration::ZERO,
+    )
+}
+
+/// [`spawn_producers`] connected through `addresses` (producer `p` through
+/// `addresses[p % len]`), each pausing `pause` after every acknowledged send.
+fn spawn_producers_through(
+    addresses: &[SocketAddr],
+    (stream, topic): (u32, u32),
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    acknowledged_batches: &std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    pause: Duration,
+) -> Vec<tokio::task::JoinHandle<Produced>> {
     (0..4u32)
         .map(|partition| {
-            let (stop, address) = (stop.clone(), nodes[partition as usize % 3].tcp);
+            let (stop, address) = (stop.clone(), addresses[partition as usize % addresses.len()]);
             let acknowledged_batches = acknowledged_batches.clone();
             tokio::spawn(async move {
                 let client = cluster_client(address).await;
@@ -1272,6 +1303,9 @@ fn spawn_producers(
                         Ok(_) => {
                             produced.acknowledged.extend(ids);
                             acknowledged_batches.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                            if !pause.is_zero() {
+                                tokio::time::sleep(pause).await;
+                            }
                         }
                         Err(error) => {
                             eprintln!("producer of partition {partition}: a send failed: {error:?}");
