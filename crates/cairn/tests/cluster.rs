@@ -1499,7 +1499,8 @@ async fn killing_the_node_of_many_primaries_reelects_every_group() {
     drop(client);
     let index = node_index(&leader);
     let survivor = &nodes[(index + 1) % 3];
-    // Every group has its primary on the leader's node (partitions follow the leader).
+    // Every group has its primary on the leader's node (partitions follow the leader), and a
+    // backup on each other node (they create their replicas as they apply the topic's create).
     let groups = count as usize + 1;
     wait_for_primaries(survivor, groups, |line| {
         let cells: Vec<&str> = line
@@ -1507,11 +1508,16 @@ async fn killing_the_node_of_many_primaries_reelects_every_group() {
             .map(str::trim)
             .filter(|cell| !cell.is_empty())
             .collect();
-        cells
-            .get(index + 1)
-            .is_some_and(|cell| cell.starts_with("primary"))
+        (0..3).all(|node| {
+            let role = if node == index { "primary" } else { "backup" };
+            cells.get(node + 1).is_some_and(|cell| cell.starts_with(role))
+        })
     })
     .await;
+    eprintln!(
+        "{count} partitions: every group has its primary on node {}; killing it",
+        index + 1
+    );
     let killed_at = Instant::now();
     servers[index].take().expect("the leader runs").kill();
     wait_for_primaries(survivor, groups, |line| line.matches("primary").count() == 1).await;
