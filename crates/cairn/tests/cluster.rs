@@ -1568,3 +1568,128 @@ fn cairn_tool() -> std::process::Command {
     }
     command
 }
+
+/// Two consumer-group members (the SDK's `IggyConsumer`, auto-joining, committing as they
+/// poll), signed in through the two nodes that are not the leader (the SDK takes both to the
+/// leader), split the topic's two partitions between them: each partition is read by one
+/// member. The leader's node is then SIGKILLed: the members reconnect to the new leader,
+/// rejoin (the SDK rejoins on its own), and read everything sent before and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_group_members_split_the_partitions_and_carry_on_when_the_leader_dies() {
+    type Seen = std::sync::Arc<std::sync::Mutex<Vec<(usize, u32, u128)>>>;
+    let dir = temp_dir();
+    let Formed {
+        nodes,
+        mut servers,
+        leader,
+        stream,
+        topic,
+    } = form_with_topic(dir.path(), "grouped", 2).await;
+    let others = [(leader + 1) % 3, (leader + 2) % 3];
+    let writer = cluster_client(nodes[others[0]].tcp).await;
+    for partition in 0..2u32 {
+        send_batches(
+            &writer,
+            stream,
+            topic,
+            partition,
+            10_000 * u128::from(partition + 1),
+            5,
+        )
+        .await;
+    }
+    let seen: Seen = Default::default();
+    let mut members = Vec::new();
+    for (member, &node) in others.iter().enumerate() {
+        let (seen, address) = (seen.clone(), nodes[node].tcp);
+        members.push(tokio::spawn(async move {
+            use futures_util::StreamExt;
+            let client = cluster_client(address).await;
+            let mut consumer = client
+                .consumer_group("readers", "grouped", "t")
+                .expect("a consumer")
+                .create_consumer_group_if_not_exists()
+                .auto_join_consumer_group()
+                .polling_strategy(PollingStrategy::next())
+                .auto_commit(AutoCommit::When(AutoCommitWhen::PollingMessages))
+                .batch_length(10)
+                .poll_interval(IggyDuration::from(Duration::from_millis(20)))
+                .build();
+            consumer.init().await.expect("the member starts");
+            while let Some(received) = consumer.next().await {
+                match received {
+                    Ok(received) => seen.lock().expect("seen").push((
+                        member,
+                        received.partition_id,
+                        received.message.header.id,
+                    )),
+                    Err(error) => eprintln!("member {member}: {error}"),
+                }
+            }
+        }));
+    }
+    // Everything sent so far is read, each partition by one member, the two by different ones.
+    let readers_of = |seen: &Seen, partition: u32| -> std::collections::BTreeSet<usize> {
+        let seen = seen.lock().expect("seen");
+        seen.iter()
+            .filter(|(_, p, _)| *p == partition)
+            .map(|(member, _, _)| *member)
+            .collect()
+    };
+    let ids_read = |seen: &Seen| -> std::collections::BTreeSet<u128> {
+        seen.lock().expect("seen").iter().map(|(_, _, id)| *id).collect()
+    };
+    let expected_before: std::collections::BTreeSet<u128> = (0..2u128)
+        .flat_map(|partition| (0..50).map(move |i| 10_000 * (partition + 1) + i))
+        .collect();
+    let deadline = Instant::now() + WITHIN;
+    while !expected_before.is_subset(&ids_read(&seen)) {
+        assert!(Instant::now() < deadline, "the members read what was sent");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (readers_0, readers_1) = (readers_of(&seen, 0), readers_of(&seen, 1));
+    assert_eq!(readers_0.len(), 1, "partition 0 is read by one member");
+    assert_eq!(readers_1.len(), 1, "partition 1 is read by one member");
+    assert_ne!(readers_0, readers_1, "the members split the partitions");
+
+    servers[leader].take().expect("the leader runs").kill();
+    drop(writer);
+    let writer = cluster_client(nodes[others[0]].tcp).await;
+    leader_of(&writer, 2).await;
+    for partition in 0..2u32 {
+        send_batches(
+            &writer,
+            stream,
+            topic,
+            partition,
+            10_000 * u128::from(partition + 1) + 50,
+            5,
+        )
+        .await;
+    }
+    let expected: std::collections::BTreeSet<u128> = (0..2u128)
+        .flat_map(|partition| (0..100).map(move |i| 10_000 * (partition + 1) + i))
+        .collect();
+    let deadline = Instant::now() + WITHIN;
+    while !expected.is_subset(&ids_read(&seen)) {
+        assert!(
+            Instant::now() < deadline,
+            "the members read what was sent after the leader died: {} of {} read",
+            expected.intersection(&ids_read(&seen)).count(),
+            expected.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let read = seen.lock().expect("seen").len();
+    eprintln!(
+        "consumer group: {read} messages read for {} sent (a redelivery is allowed)",
+        expected.len()
+    );
+    for member in members {
+        member.abort();
+    }
+    drop(writer);
+    for server in servers.into_iter().flatten() {
+        stop_node(server);
+    }
+}
