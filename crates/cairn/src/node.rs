@@ -366,9 +366,17 @@ pub trait GroupJournal: Sized {
     fn stage_chunk(&mut self, _chunk: &TransferChunk) -> Result<(), String> {
         Err("no staging".into())
     }
-    /// Verify the complete staging whole against its checkpoint: it waits for the commit.
-    fn stage_finish(&mut self) -> Result<(), String> {
+    /// Start verifying the complete staging whole against its checkpoint, away from the
+    /// calling thread (a multi-GB log takes seconds to read back, and the replica worker
+    /// that calls this serves many groups). [`GroupJournal::stage_verified`] says when it
+    /// is done; then it waits for the commit.
+    fn stage_verify(&mut self) -> Result<(), String> {
         Err("no staging".into())
+    }
+    /// `None` while [`GroupJournal::stage_verify`]'s verification runs; its outcome once
+    /// done (`Err`: the staging is not the checkpoint's, or could not be read).
+    fn stage_verified(&mut self) -> Option<Result<(), String>> {
+        Some(Err("no staging".into()))
     }
     /// Remove what was staged (the core did not take it, or it failed). `Err`: it could not
     /// be removed (the group must stop: nothing may name its checkpoint).

@@ -112,12 +112,22 @@ pub struct LogJournal {
 
 /// A log being staged by a state transfer, for the checkpoint it ends at.
 struct LogTransfer {
-    /// While chunks arrive; `None` once verified whole (then `staged`).
+    /// The staging's generation (its directory, which an abandon removes).
+    generation: u64,
+    /// While chunks arrive; `None` once handed to the verification (then `verifying`,
+    /// then `staged`).
     staging: Option<Staging>,
+    verifying: Option<Verifying>,
     staged: Option<StagedJournal>,
     checkpoint: Checkpoint,
     /// The checkpoint's machine state.
     offered: partition::PartitionState,
+}
+
+/// A complete staging being verified whole on a thread of its own.
+struct Verifying {
+    outcome: std::sync::mpsc::Receiver<Result<StagedJournal, String>>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 impl LogJournal {
@@ -568,7 +578,9 @@ impl GroupJournal for LogJournal {
         let staging = Staging::begin(Arc::clone(&self.params.disk), &self.group_dir, manifest)
             .map_err(|error| error.to_string())?;
         self.transfer = Some(LogTransfer {
+            generation: staging.generation(),
             staging: Some(staging),
+            verifying: None,
             staged: None,
             checkpoint: checkpoint.clone(),
             offered: offered.state().clone(),
@@ -592,30 +604,68 @@ impl GroupJournal for LogJournal {
         staging.write_chunk(chunk).map_err(|error| error.to_string())
     }
 
-    fn stage_finish(&mut self) -> Result<(), String> {
+    fn stage_verify(&mut self) -> Result<(), String> {
         let transfer = self.transfer.as_mut().ok_or("no staging")?;
         let staging = transfer.staging.take().ok_or("the staging is finished already")?;
         let config = JournalConfig {
             segment_size_bytes: self.params.segment_size_bytes,
             relaxed: self.params.relaxed,
         };
-        let (checkpoint, offered) = (&transfer.checkpoint, &transfer.offered);
-        let staged = staging
-            .finish_checked(config, &|journal| check_staged(journal, checkpoint, offered))
-            .map_err(|error| error.to_string())?;
-        transfer.staged = Some(staged);
+        let (checkpoint, offered) = (transfer.checkpoint.clone(), transfer.offered.clone());
+        let (report, outcome) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("cairn-transfer-verify".to_string())
+            .spawn(move || {
+                let staged = staging
+                    .finish_checked(config, &|journal| check_staged(journal, &checkpoint, &offered))
+                    .map_err(|error| error.to_string());
+                // The journal may be gone (its group closed): nobody waits for the outcome.
+                let _ = report.send(staged);
+            });
+        let thread = spawned.map_err(|error| format!("cannot start the verification thread: {error}"))?;
+        transfer.verifying = Some(Verifying { outcome, thread });
         Ok(())
     }
 
+    fn stage_verified(&mut self) -> Option<Result<(), String>> {
+        let Some(transfer) = self.transfer.as_mut() else {
+            return Some(Err("no staging".into()));
+        };
+        let Some(verifying) = &transfer.verifying else {
+            return Some(Err("no verification runs".into()));
+        };
+        let outcome = match verifying.outcome.try_recv() {
+            Err(std::sync::mpsc::TryRecvError::Empty) => return None,
+            Ok(outcome) => outcome,
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                Err("the verification thread ended without an outcome".into())
+            }
+        };
+        if let Some(verifying) = transfer.verifying.take() {
+            // It has sent its outcome: ending, if not ended.
+            let _ = verifying.thread.join();
+        }
+        match outcome {
+            Ok(staged) => {
+                debug_assert_eq!(staged.generation, transfer.generation);
+                transfer.staged = Some(staged);
+                Some(Ok(()))
+            }
+            // The staging's files stay until the abandon that follows removes them.
+            Err(reason) => Some(Err(reason)),
+        }
+    }
+
     fn stage_abandon(&mut self) -> Result<(), String> {
-        let Some(transfer) = self.transfer.take() else {
+        let Some(mut transfer) = self.transfer.take() else {
             return Ok(());
         };
-        let generation = match (&transfer.staging, &transfer.staged) {
-            (Some(staging), _) => staging.generation(),
-            (None, Some(staged)) => staged.generation,
-            (None, None) => return Ok(()),
-        };
+        if let Some(verifying) = transfer.verifying.take() {
+            // Its files are the verification's until it ends (rare: the replica caught up
+            // meanwhile, or the group stops): wait for it, then remove them.
+            let _ = verifying.thread.join();
+        }
+        let generation = transfer.generation;
         drop(transfer);
         transfer::abandon(self.params.disk.as_ref(), &self.group_dir, generation)
             .map_err(|error| format!("generation {generation}: {error}"))

@@ -112,6 +112,8 @@ pub(super) struct Transfer {
     logged_at: Instant,
     bytes_total: u64,
     bytes_done: u64,
+    /// Every chunk is staged; the journal verifies the staging whole on a thread of its own.
+    verifying: bool,
 }
 
 /// A transfer in progress, for `cairn status`.
@@ -184,6 +186,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             logged_at: now,
             bytes_total: 0,
             bytes_done: 0,
+            verifying: false,
         });
     }
 
@@ -220,6 +223,18 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             // installed any more.
             tracing::info!(dir = %self.files.dir.display(), "a state transfer is not needed any more (the replica caught up by repairs); dropped it");
             self.drop_transfer();
+            return;
+        }
+        if transfer.verifying {
+            match self.journal.stage_verified() {
+                None => {}
+                Some(Ok(())) => self.finish_transfer(),
+                Some(Err(reason)) => {
+                    let peer = transfer.peer;
+                    tracing::warn!(dir = %self.files.dir.display(), peer, %reason, "the log a state transfer brought failed verification whole (or could not be read back); discarded it (the next try asks another peer)");
+                    self.drop_transfer();
+                }
+            }
             return;
         }
         let waiting_for_peer = transfer.checkpoint.is_none() || transfer.asked.is_some();
@@ -264,7 +279,24 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 }
                 self.ask_chunk(peer, nonce, request, now);
             }
-            None => self.finish_transfer(),
+            None => self.verify_staging(),
+        }
+    }
+
+    /// Every chunk is staged: start verifying the staging whole, off this thread; the
+    /// transfer finishes once that is done ([`LocalGroup::continue_transfer`]).
+    fn verify_staging(&mut self) {
+        match self.journal.stage_verify() {
+            Ok(()) => {
+                if let Some(transfer) = &mut self.transfer {
+                    transfer.verifying = true;
+                }
+            }
+            Err(reason) => {
+                let peer = self.transfer.as_ref().map(|transfer| transfer.peer);
+                tracing::warn!(dir = %self.files.dir.display(), ?peer, %reason, "the log a state transfer brought could not be verified; discarded it (the next try asks another peer)");
+                self.drop_transfer();
+            }
         }
     }
 
@@ -285,8 +317,8 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         }
     }
 
-    /// Hand the staged log's checkpoint to the core; the superblock write naming it makes
-    /// the log live (`install_pending`).
+    /// Hand the staged log's checkpoint (verified whole) to the core; the superblock write
+    /// naming it makes the log live (`install_pending`).
     fn finish_transfer(&mut self) {
         let Some(transfer) = self.transfer.take() else {
             return;
@@ -295,11 +327,6 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             return;
         };
         let dir = self.files.dir.display().to_string();
-        if let Err(reason) = self.journal.stage_finish() {
-            tracing::warn!(%dir, peer = transfer.peer, %reason, "the log a state transfer brought could not be staged whole (it failed verification, or a write failed); discarded it (the next try asks another peer)");
-            self.abandon_staging();
-            return;
-        }
         let prepare_checksum = Checkpoint::decode(
             &bytes,
             J::SHAPE.checkpoint_size_max(),
