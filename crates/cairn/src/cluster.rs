@@ -200,8 +200,11 @@ impl Cluster {
 
     /// Command 12's nodes as this node sees them: every node of the list in id order, the
     /// metadata group's primary as the one Leader (none during a view change: clients ask
-    /// again), this node and the peers it is connected to Healthy, the others Unreachable.
+    /// again; nor this node while it abdicates, since its peers elect another), this node
+    /// and the peers it is connected to Healthy, the others Unreachable.
     pub fn roster(&self, metadata_primary: Option<u8>) -> Vec<reply::ClusterNode> {
+        let abdicating = self.replicas.abdicating().load(Ordering::Acquire);
+        let metadata_primary = metadata_primary.filter(|&primary| !(abdicating && primary == self.index));
         self.config
             .nodes
             .iter()

@@ -1085,6 +1085,17 @@ async fn one_way_cuts_elect_a_new_leader_within_five_seconds() {
     );
     assert!(first_recovery < Duration::from_secs(5), "{first_recovery:?}");
     assert!(second_recovery < Duration::from_secs(5), "{second_recovery:?}");
+    // The cut-off node abdicates: it no longer names itself the leader to its clients.
+    let cut_off = cluster_client(nodes[second_leader].tcp).await;
+    let metadata = cut_off.get_cluster_metadata().await.expect("cluster metadata");
+    assert!(
+        !metadata
+            .nodes
+            .iter()
+            .any(|node| node.role == ClusterNodeRole::Leader && node_index(&node.name) == second_leader),
+        "the abdicating node names itself the leader: {metadata:?}"
+    );
+    drop(cut_off);
     for from in 0..3 {
         set_cut(from, second_leader, false);
     }
