@@ -378,6 +378,9 @@ pub trait GroupJournal: Sized {
     fn stage_verified(&mut self) -> Option<Result<(), String>> {
         Some(Err("no staging".into()))
     }
+    /// Wait for a running [`GroupJournal::stage_verify`] to end, keeping what it staged:
+    /// before the group's files are reopened or set aside, nothing else may write there.
+    fn stage_settle(&mut self) {}
     /// Remove what was staged (the core did not take it, or it failed). `Err`: it could not
     /// be removed (the group must stop: nothing may name its checkpoint).
     fn stage_abandon(&mut self) -> Result<(), String> {
@@ -1381,6 +1384,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 "a group of one has no peer to rebuild from".to_string(),
             ));
         };
+        self.journal.stage_settle();
         let aside = cairn_storage::transfer::quarantine(&cairn_storage::io::RealDisk, &dir)
             .map_err(|error| refused(&dir, format!("cannot set the damaged files aside: {error}")))?;
         tracing::warn!(
@@ -1777,6 +1781,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         // journal reserved ahead, so the reopened group does not skip offsets as after an
         // unclean stop. (If this fails, the reopen sees a reservation and skips: safe.)
         let _ = self.journal.flush_for_stop();
+        self.journal.stage_settle();
         let reopened = match &self.reopen {
             Some(reopen) => reopen(false),
             None => Err(refused(&self.files.dir, "a read-only group cannot reopen".into())),

@@ -124,6 +124,15 @@ struct LogTransfer {
     offered: partition::PartitionState,
 }
 
+impl Drop for LogJournal {
+    /// A verification still running writes into the group's directory (summaries, the
+    /// marker): it ends before the journal does, so a group reopened at the same path never
+    /// sees its writes.
+    fn drop(&mut self) {
+        self.stage_settle();
+    }
+}
+
 /// A complete staging being verified whole on a thread of its own.
 struct Verifying {
     outcome: std::sync::mpsc::Receiver<Result<StagedJournal, String>>,
@@ -653,6 +662,16 @@ impl GroupJournal for LogJournal {
             }
             // The staging's files stay until the abandon that follows removes them.
             Err(reason) => Some(Err(reason)),
+        }
+    }
+
+    fn stage_settle(&mut self) {
+        if let Some(verifying) = self
+            .transfer
+            .as_mut()
+            .and_then(|transfer| transfer.verifying.take())
+        {
+            let _ = verifying.thread.join();
         }
     }
 

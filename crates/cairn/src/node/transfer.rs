@@ -214,18 +214,9 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             }
             return;
         };
-        if transfer
-            .checkpoint
-            .as_ref()
-            .is_some_and(|(_, _, op)| *op <= self.replica.commit_min())
-        {
-            // The replica reached the checkpoint's op on its own: the transfer cannot be
-            // installed any more.
-            tracing::info!(dir = %self.files.dir.display(), "a state transfer is not needed any more (the replica caught up by repairs); dropped it");
-            self.drop_transfer();
-            return;
-        }
         if transfer.verifying {
+            // Whatever happened meanwhile (the replica may have caught up on its own) is
+            // decided once the verification ends: waiting for it here would hold this worker.
             match self.journal.stage_verified() {
                 None => {}
                 Some(Ok(())) => self.finish_transfer(),
@@ -235,6 +226,17 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                     self.drop_transfer();
                 }
             }
+            return;
+        }
+        if transfer
+            .checkpoint
+            .as_ref()
+            .is_some_and(|(_, _, op)| *op <= self.replica.commit_min())
+        {
+            // The replica reached the checkpoint's op on its own: the transfer cannot be
+            // installed any more.
+            tracing::info!(dir = %self.files.dir.display(), "a state transfer is not needed any more (the replica caught up by repairs); dropped it");
+            self.drop_transfer();
             return;
         }
         let waiting_for_peer = transfer.checkpoint.is_none() || transfer.asked.is_some();
