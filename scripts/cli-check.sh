@@ -10,8 +10,8 @@
 # checks permissions as seen through the CLI (a read-only user, its token), stops the server
 # with SIGTERM and requires `cairn check` to report the data dir healthy.
 #
-# Not part of `cargo test`: installing the CLI compiles ~400 crates (about 20 minutes on
-# the 2-core CI machine). Run it after changes to the wire protocol or to command semantics.
+# Not part of `cargo test` (installing the CLI compiles ~400 crates): `.ci/run` installs it
+# and runs this after the tests.
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"

@@ -13,65 +13,13 @@ Run by .ci/run after `cargo test`, which builds the binary; needs `apache-iggy==
 """
 
 import asyncio
-import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 
 import apache_iggy as iggy
+from cluster_fixture import start_cluster, stop_cluster
 
 PASSWORD = "cairn-python-Check-1"
-READY_WITHIN_S = 60
-
-
-def free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
-def start_cluster(binary, workdir):
-    ports = free_ports(9)
-    node_list = "".join(
-        f'[[cluster.nodes]]\nid = {i + 1}\ntcp = "127.0.0.1:{ports[i]}"\n'
-        f'http = "127.0.0.1:{ports[3 + i]}"\nreplica = "127.0.0.1:{ports[6 + i]}"\n'
-        for i in range(3)
-    )
-    processes = []
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CAIRN_")}
-    env["CAIRN_ROOT_PASSWORD"] = PASSWORD
-    for i in range(3):
-        config = os.path.join(workdir, f"node-{i + 1}.toml")
-        with open(config, "w") as f:
-            f.write(
-                f'data_dir = "{os.path.join(workdir, f"data-{i + 1}")}"\n[cluster]\nnode_id = {i + 1}\n'
-                f'secret = "the python check shared secret"\n{node_list}'
-            )
-        processes.append(
-            subprocess.Popen(
-                [binary, "serve", "--config", config],
-                stdout=open(os.path.join(workdir, f"out-{i + 1}.log"), "w"),
-                stderr=open(os.path.join(workdir, f"err-{i + 1}.log"), "w"),
-                env=env,
-            )
-        )
-    deadline = time.time() + READY_WITHIN_S
-    while True:
-        ready = [
-            "CAIRN_READY" in open(os.path.join(workdir, f"out-{i + 1}.log")).read()
-            for i in range(3)
-        ]
-        if all(ready):
-            return ports, processes
-        if time.time() > deadline or any(p.poll() is not None for p in processes):
-            raise SystemExit(f"the nodes did not all print CAIRN_READY: {ready}")
-        time.sleep(0.1)
 
 
 async def exercise(tcp_port):
@@ -117,17 +65,11 @@ async def exercise(tcp_port):
 def main():
     binary = sys.argv[1] if len(sys.argv) > 1 else "target/debug/cairn"
     with tempfile.TemporaryDirectory(prefix="cairn-python-") as workdir:
-        ports, processes = start_cluster(binary, workdir)
+        ports, processes = start_cluster(binary, workdir, PASSWORD, "the python check shared secret")
         try:
             asyncio.run(exercise(ports[1]))
         finally:
-            for process in processes:
-                process.terminate()
-            codes = [process.wait(timeout=60) for process in processes]
-        if codes != [0, 0, 0]:
-            for i in range(3):
-                sys.stderr.write(open(os.path.join(workdir, f"err-{i + 1}.log")).read()[-4000:])
-            raise SystemExit(f"the nodes did not stop cleanly: exit codes {codes}")
+            stop_cluster(workdir, processes)
     print("python SDK against a three-node cluster: sign-in through a follower, create, send, routed polls with auto-commit: ok")
 
 
