@@ -609,11 +609,13 @@ async fn killing_the_leader_under_load_loses_nothing_acknowledged() {
         let survivor = (index + 1) % 3;
         let client = cluster_client(nodes[survivor].tcp).await;
         leader_of(&client, 2).await;
+        let led_after = killed_at.elapsed();
         send_batches(&client, stream, topic, 0, 9_000_000 + kill as u128 * 1_000, 1).await;
         eprintln!(
-            "kill {}: node {} killed; a batch committed again {} ms later",
+            "kill {}: node {} killed; a new leader named after {} ms, a batch committed again {} ms after the kill",
             kill + 1,
             index + 1,
+            led_after.as_millis(),
             killed_at.elapsed().as_millis()
         );
         drop(client);
