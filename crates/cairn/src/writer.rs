@@ -964,33 +964,16 @@ mod tests {
 
     /// [`run_group`] of several groups committed together (one op each, one barrier).
     fn run_groups(shared: &WriterShared, groups: &[&[u32]]) -> Vec<Vec<SendOutcome>> {
-        let mut outcomes = Vec::new();
-        let mut pending = Vec::new();
-        for counts in groups {
-            let mut sends = Vec::new();
-            let mut group_outcomes = Vec::new();
-            for &count in *counts {
-                let (reply, outcome) = oneshot::channel();
-                sends.push(PendingSend {
-                    batch: client_batch(count, 10).into(),
-                    received_at_us: 1_000,
-                    reply,
-                });
-                group_outcomes.push(outcome);
-            }
-            pending.push(sends);
-            outcomes.push(group_outcomes);
-        }
-        commit_groups(shared, pending);
-        outcomes
-            .into_iter()
-            .map(|group| {
-                group
-                    .into_iter()
-                    .map(|mut outcome| outcome.try_recv().expect("every send is completed"))
-                    .collect()
-            })
-            .collect()
+        let batches: Vec<Vec<Vec<u8>>> = groups
+            .iter()
+            .map(|counts| counts.iter().map(|&count| client_batch(count, 10)).collect())
+            .collect();
+        let borrowed: Vec<Vec<&[u8]>> = batches
+            .iter()
+            .map(|group| group.iter().map(Vec::as_slice).collect())
+            .collect();
+        let groups: Vec<&[&[u8]]> = borrowed.iter().map(Vec::as_slice).collect();
+        run_batches(shared, &groups, 1_000)
     }
 
     /// Commit `groups` of the given batches; what each send got.
