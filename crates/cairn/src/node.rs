@@ -1315,6 +1315,12 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         self.replica.state_machine()
     }
 
+    /// [`Replica::state_machine_mut`]: for what the machine keeps beside its replicated
+    /// state only.
+    pub fn state_machine_mut(&mut self) -> &mut S {
+        self.replica.state_machine_mut()
+    }
+
     /// The highest op the group has applied.
     pub fn commit_op(&self) -> u64 {
         self.replica.commit_min()

@@ -227,7 +227,7 @@ impl PartitionData {
         params: LogParams,
         peers: Option<PartitionPeers>,
     ) -> Result<PartitionData, GroupError> {
-        let (group, follows_leader) = match peers {
+        let (mut group, follows_leader) = match peers {
             None => (partition_group::open(dir, ids.group_id(), params)?, None),
             Some(PartitionPeers {
                 peers,
@@ -239,6 +239,10 @@ impl PartitionData {
                 Some((leads_metadata, None)),
             ),
         };
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_micros() as u64);
+        group.remember_recent_batches(now_us);
         Ok(PartitionData {
             group,
             dir: dir.to_path_buf(),

@@ -1061,6 +1061,10 @@ pub struct PartitionStats {
     pub size_bytes: u64,
 }
 
+/// The most log a reopened partition reads back to recognise resends
+/// ([`LocalGroup::remember_recent_batches`]): bounds its open's work.
+pub const RECENT_SEED_BYTES_MAX: u64 = 8 * 1024 * 1024;
+
 /// What the server asks of a partition: each change is one op, committed and applied before
 /// the call returns; each read sees exactly the committed state (the caller holds the
 /// partition's lock, so the journal's end and the machine agree).
@@ -1068,6 +1072,51 @@ impl LocalGroup<PartitionMachine, LogJournal> {
     /// The partition's segment log, for reads.
     pub fn log(&self) -> &JournalLog {
         &self.journal().log
+    }
+
+    /// Read back the batches of the newest appends this replica applied (committed, at or
+    /// below its commit point), so that it recognises a resend of one committed before it
+    /// was reopened: those within [`partition::RESEND_WINDOW_US`] of `now_us`, at most
+    /// [`partition::RECENT_BATCHES_MAX`] batches and [`RECENT_SEED_BYTES_MAX`] bytes. An op
+    /// that does not read back leaves the machine's recent batches as they are (a poll or
+    /// the scrub will find the damage).
+    pub fn remember_recent_batches(&mut self, now_us: u64) {
+        let commit = self.commit_op();
+        let log = self.log();
+        let (mut ops, mut batches, mut bytes) = (Vec::new(), 0usize, 0u64);
+        for extent in log.extents().rev() {
+            if extent.op > commit || extent.message_count == 0 {
+                continue;
+            }
+            if extent.timestamp_us.saturating_add(partition::RESEND_WINDOW_US) < now_us
+                || batches >= partition::RECENT_BATCHES_MAX
+                || bytes.saturating_add(extent.len_bytes) > RECENT_SEED_BYTES_MAX
+            {
+                break;
+            }
+            batches += extent.batch_count as usize;
+            bytes += extent.len_bytes;
+            ops.push(extent.op);
+        }
+        let mut committed = Vec::with_capacity(batches);
+        for &op in ops.iter().rev() {
+            let stored = match log.read_op(op) {
+                Ok(stored) => stored,
+                Err(error) => {
+                    tracing::debug!(op, %error, "recent batches not read back: an op does not read");
+                    return;
+                }
+            };
+            for batch in &stored.batches {
+                let Some(header) = cairn_wire::batch::header(batch) else {
+                    return;
+                };
+                if let Some(key) = cairn_wire::batch::content_key(batch) {
+                    committed.push((key, header.base_offset, header.base_timestamp));
+                }
+            }
+        }
+        self.state_machine_mut().remember_committed_batches(committed);
     }
 
     /// Verify the log prefix the journal's open took from a summary unread, if it has one

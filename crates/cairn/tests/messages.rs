@@ -696,8 +696,8 @@ async fn a_batch_of_almost_64_mib_is_one_op_and_comes_back_whole() {
 }
 
 /// A batch sent again unchanged (the SDK producer resends one whose reply it lost: same
-/// messages, same ids) is recognised and stored once. A batch whose messages differ, even by
-/// one payload byte, is stored.
+/// messages, same ids) is recognised and stored once, after a restart too. A batch whose
+/// messages differ, even by one payload byte, is stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_sent_again_unchanged_is_stored_once() {
     let dir = temp_dir();
@@ -737,7 +737,7 @@ async fn a_batch_sent_again_unchanged_is_stored_once() {
     };
     let sent = send(build(b"m5")).await.expect("the first send");
     send(sent).await.expect("the resend is answered");
-    send(build(b"m5!")).await.expect("a changed batch");
+    let mut changed = send(build(b"m5!")).await.expect("a changed batch");
     let stored = poll_all(&client, s, t, 0, 100, 100).await;
     let ids: Vec<u128> = stored.iter().map(|m| m.header.id).collect();
     assert_eq!(
@@ -747,5 +747,24 @@ async fn a_batch_sent_again_unchanged_is_stored_once() {
     );
     assert_eq!(stored[9].payload.as_ref(), b"m5!");
 
+    // After a restart the partition reads its newest batches back: still recognised.
+    drop(client);
+    server.stop();
+    let server = TestServer::start(dir.path());
+    let client = root_client(server.addr()).await;
+    client
+        .send_messages(
+            &id_num(s),
+            &id_num(t),
+            &Partitioning::partition_id(0),
+            &mut changed,
+        )
+        .await
+        .expect("resent after a restart");
+    assert_eq!(
+        poll_all(&client, s, t, 0, 100, 100).await.len(),
+        10,
+        "recognised after the restart"
+    );
     server.stop();
 }

@@ -150,9 +150,10 @@ pub const RESEND_WINDOW_US: u64 = 120_000_000;
 /// before preparing it, so a resend of a batch that committed (its reply lost with a
 /// connection, or in a failover) is answered with the offset it got instead of being stored a
 /// second time. Every replica keeps it in memory as it applies appends, bounded to the newest
-/// [`RECENT_BATCHES_MAX`]. It is not part of the snapshot: a restarted replica knows the
-/// batches it applied since its checkpoint (the ops it replays included), and one that
-/// installed a transferred checkpoint does not know the batches the checkpoint covers.
+/// [`RECENT_BATCHES_MAX`]. It is not part of the snapshot: a reopened replica's shell reads
+/// its newest committed batches back from its log
+/// ([`PartitionMachine::remember_committed_batches`]), and one that installed a transferred
+/// checkpoint does not know the batches the checkpoint covers.
 #[derive(Debug, Clone, Default)]
 pub struct RecentBatches {
     /// Keys in the order they were committed, oldest first.
@@ -221,6 +222,18 @@ impl PartitionMachine {
     /// The newest batches this replica applied, by content.
     pub fn recent_batches(&self) -> &RecentBatches {
         &self.recent
+    }
+
+    /// Start [`RecentBatches`] over from `batches`: (content key, base offset, append
+    /// timestamp) of batches the group committed, oldest first, as a reopened replica reads
+    /// them back from its log. Only committed batches may be given: a batch taken for one
+    /// is never stored again.
+    pub fn remember_committed_batches(&mut self, batches: impl IntoIterator<Item = (u128, u64, u64)>) {
+        let mut recent = RecentBatches::default();
+        for (key, base_offset, timestamp_us) in batches {
+            recent.insert(key, base_offset, timestamp_us);
+        }
+        self.recent = recent;
     }
 }
 

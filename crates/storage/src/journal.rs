@@ -957,7 +957,7 @@ impl JournalLog {
     }
 
     /// Every op in the journal, in order.
-    pub fn extents(&self) -> impl Iterator<Item = &OpExtent> {
+    pub fn extents(&self) -> impl DoubleEndedIterator<Item = &OpExtent> {
         self.ops.values()
     }
 

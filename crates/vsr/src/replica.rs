@@ -861,6 +861,13 @@ impl<S: StateMachine> Replica<S> {
         &self.state_machine
     }
 
+    /// The state machine, for what it keeps beside its replicated state (a cache it can
+    /// rebuild from committed ops, such as a partition's recent batches). Nothing done
+    /// through it may change what `prepare`, `apply` or `snapshot` produce.
+    pub fn state_machine_mut(&mut self) -> &mut S {
+        &mut self.state_machine
+    }
+
     pub fn is_primary(&self) -> bool {
         self.config.primary_of(self.view) == self.config.replica
     }
