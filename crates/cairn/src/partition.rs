@@ -10,6 +10,7 @@
 //!
 //! This module sits below the catalog, the writer and retention, and imports none of them.
 
+use crate::handler::{Clock, SystemClock};
 use crate::node::{GroupError, Peers};
 use crate::partition_group::{
     self, JournalOptions, LogParams, PartitionError, PartitionGroup, PartitionStats,
@@ -239,10 +240,7 @@ impl PartitionData {
                 Some((leads_metadata, None)),
             ),
         };
-        let now_us = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |since| since.as_micros() as u64);
-        group.remember_recent_batches(now_us);
+        group.remember_recent_batches(SystemClock.now_us());
         Ok(PartitionData {
             group,
             dir: dir.to_path_buf(),

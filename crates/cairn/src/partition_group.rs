@@ -676,14 +676,12 @@ impl GroupJournal for LogJournal {
     }
 
     fn stage_abandon(&mut self) -> Result<(), String> {
-        let Some(mut transfer) = self.transfer.take() else {
+        // Its files are a running verification's until it ends (rare: the group stops
+        // meanwhile): wait for it, then remove them.
+        self.stage_settle();
+        let Some(transfer) = self.transfer.take() else {
             return Ok(());
         };
-        if let Some(verifying) = transfer.verifying.take() {
-            // Its files are the verification's until it ends (rare: the replica caught up
-            // meanwhile, or the group stops): wait for it, then remove them.
-            let _ = verifying.thread.join();
-        }
         let generation = transfer.generation;
         drop(transfer);
         transfer::abandon(self.params.disk.as_ref(), &self.group_dir, generation)

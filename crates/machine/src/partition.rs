@@ -140,9 +140,10 @@ impl PartitionState {
 /// How many of its newest batches a partition remembers by content ([`RecentBatches`]).
 pub const RECENT_BATCHES_MAX: usize = 4096;
 
-/// How long after its commit a batch sent again unchanged counts as a resend ([`RecentBatches`]):
-/// far beyond the SDK producer's retries (three, a second apart) and a reconnection, yet
-/// short enough that an application sending the same messages again later stores them.
+/// How long after its commit a batch sent again unchanged counts as a resend
+/// ([`RecentBatches`]): far beyond the SDK producer's retries (three: at once, then a second
+/// apart) and a reconnection, yet short enough that an application sending the same messages
+/// again later stores them.
 pub const RESEND_WINDOW_US: u64 = 120_000_000;
 
 /// The content keys ([`batch::content_key`]) of a partition's newest committed batches, with

@@ -456,7 +456,8 @@ pub fn content_key(batch: &[u8]) -> Option<u128> {
     let mut walker = FrameWalker::new(batch);
     let mut frames = 0u32;
     for frame in walker.by_ref() {
-        let id = batch.get(frame.start + FRAME_CHECKSUM_LEN..frame.start + FRAME_CHECKSUM_LEN + 16)?;
+        // The message id lies between the frame's checksum and its offset delta.
+        let id = batch.get(frame.start + FRAME_CHECKSUM_LEN..frame.start + OFFSET_DELTA_AT)?;
         if id.iter().all(|&byte| byte == 0) {
             return None;
         }
