@@ -386,22 +386,28 @@ impl Server {
             } => self.attach_consumer(session, attached),
             Command::GetMe => Ok(Typed::Client(Some(self.client_record(session)))),
             Command::GetStream { stream } => {
-                let catalog = self.read();
-                let details = find_stream(&catalog, &stream)
-                    .ok()
-                    .map(|stream| stream_details(&catalog, stream));
-                Ok(Typed::Stream(details))
+                let view = {
+                    let catalog = self.read();
+                    find_stream(&catalog, &stream)
+                        .ok()
+                        .map(|stream| StreamView::of(&catalog, stream))
+                };
+                Ok(Typed::Stream(view.map(StreamView::details)))
             }
             Command::GetStreams => {
-                let catalog = self.read();
-                let streams = catalog
-                    .meta()
-                    .streams
-                    .values()
-                    .filter(|s| self.may_read_stream(&catalog, session, s.id))
-                    .map(|stream| stream_record(&catalog, stream))
-                    .collect();
-                Ok(Typed::Streams(streams))
+                let views: Vec<StreamView> = {
+                    let catalog = self.read();
+                    catalog
+                        .meta()
+                        .streams
+                        .values()
+                        .filter(|s| self.may_read_stream(&catalog, session, s.id))
+                        .map(|stream| StreamView::of(&catalog, stream))
+                        .collect()
+                };
+                Ok(Typed::Streams(
+                    views.into_iter().map(StreamView::record).collect(),
+                ))
             }
             Command::CreateStream { name, options } => self.create_stream(name, &options),
             Command::UpdateStream {
@@ -424,18 +430,21 @@ impl Server {
             }
             Command::PurgeStream { stream } => self.purge(&stream, None),
             Command::GetTopic { stream, topic } => {
-                let catalog = self.read();
-                let details = find_topic(&catalog, &stream, &topic)
-                    .ok()
-                    .map(|topic| topic_details(&topic));
-                Ok(Typed::Topic(details))
+                let view = {
+                    let catalog = self.read();
+                    find_topic(&catalog, &stream, &topic)
+                        .ok()
+                        .map(|topic| TopicView::of(&topic))
+                };
+                Ok(Typed::Topic(view.map(TopicView::details)))
             }
             Command::GetTopics { stream } => {
-                let catalog = self.read();
-                let stream = find_stream(&catalog, &stream)?;
-                Ok(Typed::Topics(
-                    catalog.topics_of(stream).map(|t| topic_record(&t)).collect(),
-                ))
+                let views: Vec<TopicView> = {
+                    let catalog = self.read();
+                    let stream = find_stream(&catalog, &stream)?;
+                    catalog.topics_of(stream).map(|t| TopicView::of(&t)).collect()
+                };
+                Ok(Typed::Topics(views.into_iter().map(TopicView::record).collect()))
             }
             Command::CreateTopic {
                 stream,
@@ -992,19 +1001,21 @@ impl Server {
         refuse_options(options)?;
         metadata::check_name(&name, codes::INVALID_STREAM_NAME)?;
         let created_at_us = self.clock.now_us();
-        let mut catalog = self.write();
-        let outcome = catalog
-            .commit(&MetadataOp::CreateStream { name, created_at_us })?
-            .outcome;
-        let created = match outcome {
-            Outcome::Stream(id) => catalog
-                .meta()
-                .streams
-                .get(&id)
-                .map(|s| stream_details(&catalog, s)),
-            _ => None,
+        let created = {
+            let mut catalog = self.write();
+            let outcome = catalog
+                .commit(&MetadataOp::CreateStream { name, created_at_us })?
+                .outcome;
+            match outcome {
+                Outcome::Stream(id) => catalog
+                    .meta()
+                    .streams
+                    .get(&id)
+                    .map(|s| StreamView::of(&catalog, s)),
+                _ => None,
+            }
         };
-        Ok(Typed::Stream(created))
+        Ok(Typed::Stream(created.map(StreamView::details)))
     }
 
     fn create_topic(
@@ -1020,24 +1031,26 @@ impl Server {
         }
         let settings = topic_settings(options, true)?;
         let created_at_us = self.clock.now_us();
-        let mut catalog = self.write();
-        let stream_id = find_stream(&catalog, stream)?.id;
-        let outcome = catalog
-            .commit(&MetadataOp::CreateTopic {
-                stream_id,
-                name,
-                created_at_us,
-                partitions_count,
-                settings,
-            })?
-            .outcome;
-        let created = match outcome {
-            Outcome::Topic { stream_id, topic_id } => {
-                catalog.topic(stream_id, topic_id).map(|t| topic_details(&t))
+        let created = {
+            let mut catalog = self.write();
+            let stream_id = find_stream(&catalog, stream)?.id;
+            let outcome = catalog
+                .commit(&MetadataOp::CreateTopic {
+                    stream_id,
+                    name,
+                    created_at_us,
+                    partitions_count,
+                    settings,
+                })?
+                .outcome;
+            match outcome {
+                Outcome::Topic { stream_id, topic_id } => {
+                    catalog.topic(stream_id, topic_id).map(|t| TopicView::of(&t))
+                }
+                _ => None,
             }
-            _ => None,
         };
-        Ok(Typed::Topic(created))
+        Ok(Typed::Topic(created.map(TopicView::details)))
     }
 
     fn update_topic(
@@ -1431,30 +1444,100 @@ fn resolve_partition(topic: &Topic<'_>, partitioning: &Partitioning) -> Result<u
     }
 }
 
-fn stream_record(catalog: &Catalog, stream: &Stream) -> reply::StreamRecord {
-    let mut record = reply::StreamRecord {
-        id: stream.id,
-        created_at: stream.created_at_us,
-        topics_count: stream.topics.len() as u32,
-        size_bytes: 0,
-        messages_count: 0,
-        name: stream.name.clone(),
-    };
-    for topic in catalog.topics_of(stream) {
-        let t = topic_record(&topic);
-        record.size_bytes += t.size_bytes;
-        record.messages_count += t.messages_count;
+/// A stream as the catalog names it, taken under the catalog's lock; its figures (sizes,
+/// message counts) are read from the partitions after that lock is released
+/// ([`StreamView::record`]), since a partition's lock may be held while its request waits
+/// for a quorum, and the catalog's must stay free meanwhile: a cluster's metadata group is
+/// served under it, and a backup that stops hearing its primary starts a view change.
+struct StreamView {
+    record: reply::StreamRecord,
+    topics: Vec<TopicView>,
+}
+
+impl StreamView {
+    fn of(catalog: &Catalog, stream: &Stream) -> StreamView {
+        StreamView {
+            record: reply::StreamRecord {
+                id: stream.id,
+                created_at: stream.created_at_us,
+                topics_count: stream.topics.len() as u32,
+                size_bytes: 0,
+                messages_count: 0,
+                name: stream.name.clone(),
+            },
+            topics: catalog.topics_of(stream).map(|t| TopicView::of(&t)).collect(),
+        }
     }
-    record
+
+    /// The stream's record and its topics' (taking each partition's lock in turn).
+    fn records(self) -> (reply::StreamRecord, Vec<reply::TopicRecord>) {
+        let mut record = self.record;
+        let topics: Vec<reply::TopicRecord> = self.topics.into_iter().map(TopicView::record).collect();
+        for topic in &topics {
+            record.size_bytes += topic.size_bytes;
+            record.messages_count += topic.messages_count;
+        }
+        (record, topics)
+    }
+
+    fn record(self) -> reply::StreamRecord {
+        self.records().0
+    }
+
+    fn details(self) -> Box<StreamDetails> {
+        let (stream, topics) = self.records();
+        Box::new(StreamDetails { stream, topics })
+    }
 }
 
-fn stream_details(catalog: &Catalog, stream: &Stream) -> Box<StreamDetails> {
-    Box::new(StreamDetails {
-        stream: stream_record(catalog, stream),
-        topics: catalog.topics_of(stream).map(|t| topic_record(&t)).collect(),
-    })
+/// A topic as the catalog names it, with its partitions, whose figures are read after the
+/// catalog's lock is released (see [`StreamView`]).
+struct TopicView {
+    record: reply::TopicRecord,
+    partitions: Vec<Arc<catalog::Partition>>,
 }
 
+impl TopicView {
+    fn of(topic: &Topic<'_>) -> TopicView {
+        TopicView {
+            record: reply::TopicRecord {
+                id: topic.doc.id,
+                created_at: topic.doc.created_at_us,
+                partitions_count: topic.partitions_count(),
+                message_expiry: topic.doc.message_expiry_us,
+                compression: topic.doc.compression,
+                max_topic_size: topic.doc.max_topic_size_bytes,
+                size_bytes: 0,
+                messages_count: 0,
+                name: topic.doc.name.clone(),
+            },
+            partitions: topic.partitions.to_vec(),
+        }
+    }
+
+    /// The topic's record and its partitions' (taking each partition's lock in turn).
+    fn records(self) -> (reply::TopicRecord, Vec<reply::PartitionRecord>) {
+        let mut record = self.record;
+        let partitions: Vec<reply::PartitionRecord> =
+            self.partitions.iter().map(|p| partition_record(p)).collect();
+        for partition in &partitions {
+            record.size_bytes += partition.size_bytes;
+            record.messages_count += partition.messages_count;
+        }
+        (record, partitions)
+    }
+
+    fn record(self) -> reply::TopicRecord {
+        self.records().0
+    }
+
+    fn details(self) -> Box<TopicDetails> {
+        let (topic, partitions) = self.records();
+        Box::new(TopicDetails { topic, partitions })
+    }
+}
+
+/// Takes the partition's lock: never call it holding the catalog's (see [`StreamView`]).
 fn partition_record(partition: &catalog::Partition) -> reply::PartitionRecord {
     let mut record = reply::PartitionRecord {
         id: partition.id,
@@ -1472,33 +1555,6 @@ fn partition_record(partition: &catalog::Partition) -> reply::PartitionRecord {
         record.messages_count = stats.messages_count;
     }
     record
-}
-
-fn topic_record(topic: &Topic<'_>) -> reply::TopicRecord {
-    let mut record = reply::TopicRecord {
-        id: topic.doc.id,
-        created_at: topic.doc.created_at_us,
-        partitions_count: topic.partitions_count(),
-        message_expiry: topic.doc.message_expiry_us,
-        compression: topic.doc.compression,
-        max_topic_size: topic.doc.max_topic_size_bytes,
-        size_bytes: 0,
-        messages_count: 0,
-        name: topic.doc.name.clone(),
-    };
-    for partition in topic.partitions {
-        let p = partition_record(partition);
-        record.size_bytes += p.size_bytes;
-        record.messages_count += p.messages_count;
-    }
-    record
-}
-
-fn topic_details(topic: &Topic<'_>) -> Box<TopicDetails> {
-    Box::new(TopicDetails {
-        topic: topic_record(topic),
-        partitions: topic.partitions.iter().map(|p| partition_record(p)).collect(),
-    })
 }
 
 /// Parse and check a topic's option block. `create` allows the create-only keys.

@@ -827,6 +827,8 @@ pub struct LocalGroup<S: StateMachine, J: GroupJournal = RingJournal> {
     /// Drawn when the group is assembled: a reopen from the files (a new value) is how a
     /// round of requests learns its lanes are new.
     incarnation: u128,
+    /// The replica's view and status when last logged (a change is logged at debug level).
+    seen_view: (u32, Status),
 }
 
 /// How a group reopens itself from its files; `true` after its files were set aside (a
@@ -1178,6 +1180,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             install_pending: None,
             superblock_blank: false,
             incarnation: rand::random(),
+            seen_view: (0, Status::Recovering),
         }
     }
 
@@ -1819,6 +1822,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         loop {
             let outputs = self.replica.take_outputs();
             if outputs.is_empty() && self.to_self.is_empty() {
+                self.note_view();
                 return undone.map_or(Ok(()), Err);
             }
             for output in outputs {
@@ -1842,6 +1846,27 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 self.replica.on_message(message);
             }
         }
+    }
+
+    /// Log a change of the replica's view or status (debug level: a node kill changes the
+    /// view of every group it led). Says which replica is primary in the new view.
+    fn note_view(&mut self) {
+        let now = (self.replica.view(), self.replica.status());
+        if now == self.seen_view {
+            return;
+        }
+        let (view_was, status_was) = self.seen_view;
+        self.seen_view = now;
+        tracing::debug!(
+            dir = %self.files.dir.display(),
+            view_was,
+            status_was = ?status_was,
+            view = now.0,
+            status = ?now.1,
+            primary = self.replica.config().primary_of(now.0),
+            commit = self.replica.commit_min(),
+            "replica view or status changed"
+        );
     }
 
     /// One barrier for every prepare written since the last, then tell the replica of each,
