@@ -15,7 +15,7 @@
 //! - delete: metadata first, directories second. A crash in between leaves an orphan directory,
 //!   removed at boot, so deleted data never comes back.
 
-use crate::node::{GroupError, Inbox, LocalGroup, Peers};
+use crate::node::{GroupError, Inbox, LocalGroup, Peers, PrimarySeen};
 use crate::partition::{
     OpenError, PartitionData, PartitionIds, PartitionPeers, PartitionState, lock, remove_dir,
 };
@@ -61,6 +61,8 @@ pub struct Partition {
 struct Hosted {
     replicas: Arc<Replicas>,
     group: u64,
+    /// The group's primary as this node's replica last saw it.
+    primary_seen: Arc<PrimarySeen>,
     /// Set to the partition's state once it exists, so the node's workers serve it.
     pending: Arc<Pending>,
 }
@@ -192,7 +194,7 @@ pub struct ClusterSeat {
 
 impl ClusterSeat {
     /// The peers of this node's replica of a group whose messages arrive in `inbox`.
-    fn peers(&self, inbox: Arc<Inbox>, format_if_missing: bool) -> Peers {
+    fn peers(&self, inbox: Arc<Inbox>, format_if_missing: bool, primary_seen: Arc<PrimarySeen>) -> Peers {
         Peers {
             replica: self.replica,
             replica_count: self.replica_count,
@@ -204,6 +206,7 @@ impl ClusterSeat {
             format_if_missing,
             transfer_pace: self.replicas.transfer_pace(),
             abdicating: self.replicas.abdicating(),
+            primary_seen,
         }
     }
 
@@ -239,8 +242,9 @@ impl ClusterSeat {
         );
         let pending = Arc::new(Pending::default());
         let inbox = self.replicas.add_group(group, pending.clone());
+        let primary_seen = Arc::new(PrimarySeen::default());
         let peers = PartitionPeers {
-            peers: self.peers(inbox, format_if_missing),
+            peers: self.peers(inbox, format_if_missing, primary_seen.clone()),
             group,
             leads_metadata: self.leads_metadata.clone(),
             missing_is_wiped: self.rejoining.load(Ordering::Acquire),
@@ -248,6 +252,7 @@ impl ClusterSeat {
         let hosted = Hosted {
             replicas: self.replicas.clone(),
             group,
+            primary_seen,
             pending,
         };
         (peers, hosted)
@@ -326,6 +331,10 @@ impl Partition {
         if let Some(hosted) = &hosted {
             let served: Weak<dyn Served> = Arc::downgrade(&state) as Weak<Mutex<PartitionState>>;
             hosted.pending.set(served);
+            hosted
+                .replicas
+                .forwarder()
+                .register(hosted.group, &writer.queue());
         }
         Partition {
             id: doc.id,
@@ -336,6 +345,17 @@ impl Partition {
             counters,
             hosted,
         }
+    }
+
+    /// With peers, where a send goes that this node's replica cannot take: the node its
+    /// replica last saw as the partition's primary, when that is another node, with the
+    /// forwarder and the partition's group id (`forward.rs`). `None` sends it to the local
+    /// writer (a node of one, this replica the primary, or no primary known now).
+    pub fn forward_route(&self) -> Option<(Arc<crate::forward::Forwarder>, u8, u64)> {
+        let hosted = self.hosted.as_ref()?;
+        let primary = hosted.primary_seen.get()?;
+        (primary != hosted.replicas.index())
+            .then(|| (hosted.replicas.forwarder().clone(), primary, hosted.group))
     }
 
     /// A sender to this partition's writer queue, or `None` once the writer is closed.
@@ -505,7 +525,7 @@ impl Catalog {
                     METADATA_GROUP,
                     &(MetadataMachine::body_verifies as BodyRule),
                     MetadataMachine::default,
-                    Some(seat.peers(inbox, seat.forming)),
+                    Some(seat.peers(inbox, seat.forming, Arc::default())),
                 )
                 .map_err(CatalogError::Group)?;
                 let first_start = group.commit_op() == 0;

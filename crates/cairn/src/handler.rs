@@ -146,6 +146,7 @@ pub struct PreparedSend {
     partition: Arc<catalog::Partition>,
     /// The client's batch as received (in the request body's buffer, not a copy).
     batch: batch::ReceivedBatch,
+    messages_count: u32,
     received_at_us: u64,
 }
 
@@ -153,11 +154,26 @@ impl PreparedSend {
     /// Queue the send on its partition's writer (waiting while the queue is full) and wait
     /// until its group is written and, in durable mode, made stable. Then encode the
     /// confirmation.
+    ///
+    /// With peers, a send whose partition's primary this node's replica sees on another
+    /// node is forwarded there (`forward.rs`), so a client sending here needs no error to
+    /// find it.
     pub async fn complete(self) -> Reply {
-        let queue = self.partition.writer_queue();
-        let batch_bytes = self.batch.len();
-        let base_offset = writer::submit(queue, self.batch, self.received_at_us).await?;
-        crate::stats::record_written(batch_bytes);
+        let base_offset = match self.partition.forward_route() {
+            Some((forwarder, to, group)) => {
+                let keyed = batch::content_key(&self.batch).is_some();
+                forwarder
+                    .send(to, group, self.batch, self.messages_count, keyed)
+                    .await?
+            }
+            None => {
+                let queue = self.partition.writer_queue();
+                let batch_bytes = self.batch.len();
+                let base_offset = writer::submit(queue, self.batch, self.received_at_us).await?;
+                crate::stats::record_written(batch_bytes);
+                base_offset
+            }
+        };
         Ok(Typed::Sent(reply::SendConfirmation {
             stream_id: self.stream_id,
             topic_id: self.topic_id,
@@ -249,6 +265,9 @@ impl Server {
             batch_messages_max: config.batch_messages_max,
         };
         let started_at_us = clock.now_us();
+        if let Some(cluster) = &cluster {
+            cluster.replicas.forwarder().set_limits(limits);
+        }
         // Session ids start at a random point so ids from before a restart are not reused.
         let session_base = rand::random::<u32>() as u64 + 1;
         Server {
@@ -1229,6 +1248,7 @@ impl Server {
             topic_id,
             partition,
             batch,
+            messages_count,
             received_at_us: self.clock.now_us(),
         })
     }

@@ -17,6 +17,7 @@ mod catalog;
 mod cluster;
 mod config;
 mod faults;
+mod forward;
 mod handler;
 mod http;
 mod membership;

@@ -785,6 +785,34 @@ pub struct Peers {
     /// Set while the node hears no quorum of its peers (`replicas.rs`, "Abdication"): a
     /// primary takes no request then (it could commit none).
     pub abdicating: Arc<std::sync::atomic::AtomicBool>,
+    /// The group's primary as this replica last saw it, for the node shell.
+    pub primary_seen: Arc<PrimarySeen>,
+}
+
+/// The primary a group's replica last saw (in status normal; none during a view change or
+/// recovery), shared by every incarnation of the replica, so the node shell can tell where
+/// a request this replica cannot take goes (`forward.rs`) without the group's lock.
+#[derive(Debug)]
+pub struct PrimarySeen(std::sync::atomic::AtomicU8);
+
+impl Default for PrimarySeen {
+    fn default() -> PrimarySeen {
+        PrimarySeen(std::sync::atomic::AtomicU8::new(u8::MAX))
+    }
+}
+
+impl PrimarySeen {
+    pub fn get(&self) -> Option<u8> {
+        match self.0.load(std::sync::atomic::Ordering::Acquire) {
+            u8::MAX => None,
+            replica => Some(replica),
+        }
+    }
+
+    fn set(&self, primary: Option<u8>) {
+        self.0
+            .store(primary.unwrap_or(u8::MAX), std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// One replication group over the files of one directory: a group of one replica, or this
@@ -1857,6 +1885,11 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         }
         let (view_was, status_was) = self.seen_view;
         self.seen_view = now;
+        if let Some(peers) = &self.peers {
+            peers
+                .primary_seen
+                .set((now.1 == Status::Normal).then(|| self.replica.config().primary_of(now.0)));
+        }
         tracing::debug!(
             dir = %self.files.dir.display(),
             view_was,
@@ -2443,6 +2476,7 @@ mod tests {
                 format_if_missing: true,
                 transfer_pace: Arc::new(TransferPace::new(64 << 20)),
                 abdicating: Arc::default(),
+                primary_seen: Arc::default(),
             }
         }
 

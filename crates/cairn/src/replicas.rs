@@ -30,6 +30,7 @@
 //! A group is scheduled at most once at a time (a flag set when queued, cleared when a worker
 //! takes it), so a busy group costs one slot in the queue however many messages it gets.
 
+use crate::forward::Forwarder;
 use crate::node::{GroupJournal, Inbox, LocalGroup, TransferPace, Transport};
 use crate::partition::{PartitionState, lock};
 use cairn_bus::{Bus, Received};
@@ -134,6 +135,8 @@ pub struct Replicas {
     /// Set while this node abdicates (see the module doc).
     abdicating: Arc<AtomicBool>,
     tick: Duration,
+    /// Sends forwarded to and from the nodes of partitions' primaries (`forward.rs`).
+    forwarder: Arc<Forwarder>,
 }
 
 impl Replicas {
@@ -150,7 +153,6 @@ impl Replicas {
     ) -> Arc<Replicas> {
         let node_count = bus.node_count();
         let replicas = Arc::new(Replicas {
-            bus,
             cluster,
             heartbeats: Arc::default(),
             groups: RwLock::new(HashMap::new()),
@@ -163,6 +165,8 @@ impl Replicas {
             started: Instant::now(),
             abdicating: Arc::default(),
             tick,
+            forwarder: Arc::new(Forwarder::new(bus.clone(), cluster)),
+            bus,
         });
         {
             let replicas = replicas.clone();
@@ -236,9 +240,21 @@ impl Replicas {
         inbox
     }
 
-    /// Stop hosting `group` (deleted): its messages are dropped from now on.
+    /// Stop hosting `group` (deleted): its messages are dropped from now on, and sends
+    /// forwarded for it refused.
     pub fn remove_group(&self, group: u64) {
         write(&self.groups).remove(&group);
+        self.forwarder.unregister(group);
+    }
+
+    /// Sends forwarded between this node and the nodes of partitions' primaries.
+    pub fn forwarder(&self) -> &Arc<Forwarder> {
+        &self.forwarder
+    }
+
+    /// This node's replica index.
+    pub fn index(&self) -> u8 {
+        self.bus.index()
     }
 
     /// Set while this node abdicates (see the module doc).
@@ -328,6 +344,13 @@ impl Replicas {
     }
 
     fn deliver(&self, message: Message) {
+        if matches!(
+            message.header.command,
+            Command::ForwardSend | Command::ForwardReply
+        ) {
+            self.forwarder.on_message(message);
+            return;
+        }
         if message.header.command == Command::Heartbeats {
             for commit in heartbeat_commits(&message) {
                 self.deliver(commit);
@@ -504,6 +527,7 @@ mod tests {
             format_if_missing: true,
             transfer_pace: replicas.transfer_pace(),
             abdicating: replicas.abdicating(),
+            primary_seen: Arc::default(),
         }
     }
 

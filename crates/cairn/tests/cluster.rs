@@ -311,6 +311,106 @@ fn segment_logs_of(data: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> 
     logs
 }
 
+/// A send that reaches a node whose replica is not the partition's primary is forwarded to
+/// the primary's node, and stored once: over HTTP through one follower (the SDK's HTTP
+/// client stays on the node it is given and does not retry here: without forwarding every
+/// send fails 58), and over TCP through the other, with the SDK's raw transport signed in by
+/// hand (it would otherwise leave on a 58 for another node). The leader then serves every
+/// acknowledged message once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_through_a_follower_are_forwarded_to_the_partitions_primary() {
+    let dir = temp_dir();
+    let Formed {
+        nodes,
+        servers,
+        leader,
+        stream,
+        topic,
+    } = form_with_topic(dir.path(), "forwarded", 2).await;
+    let admin = cluster_client(nodes[leader].tcp).await;
+    // One batch through the leader per partition: its primary is there, and the followers'
+    // replicas have seen it in their view.
+    for partition in 0..2 {
+        send_batches(
+            &admin,
+            stream,
+            topic,
+            partition,
+            100 + u128::from(partition) * 10,
+            1,
+        )
+        .await;
+    }
+    let followers: Vec<usize> = (0..3).filter(|&index| index != leader).collect();
+
+    let tcp = TcpClient::create(std::sync::Arc::new(TcpClientConfig {
+        server_address: nodes[followers[0]].tcp.to_string(),
+        ..Default::default()
+    }))
+    .expect("TcpClient::create");
+    tcp.connect().await.expect("connect to a follower");
+    tcp.login_user(ROOT_USER, ROOT_PASSWORD)
+        .await
+        .expect("sign in on a follower");
+    let http = IggyClient::new(ClientWrapper::Http(
+        HttpClient::create(std::sync::Arc::new(HttpClientConfig {
+            api_url: format!("http://{}", nodes[followers[1]].http),
+            retries: 0,
+            ..Default::default()
+        }))
+        .expect("http client"),
+    ));
+    http.login_user(ROOT_USER, ROOT_PASSWORD)
+        .await
+        .expect("sign in on the other follower over HTTP");
+
+    // What `send_batches` sent above.
+    let mut sent: [Vec<u128>; 2] = [(100..110).collect(), (110..120).collect()];
+    for round in 0..5u128 {
+        for partition in 0..2u32 {
+            let ids: Vec<u128> = (0..4)
+                .map(|i| 1_000 + round * 100 + u128::from(partition) * 10 + i)
+                .collect();
+            let mut messages: Vec<IggyMessage> = ids
+                .iter()
+                .map(|&id| sdk_message(id, payload_for(id, 100)))
+                .collect();
+            let outcome = if round % 2 == 0 {
+                tcp.send_messages(
+                    &id_num(stream),
+                    &id_num(topic),
+                    &Partitioning::partition_id(partition),
+                    &mut messages,
+                )
+                .await
+            } else {
+                http.send_messages(
+                    &id_num(stream),
+                    &id_num(topic),
+                    &Partitioning::partition_id(partition),
+                    &mut messages,
+                )
+                .await
+            };
+            outcome.unwrap_or_else(|error| {
+                panic!("a send through a follower to partition {partition} (round {round}) failed: {error}")
+            });
+            sent[partition as usize].extend(ids);
+        }
+    }
+    for partition in 0..2u32 {
+        let stored: Vec<u128> = poll_until(&admin, stream, topic, partition, sent[partition as usize].len())
+            .await
+            .iter()
+            .map(|message| message.header.id)
+            .collect();
+        assert_eq!(stored, sent[partition as usize], "partition {partition}");
+    }
+    for server in servers.into_iter().flatten() {
+        stop_node(server);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_form_a_cluster_replicate_sends_and_fail_over() {
     let dir = temp_dir();

@@ -122,6 +122,14 @@ pub enum Command {
     /// State transfer answer: the bytes asked for (the fields of the request echoed), their
     /// XXH3-64 as read at the source in `context`.
     Chunk = 18,
+    /// Node shell → the node of a partition's primary: a client's send that reached a node
+    /// whose replica is not the primary. `group` is the partition's group, `client` names
+    /// the forward, `request` is the batch's message count; the body is the batch. The
+    /// replica core never sees it (`cairn::forward`).
+    ForwardSend = 19,
+    /// Answer to a `ForwardSend`: `client` echoed, `request` the send's status (0: stored),
+    /// `op` the base offset it got.
+    ForwardReply = 20,
 }
 
 impl Command {
@@ -145,6 +153,8 @@ impl Command {
             16 => Command::CheckpointOffer,
             17 => Command::RequestChunk,
             18 => Command::Chunk,
+            19 => Command::ForwardSend,
+            20 => Command::ForwardReply,
             _ => return None,
         })
     }
