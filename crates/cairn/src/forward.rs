@@ -145,7 +145,10 @@ impl Forwarder {
         let unknown = loop {
             tokio::select! {
                 answered = &mut outcome => match answered {
-                    Ok(answered) => return answered,
+                    Ok(answered) => {
+                        tracing::debug!(peer = to, group, outcome = ?answered, "a send forwarded to the partition's primary was answered");
+                        return answered;
+                    }
                     // Dropped unanswered: only if the entry was removed, which only this
                     // function does; kept as unknown for safety.
                     Err(_) => break "its reply was lost",

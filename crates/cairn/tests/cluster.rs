@@ -216,6 +216,52 @@ async fn leader_of(client: &IggyClient, expected_healthy: usize) -> String {
     }
 }
 
+/// Wait until every group's replica on `node` is in a view (primary or backup) and neither
+/// wants nor runs a state transfer, as its `GET /cluster/status` says; how long that took.
+async fn wait_caught_up(node: &Node) -> Duration {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = cluster_status(node.http).await {
+            let groups = status["groups"].as_array().cloned().unwrap_or_default();
+            let caught_up = !groups.is_empty()
+                && groups.iter().all(|group| {
+                    let replica = &group["replica"];
+                    matches!(replica["role"].as_str(), Some("primary" | "backup"))
+                        && replica["transfer_wanted"] == serde_json::Value::Bool(false)
+                        && replica["transfer"].is_null()
+                });
+            if caught_up {
+                return started.elapsed();
+            }
+        }
+        assert!(
+            started.elapsed() < WITHIN,
+            "node at {} did not catch up within {WITHIN:?}",
+            node.http
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A node's `GET /cluster/status` (open without sign-in), or `None` while it does not answer.
+async fn cluster_status(http: SocketAddr) -> Option<serde_json::Value> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(http).await.ok()?;
+    let request = format!("GET /cluster/status HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8(response).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    serde_json::from_str(body).ok()
+}
+
 /// Send `count` batches of 10 to `partition`, retrying a batch the cluster did not take
 /// (status 58: no primary yet) within the bound; every batch is acknowledged once.
 async fn send_batches(
@@ -720,6 +766,16 @@ async fn killing_the_leader_under_load_loses_nothing_acknowledged() {
         );
         drop(client);
         servers[index] = Some(start_all(&[&nodes[index]]).remove(0));
+        // The next kill is a single fault: the restarted node has caught up first (killing
+        // the leader while the only other node is still recovering needs that node's vote,
+        // or its state transfer, before anything commits).
+        let caught_up_after = wait_caught_up(&nodes[index]).await;
+        eprintln!(
+            "kill {}: node {} restarted and caught up after {} ms",
+            kill + 1,
+            index + 1,
+            caught_up_after.as_millis()
+        );
     }
     tokio::time::sleep(Duration::from_millis(700)).await;
     verify_and_compare(
