@@ -364,7 +364,12 @@ impl Partition {
     }
 
     /// Take the writer handle (clean stop): later sends are refused, queued ones still complete.
+    /// Sends forwarded from peers are refused from now on too (58): each holds a sender of
+    /// the writer's queue while it runs, and the writer ends only when every sender is gone.
     pub fn take_writer(&self) -> Option<WriterHandle> {
+        if let Some(hosted) = &self.hosted {
+            hosted.replicas.forwarder().unregister(hosted.group);
+        }
         lock(&self.writer).take()
     }
 

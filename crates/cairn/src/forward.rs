@@ -23,7 +23,17 @@
 //!
 //! Each side bounds what it holds: [`FORWARDS_WAITING_MAX`] sends waiting for replies, and
 //! [`FORWARDS_SERVED_BYTES_MAX`] bytes of forwarded batches in progress; beyond that a send
-//! is answered 58.
+//! is answered 58. Forwarded batches share a peer's send queue with the groups' own messages,
+//! so at most [`FORWARDS_OUTSTANDING_BYTES_MAX`] of them are sent and unanswered at once (or a
+//! single larger one): the prepares, acknowledgements and heartbeats always find room.
+//!
+//! A forward left in a peer's send queue when the connection dropped is delivered when it
+//! comes back. Its forwarding node answered its client 57 long ago, and the client may have
+//! resent the batch elsewhere: the primary drops a forward stamped more than
+//! [`FORWARD_TIMEOUT`] ago (by the sender's clock), well inside the window in which a resend
+//! is recognised by its content (2 minutes), so either copy that arrives second is
+//! recognised. (This takes the nodes' clocks to agree within seconds; a primary whose clock
+//! runs ahead by more drops every forward, and their senders answer 57.)
 
 use crate::writer::{PendingSend, SendOutcome};
 use bytes::Bytes;
@@ -40,7 +50,12 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 /// How long a forwarded send waits for its reply: the primary answers within its own
 /// request timeout (57 when its quorum does not answer), so this is that and some slack.
-pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(crate::cluster::REQUEST_TIMEOUT.as_secs() + 2);
+pub const FORWARD_TIMEOUT: Duration =
+    Duration::from_millis(crate::cluster::REQUEST_TIMEOUT.as_millis() as u64 + 2_000);
+
+/// Bytes of forwarded batches sent and not yet answered, across peers (a single batch larger
+/// than this is sent when nothing else is outstanding).
+pub const FORWARDS_OUTSTANDING_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 /// Forwarded sends this node waits on at once.
 pub const FORWARDS_WAITING_MAX: usize = 4096;
@@ -56,7 +71,37 @@ const CONNECTION_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 struct Waiting {
     /// The node it was sent to: only that node's reply completes it.
     to: u8,
+    /// Its batch's bytes (counted in `Outstanding::bytes` until it ends).
+    bytes: usize,
     reply: oneshot::Sender<SendOutcome>,
+}
+
+/// The forwards waiting for replies, and their batches' bytes.
+#[derive(Default)]
+struct Outstanding {
+    by_id: HashMap<u128, Waiting>,
+    bytes: usize,
+}
+
+impl Outstanding {
+    fn remove(&mut self, id: u128) -> Option<Waiting> {
+        let waiting = self.by_id.remove(&id)?;
+        self.bytes -= waiting.bytes;
+        Some(waiting)
+    }
+}
+
+/// Removes its forward from the waiting ones when the send ends, however it ends (its
+/// caller's future may be dropped: an HTTP client that went away).
+struct WaitingEntry<'a> {
+    forwarder: &'a Forwarder,
+    id: u128,
+}
+
+impl Drop for WaitingEntry<'_> {
+    fn drop(&mut self) {
+        lock(&self.forwarder.waiting).remove(self.id);
+    }
 }
 
 /// The forwarding of sends between this node and its peers.
@@ -68,7 +113,7 @@ pub struct Forwarder {
     /// Each hosted partition's writer queue, by group id (weak: a writer closes when its
     /// partition's senders are gone).
     targets: RwLock<HashMap<u64, mpsc::WeakSender<PendingSend>>>,
-    waiting: Mutex<HashMap<u128, Waiting>>,
+    waiting: Mutex<Outstanding>,
     /// Forward ids: this process's random base and a counter.
     id_base: u128,
     next_id: AtomicU64,
@@ -122,22 +167,26 @@ impl Forwarder {
         }
         let id = self.id_base | u128::from(self.next_id.fetch_add(1, Ordering::Relaxed));
         let (reply, outcome) = oneshot::channel();
+        let bytes = batch.len();
         {
             let mut waiting = lock(&self.waiting);
-            if waiting.len() >= FORWARDS_WAITING_MAX {
+            let crowded = !waiting.by_id.is_empty() && waiting.bytes + bytes > FORWARDS_OUTSTANDING_BYTES_MAX;
+            if waiting.by_id.len() >= FORWARDS_WAITING_MAX || crowded {
                 return Err(codes::TRANSIENT_NOT_ACCEPTED);
             }
-            waiting.insert(id, Waiting { to, reply });
+            waiting.by_id.insert(id, Waiting { to, bytes, reply });
+            waiting.bytes += bytes;
         }
+        let _entry = WaitingEntry { forwarder: self, id };
         let (buffer, headroom) = batch.into_buffer();
         let mut header = Header::new(Command::ForwardSend, self.cluster);
         header.replica = self.bus.index();
         header.group = group;
         header.client = id;
         header.request = u64::from(messages_count);
+        header.timestamp = crate::handler::Clock::now_us(&crate::handler::SystemClock);
         let body = buffer.slice(headroom..);
         if self.bus.send(to, Message::new(header, body)) == Sent::DroppedFull {
-            lock(&self.waiting).remove(&id);
             return Err(codes::TRANSIENT_NOT_ACCEPTED);
         }
         let started = tokio::time::Instant::now();
@@ -163,7 +212,6 @@ impl Forwarder {
                 }
             }
         };
-        lock(&self.waiting).remove(&id);
         tracing::warn!(
             peer = to,
             group,
@@ -191,9 +239,10 @@ impl Forwarder {
             Command::ForwardReply => {
                 let mut waiting = lock(&self.waiting);
                 if waiting
+                    .by_id
                     .get(&header.client)
                     .is_some_and(|entry| entry.to == header.replica)
-                    && let Some(entry) = waiting.remove(&header.client)
+                    && let Some(entry) = waiting.remove(header.client)
                 {
                     let outcome = match u32::try_from(header.request) {
                         Ok(0) => Ok(header.op),
@@ -210,27 +259,41 @@ impl Forwarder {
                     self.answer(&header, Err(codes::TRANSIENT_NOT_ACCEPTED));
                     return;
                 };
-                let queue = read(&self.targets)
+                let received_at_us = crate::handler::Clock::now_us(&crate::handler::SystemClock);
+                if received_at_us.saturating_sub(header.timestamp) > FORWARD_TIMEOUT.as_micros() as u64 {
+                    // Its sender gave it up (answered its client 57): see the module doc.
+                    tracing::debug!(
+                        peer = header.replica,
+                        group = header.group,
+                        "dropped a forwarded send its sender gave up on (it was queued while the connection was down)"
+                    );
+                    return;
+                }
+                let Some(queue) = read(&self.targets)
                     .get(&header.group)
-                    .and_then(mpsc::WeakSender::upgrade);
-                let checked = self.check(&header, &message.body);
-                match (queue, checked) {
-                    (None, _) => self.answer(&header, Err(codes::TRANSIENT_NOT_ACCEPTED)),
-                    (_, Err(status)) => self.answer(&header, Err(status)),
-                    (Some(queue), Ok(())) => {
-                        let batch = ReceivedBatch::from(message.body);
-                        let batch_bytes = batch.len();
-                        tokio::spawn(async move {
-                            let received_at_us = crate::handler::Clock::now_us(&crate::handler::SystemClock);
+                    .and_then(mpsc::WeakSender::upgrade)
+                else {
+                    self.answer(&header, Err(codes::TRANSIENT_NOT_ACCEPTED));
+                    return;
+                };
+                // Checked and queued off the bus's receiving task (a batch is up to tens of
+                // megabytes, and every group's messages wait behind this task).
+                tokio::spawn(async move {
+                    let outcome = match forwarder.check(&header, &message.body) {
+                        Err(status) => Err(status),
+                        Ok(()) => {
+                            let batch = ReceivedBatch::from(message.body);
+                            let batch_bytes = batch.len();
                             let outcome = crate::writer::submit(Some(queue), batch, received_at_us).await;
                             if outcome.is_ok() {
                                 crate::stats::record_written(batch_bytes);
                             }
-                            forwarder.answer(&header, outcome);
-                            drop(permit);
-                        });
-                    }
-                }
+                            outcome
+                        }
+                    };
+                    forwarder.answer(&header, outcome);
+                    drop(permit);
+                });
             }
             _ => debug_assert!(false, "not a forwarding message: {:?}", header.command),
         }
