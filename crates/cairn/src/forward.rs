@@ -10,9 +10,13 @@
 //!
 //! - **Forwarding side.** [`Forwarder::send`] puts the batch in a `ForwardSend` message to
 //!   the node its replica last saw as the primary (`Partition::remote_primary`), and waits
-//!   for the `ForwardReply`. Not forwarded (58, nothing sent, the client sends again): the
-//!   peer is not connected, its queue is full, or too many forwards wait. Sent but no reply
-//!   (the peer's connection went down, or nothing came within [`FORWARD_TIMEOUT`]): the
+//!   for the `ForwardReply`. Only while messages pass both ways between the two nodes
+//!   (`PeersHeard::both_ways`: this node heard the peer within 250 ms, and the peer's last
+//!   `Heartbeats` said it hears this node), so a one-way cut does not hold a send for the
+//!   whole timeout. Not forwarded (58, nothing sent, the client sends again): the peer is not
+//!   connected or not heard both ways, its queue is full, or too many forwards wait. Sent but
+//!   no reply (the peer's connection went down, messages stopped passing both ways, or
+//!   nothing came within [`FORWARD_TIMEOUT`]): the
 //!   outcome is unknown, answered 57 for a batch with a content key (a resend of a batch
 //!   that did commit is recognised by the primary) and a plain error otherwise, as a send
 //!   whose quorum reply was lost locally.
@@ -35,6 +39,7 @@
 //! recognised. (This takes the nodes' clocks to agree within seconds; a primary whose clock
 //! runs ahead by more drops every forward, and their senders answer 57.)
 
+use crate::replicas::PeersHeard;
 use crate::writer::{PendingSend, SendOutcome};
 use bytes::Bytes;
 use cairn_bus::{Bus, Sent};
@@ -64,7 +69,7 @@ pub const FORWARDS_WAITING_MAX: usize = 4096;
 /// batch).
 pub const FORWARDS_SERVED_BYTES_MAX: usize = 256 * 1024 * 1024;
 
-/// How often a waiting forward checks that its peer is still connected.
+/// How often a waiting forward checks that its peer is still connected and heard.
 const CONNECTION_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
 /// A forward waiting for its reply.
@@ -107,6 +112,7 @@ impl Drop for WaitingEntry<'_> {
 /// The forwarding of sends between this node and its peers.
 pub struct Forwarder {
     bus: Arc<Bus>,
+    heard: Arc<PeersHeard>,
     cluster: u128,
     /// The admission limits of a client's batch (the server's), checked again here.
     limits: OnceLock<BatchLimits>,
@@ -122,9 +128,10 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
-    pub fn new(bus: Arc<Bus>, cluster: u128) -> Forwarder {
+    pub fn new(bus: Arc<Bus>, cluster: u128, heard: Arc<PeersHeard>) -> Forwarder {
         Forwarder {
             bus,
+            heard,
             cluster,
             limits: OnceLock::new(),
             targets: RwLock::default(),
@@ -162,7 +169,10 @@ impl Forwarder {
         keyed: bool,
     ) -> SendOutcome {
         debug_assert_ne!(to, self.bus.index());
-        if HEADER_SIZE + batch.len() > Shape::PARTITION.message_size_max || !self.bus.is_connected(to) {
+        if HEADER_SIZE + batch.len() > Shape::PARTITION.message_size_max
+            || !self.bus.is_connected(to)
+            || !self.heard.both_ways(to)
+        {
             return Err(codes::TRANSIENT_NOT_ACCEPTED);
         }
         let id = self.id_base | u128::from(self.next_id.fetch_add(1, Ordering::Relaxed));
@@ -205,6 +215,9 @@ impl Forwarder {
                 () = tokio::time::sleep(CONNECTION_CHECK_INTERVAL) => {
                     if !self.bus.is_connected(to) {
                         break "the connection to that node went down";
+                    }
+                    if !self.heard.both_ways(to) {
+                        break "messages stopped passing both ways between this node and that one";
                     }
                     if started.elapsed() >= FORWARD_TIMEOUT {
                         break "no reply came in time";

@@ -51,6 +51,69 @@ const SCHEDULE_ALL_EVERY_TICKS: u64 = 5;
 /// the module doc): as long as a backup waits for its primary before it starts a view change.
 const ABDICATE_AFTER_TICKS: u32 = 50;
 
+/// When each node was last heard from (any message on the replica network): for abdication,
+/// and so a send is forwarded only to a node this one hears (`forward.rs`).
+pub struct PeersHeard {
+    started: Instant,
+    /// By replica index: milliseconds since `started`.
+    heard_ms: Vec<AtomicU64>,
+    /// By replica index: whether that node's last `Heartbeats` said it hears this one.
+    hears_us: Vec<AtomicBool>,
+}
+
+/// A node hears a peer while a message of it arrived within this (each node sends each peer
+/// a `Heartbeats` message every 10 ms tick).
+pub const HEARING_WINDOW: Duration = Duration::from_millis(250);
+
+impl PeersHeard {
+    pub fn new(node_count: usize) -> PeersHeard {
+        PeersHeard {
+            started: Instant::now(),
+            heard_ms: (0..node_count).map(|_| AtomicU64::new(0)).collect(),
+            hears_us: (0..node_count).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    fn note_heard_by(&self, peer: u8, hears_us: bool) {
+        if let Some(flag) = self.hears_us.get(usize::from(peer)) {
+            flag.store(hears_us, Ordering::Release);
+        }
+    }
+
+    /// The nodes heard within [`HEARING_WINDOW`], a bit per replica index (`me` included).
+    fn hearing_mask(&self, me: u8) -> u128 {
+        (0..self.heard_ms.len() as u8)
+            .filter(|&peer| peer == me || self.silent_for(peer) <= HEARING_WINDOW)
+            .fold(0u128, |mask, peer| mask | (1 << peer))
+    }
+
+    /// Whether messages pass both ways between this node and `peer` now: this node heard it
+    /// within [`HEARING_WINDOW`], and its last `Heartbeats` said it hears this node.
+    pub fn both_ways(&self, peer: u8) -> bool {
+        self.silent_for(peer) <= HEARING_WINDOW
+            && self
+                .hears_us
+                .get(usize::from(peer))
+                .is_some_and(|flag| flag.load(Ordering::Acquire))
+    }
+
+    fn note(&self, from: u8) {
+        if let Some(heard) = self.heard_ms.get(usize::from(from)) {
+            heard.store(self.started.elapsed().as_millis() as u64, Ordering::Release);
+        }
+    }
+
+    /// How long since `peer` was last heard (since this node started, if never).
+    pub fn silent_for(&self, peer: u8) -> Duration {
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        let heard_ms = self
+            .heard_ms
+            .get(usize::from(peer))
+            .map_or(0, |heard| heard.load(Ordering::Acquire));
+        Duration::from_millis(now_ms.saturating_sub(heard_ms))
+    }
+}
+
 /// How a worker serves a group.
 pub trait Served: Send + Sync {
     /// Deliver the group's inbox and tick it if due, unless its lock is taken (then the
@@ -129,9 +192,8 @@ pub struct Replicas {
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// The pace every group's incoming state transfers share.
     transfer_pace: Arc<TransferPace>,
-    /// When each peer was last heard, in milliseconds since `started` (any message).
-    heard_ms: Vec<AtomicU64>,
-    started: Instant,
+    /// When each peer was last heard (any message).
+    heard: Arc<PeersHeard>,
     /// Set while this node abdicates (see the module doc).
     abdicating: Arc<AtomicBool>,
     tick: Duration,
@@ -151,7 +213,7 @@ impl Replicas {
         tick: Duration,
         transfer_bytes_per_second: u64,
     ) -> Arc<Replicas> {
-        let node_count = bus.node_count();
+        let heard = Arc::new(PeersHeard::new(bus.node_count()));
         let replicas = Arc::new(Replicas {
             cluster,
             heartbeats: Arc::default(),
@@ -161,11 +223,10 @@ impl Replicas {
             stopping: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
             transfer_pace: Arc::new(TransferPace::new(transfer_bytes_per_second)),
-            heard_ms: (0..node_count).map(|_| AtomicU64::new(0)).collect(),
-            started: Instant::now(),
+            heard: heard.clone(),
             abdicating: Arc::default(),
             tick,
-            forwarder: Arc::new(Forwarder::new(bus.clone(), cluster)),
+            forwarder: Arc::new(Forwarder::new(bus.clone(), cluster, heard)),
             bus,
         });
         {
@@ -175,8 +236,12 @@ impl Replicas {
                     if replicas.stopping.load(Ordering::Acquire) {
                         return;
                     }
-                    if let Some(heard) = replicas.heard_ms.get(usize::from(from)) {
-                        heard.store(replicas.started.elapsed().as_millis() as u64, Ordering::Release);
+                    replicas.heard.note(from);
+                    if message.header.command == Command::Heartbeats {
+                        let me = replicas.bus.index();
+                        replicas
+                            .heard
+                            .note_heard_by(from, message.header.context & (1 << me) != 0);
                     }
                     replicas.deliver(message);
                 }
@@ -280,17 +345,22 @@ impl Replicas {
     fn send_heartbeats(&self) {
         let mut batches = std::mem::take(&mut *lock(&self.heartbeats));
         let me = self.bus.index();
+        // Which nodes this one hears now, in every `Heartbeats` message's `context`: a peer
+        // forwards sends here only while this node hears it (`forward.rs`).
+        let hearing = self.heard.hearing_mask(me);
         for to in (0..self.bus.node_count() as u8).filter(|&to| to != me) {
             let batch = batches.remove(&to).unwrap_or_default();
-            let messages = heartbeat_messages(self.cluster, me, &batch);
+            let mut messages = heartbeat_messages(self.cluster, me, &batch);
             if messages.is_empty() {
                 // No primary here: an empty one, so the peer hears this node every tick.
                 let mut header = cairn_vsr::header::Header::new(Command::Heartbeats, self.cluster);
                 header.replica = me;
-                let _ = self.bus.send(to, Message::new(header, bytes::Bytes::new()));
+                messages.push(Message::new(header, bytes::Bytes::new()));
             }
             for message in messages {
-                let _ = self.bus.send(to, message);
+                let mut header = message.header;
+                header.context = hearing;
+                let _ = self.bus.send(to, Message::new(header, message.body));
             }
         }
     }
@@ -302,20 +372,16 @@ impl Replicas {
         if nodes < 2 {
             return;
         }
-        let now_ms = self.started.elapsed().as_millis() as u64;
-        let window_ms = (self.tick * ABDICATE_AFTER_TICKS).as_millis() as u64;
-        if now_ms < window_ms {
+        let window = self.tick * ABDICATE_AFTER_TICKS;
+        if self.heard.started.elapsed() < window {
             return;
         }
-        let me = usize::from(self.bus.index());
-        let heard = 1 + self
-            .heard_ms
-            .iter()
-            .enumerate()
-            .filter(|&(peer, heard)| {
-                peer != me && now_ms - heard.load(Ordering::Acquire).min(now_ms) <= window_ms
-            })
-            .count();
+        let window_ms = window.as_millis();
+        let me = self.bus.index();
+        let heard = 1
+            + (0..nodes as u8)
+                .filter(|&peer| peer != me && self.heard.silent_for(peer) <= window)
+                .count();
         let abdicate = heard < nodes / 2 + 1;
         if self.abdicating.swap(abdicate, Ordering::AcqRel) != abdicate {
             if abdicate {
