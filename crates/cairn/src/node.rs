@@ -855,8 +855,9 @@ pub struct LocalGroup<S: StateMachine, J: GroupJournal = RingJournal> {
     /// Drawn when the group is assembled: a reopen from the files (a new value) is how a
     /// round of requests learns its lanes are new.
     incarnation: u128,
-    /// The replica's view and status when last logged (a change is logged at debug level).
-    seen_view: (u32, Status),
+    /// The replica's view and status when last noted (`note_view`); `None` until the first
+    /// pump, so a reopened replica publishes its own at once.
+    seen_view: Option<(u32, Status)>,
 }
 
 /// How a group reopens itself from its files; `true` after its files were set aside (a
@@ -1208,7 +1209,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             install_pending: None,
             superblock_blank: false,
             incarnation: rand::random(),
-            seen_view: (0, Status::Recovering),
+            seen_view: None,
         }
     }
 
@@ -1876,15 +1877,17 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         }
     }
 
-    /// Log a change of the replica's view or status (debug level: a node kill changes the
-    /// view of every group it led). Says which replica is primary in the new view.
+    /// On a change of the replica's view or status: publish the primary it now names
+    /// ([`PrimarySeen`], with peers) and log the change (debug level: a node kill changes the
+    /// view of every group it led).
     fn note_view(&mut self) {
         let now = (self.replica.view(), self.replica.status());
-        if now == self.seen_view {
+        // The first note always publishes: a reopened replica must not leave its earlier
+        // incarnation's primary in place.
+        let was = self.seen_view.replace(now);
+        if was == Some(now) {
             return;
         }
-        let (view_was, status_was) = self.seen_view;
-        self.seen_view = now;
         if let Some(peers) = &self.peers {
             peers
                 .primary_seen
@@ -1892,8 +1895,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         }
         tracing::debug!(
             dir = %self.files.dir.display(),
-            view_was,
-            status_was = ?status_was,
+            was = ?was,
             view = now.0,
             status = ?now.1,
             primary = self.replica.config().primary_of(now.0),
