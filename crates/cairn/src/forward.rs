@@ -39,7 +39,7 @@
 //! recognised. (This takes the nodes' clocks to agree within seconds; a primary whose clock
 //! runs ahead by more drops every forward, and their senders answer 57.)
 
-use crate::replicas::PeersHeard;
+use crate::replicas::{PeersHeard, read, write};
 use crate::writer::{PendingSend, SendOutcome};
 use bytes::Bytes;
 use cairn_bus::{Bus, Sent};
@@ -267,11 +267,6 @@ impl Forwarder {
             }
             Command::ForwardSend => {
                 let forwarder = self.clone();
-                let bytes = u32::try_from(message.body.len().max(1)).unwrap_or(u32::MAX);
-                let Ok(permit) = self.serving.clone().try_acquire_many_owned(bytes) else {
-                    self.answer(&header, Err(codes::TRANSIENT_NOT_ACCEPTED));
-                    return;
-                };
                 let received_at_us = crate::handler::Clock::now_us(&crate::handler::SystemClock);
                 if received_at_us.saturating_sub(header.timestamp) > FORWARD_TIMEOUT.as_micros() as u64 {
                     // Its sender gave it up (answered its client 57): see the module doc.
@@ -282,6 +277,11 @@ impl Forwarder {
                     );
                     return;
                 }
+                let bytes = u32::try_from(message.body.len().max(1)).unwrap_or(u32::MAX);
+                let Ok(permit) = self.serving.clone().try_acquire_many_owned(bytes) else {
+                    self.answer(&header, Err(codes::TRANSIENT_NOT_ACCEPTED));
+                    return;
+                };
                 let Some(queue) = read(&self.targets)
                     .get(&header.group)
                     .and_then(mpsc::WeakSender::upgrade)
@@ -296,12 +296,7 @@ impl Forwarder {
                         Err(status) => Err(status),
                         Ok(()) => {
                             let batch = ReceivedBatch::from(message.body);
-                            let batch_bytes = batch.len();
-                            let outcome = crate::writer::submit(Some(queue), batch, received_at_us).await;
-                            if outcome.is_ok() {
-                                crate::stats::record_written(batch_bytes);
-                            }
-                            outcome
+                            crate::writer::submit(Some(queue), batch, received_at_us).await
                         }
                     };
                     forwarder.answer(&header, outcome);
@@ -336,12 +331,4 @@ impl Forwarder {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -166,13 +166,7 @@ impl PreparedSend {
                     .send(to, group, self.batch, self.messages_count, keyed)
                     .await?
             }
-            None => {
-                let queue = self.partition.writer_queue();
-                let batch_bytes = self.batch.len();
-                let base_offset = writer::submit(queue, self.batch, self.received_at_us).await?;
-                crate::stats::record_written(batch_bytes);
-                base_offset
-            }
+            None => writer::submit(self.partition.writer_queue(), self.batch, self.received_at_us).await?,
         };
         Ok(Typed::Sent(reply::SendConfirmation {
             stream_id: self.stream_id,

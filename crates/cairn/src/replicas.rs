@@ -350,17 +350,16 @@ impl Replicas {
         let hearing = self.heard.hearing_mask(me);
         for to in (0..self.bus.node_count() as u8).filter(|&to| to != me) {
             let batch = batches.remove(&to).unwrap_or_default();
-            let mut messages = heartbeat_messages(self.cluster, me, &batch);
+            let messages = heartbeat_messages(self.cluster, me, hearing, &batch);
             if messages.is_empty() {
                 // No primary here: an empty one, so the peer hears this node every tick.
                 let mut header = cairn_vsr::header::Header::new(Command::Heartbeats, self.cluster);
                 header.replica = me;
-                messages.push(Message::new(header, bytes::Bytes::new()));
+                header.context = hearing;
+                let _ = self.bus.send(to, Message::new(header, bytes::Bytes::new()));
             }
             for message in messages {
-                let mut header = message.header;
-                header.context = hearing;
-                let _ = self.bus.send(to, Message::new(header, message.body));
+                let _ = self.bus.send(to, message);
             }
         }
     }
@@ -501,11 +500,11 @@ impl Transport for BusTransport {
     }
 }
 
-fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+pub(crate) fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+pub(crate) fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 

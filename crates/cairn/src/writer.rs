@@ -393,7 +393,8 @@ impl WriterHandle {
 }
 
 /// Queue a send on the partition's writer (waiting while the queue is full) and wait for its
-/// outcome. `None` means the writer is closed (clean stop in progress).
+/// outcome; a stored batch counts in the node's written bytes. `None` means the writer is
+/// closed (clean stop in progress).
 pub async fn submit(
     queue: Option<mpsc::Sender<PendingSend>>,
     batch: ReceivedBatch,
@@ -403,6 +404,7 @@ pub async fn submit(
         return Err(codes::ERROR);
     };
     let (reply, outcome) = oneshot::channel();
+    let batch_bytes = batch.len();
     let pending = PendingSend {
         batch,
         received_at_us,
@@ -413,7 +415,12 @@ pub async fn submit(
         return Err(codes::ERROR);
     }
     match outcome.await {
-        Ok(outcome) => outcome,
+        Ok(outcome) => {
+            if outcome.is_ok() {
+                crate::stats::record_written(batch_bytes);
+            }
+            outcome
+        }
         Err(_) => {
             // The group's blocking work panicked (a bug): the send was not acknowledged.
             tracing::error!("a partition writer dropped a send without completing it");

@@ -103,6 +103,8 @@ pub enum Command {
     Headers = 12,
     /// Node → node: the commit heartbeats of every group whose primary is on the sender, for
     /// the receiver's replicas, in one message (`node::HEARTBEAT_ENTRY_SIZE` bytes each).
+    /// `context`: the nodes the sender hears, a bit per replica index (the node shell's; the
+    /// core's `Node` sends 0).
     Heartbeats = 13,
     /// Any replica → a recovering replica that probed: the responder's `view`, echoing the
     /// probe's `nonce`. A wiped replica installs a view only after a quorum of these.

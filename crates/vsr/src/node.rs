@@ -186,7 +186,7 @@ impl<S: StateMachine> Node<S> {
             }
         }
         for (to, body) in heartbeats {
-            for message in heartbeat_messages(self.cluster, self.replica, &body) {
+            for message in heartbeat_messages(self.cluster, self.replica, 0, &body) {
                 outputs.sends.push((Destination::Replica(to), message));
             }
         }
@@ -206,14 +206,16 @@ pub fn push_heartbeat_entry(batch: &mut Vec<u8>, commit: &Header) {
 }
 
 /// The `Heartbeats` messages of replica `from` carrying a batch of entries
-/// ([`push_heartbeat_entry`]): as many as the entries need.
-pub fn heartbeat_messages(cluster: u128, from: u8, batch: &[u8]) -> Vec<Message> {
+/// ([`push_heartbeat_entry`]): as many as the entries need. `context` goes in every header
+/// (the node shell says there which nodes the sender hears; 0 here).
+pub fn heartbeat_messages(cluster: u128, from: u8, context: u128, batch: &[u8]) -> Vec<Message> {
     debug_assert!(batch.len().is_multiple_of(HEARTBEAT_ENTRY_SIZE));
     batch
         .chunks(HEARTBEAT_ENTRIES_MAX * HEARTBEAT_ENTRY_SIZE)
         .map(|entries| {
             let mut header = Header::new(Command::Heartbeats, cluster);
             header.replica = from;
+            header.context = context;
             Message::new(header, Bytes::copy_from_slice(entries))
         })
         .collect()
