@@ -1364,6 +1364,16 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         self.superblock.0.checkpoint_op
     }
 
+    /// The machine snapshot of the checkpoint the superblock names (`None` before the
+    /// first): what a state transfer of this replica ships.
+    pub fn checkpoint_state_machine(&self) -> Result<Option<Vec<u8>>, GroupError> {
+        let group = self.replica.config().group;
+        Ok(
+            named_checkpoint::<J>(&self.files, &self.superblock.0, self.cluster, group)?
+                .map(|(checkpoint, _, _)| checkpoint.state_machine),
+        )
+    }
+
     /// Make every prepare written durable ([`GroupJournal::flush`]: a `relaxed` partition's
     /// timer). A failure stops the group, as a failed write does.
     pub fn flush(&mut self) -> Result<(), GroupError> {

@@ -1416,26 +1416,48 @@ impl LocalGroup<PartitionMachine, LogJournal> {
     }
 
     /// Remove the segments the group no longer needs: every op in them at or below its
-    /// checkpoint, every message below its start offset (after a purge or a trim). When the
-    /// checkpoint lags the last such segment, checkpoint first (a quiet partition would
+    /// checkpoint, every message below its start offset (after a purge or a trim) and below
+    /// its checkpoint's start offset (a state transfer ships the checkpoint with the log
+    /// from there: a trim applied after the checkpoint releases nothing until a checkpoint
+    /// holds it). When the checkpoint lags, checkpoint first (a quiet partition would
     /// otherwise wait for the interval's ops). Returns what went.
     pub fn remove_released_segments(&mut self) -> Result<Vec<JournalSegment>, PartitionError> {
         let start_offset = self.start_offset();
-        let needs_checkpoint = self
+        let Some(last_released) = self
             .log()
             .segments()
             .windows(2)
             .take_while(|pair| pair[1].base_offset <= start_offset)
             .last()
-            .is_some_and(|pair| pair[1].first_op > self.checkpoint_op() + 1);
-        if needs_checkpoint {
+            .map(|pair| pair[1].first_op)
+        else {
+            return Ok(Vec::new());
+        };
+        let mut checkpoint_start = self.checkpoint_start_offset()?;
+        if last_released > self.checkpoint_op() + 1 || checkpoint_start < start_offset {
             self.checkpoint()?;
+            checkpoint_start = self.checkpoint_start_offset()?;
         }
         let below_op = self.checkpoint_op() + 1;
         self.journal_mut()
             .log
-            .remove_oldest_segments(below_op, start_offset)
+            .remove_oldest_segments(below_op, start_offset.min(checkpoint_start))
             .map_err(|error| PartitionError::Group(self.journal().storage_error(error)))
+    }
+
+    /// The start offset of the state the durable checkpoint holds (0 before the first).
+    fn checkpoint_start_offset(&self) -> Result<u64, PartitionError> {
+        let Some(bytes) = self.checkpoint_state_machine()? else {
+            return Ok(0);
+        };
+        let mut machine = PartitionMachine::new(self.journal().partition_id);
+        machine.restore(&bytes).map_err(|reason| {
+            PartitionError::Group(GroupError::Damaged {
+                dir: self.journal().dir.clone(),
+                reason: format!("the durable checkpoint's machine state does not decode: {reason}"),
+            })
+        })?;
+        Ok(machine.state().start_offset)
     }
 }
 
@@ -1676,6 +1698,9 @@ mod tests {
         let removed = group.remove_released_segments().expect("remove");
         assert_eq!(removed.len(), 3, "{removed:?}");
         assert_eq!(group.log().first_offset(), trim_to);
+        // They went only once a checkpoint held the trim: a state transfer ships the
+        // checkpoint with the log from the checkpoint's start offset.
+        assert_eq!(group.checkpoint_start_offset().expect("the checkpoint"), trim_to);
         let before = group.state_machine().state().clone();
         drop(group);
 
