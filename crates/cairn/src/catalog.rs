@@ -207,6 +207,7 @@ impl ClusterSeat {
             transfer_pace: self.replicas.transfer_pace(),
             abdicating: self.replicas.abdicating(),
             primary_seen,
+            clock: Arc::new(crate::node::WallClock),
         }
     }
 

@@ -42,6 +42,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+#[cfg(test)]
+mod sim;
 mod transfer;
 pub use transfer::{TransferPace, TransferProgress};
 
@@ -665,6 +667,30 @@ pub trait Transport: Send + Sync {
     fn send(&self, to: u8, message: Message);
 }
 
+/// Where a group with peers reads the time and waits for its peers' messages: wall time and
+/// the inbox's condition variable in the server ([`WallClock`]); virtual time in the
+/// simulator (`node::sim`), whose clock runs the other replicas of its world while one
+/// waits. Nothing else in [`LocalGroup`] reads a clock, so the simulator runs the server's
+/// node code as it is.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> Instant;
+    /// Every message waiting in `inbox`, after waiting until `until` for one if none is.
+    fn take_until(&self, inbox: &Inbox, until: Instant) -> Vec<Message>;
+}
+
+/// The server's clock: wall time, and waits on the inbox.
+pub struct WallClock;
+
+impl Clock for WallClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn take_until(&self, inbox: &Inbox, until: Instant) -> Vec<Message> {
+        inbox.take_until(until)
+    }
+}
+
 /// Messages from peers waiting for their group: the node's receiving side pushes, and
 /// whoever holds the group takes them (a waiting request, or a worker). Bounded by
 /// [`INBOX_MESSAGES_MAX`] and [`INBOX_BYTES_MAX`]: a group that falls behind drops the newest
@@ -720,6 +746,19 @@ impl Inbox {
         let mut queue = self.wait_for_messages(until);
         queue.bytes = 0;
         queue.messages.drain(..).collect()
+    }
+
+    /// Every message waiting, without waiting.
+    pub fn take_now(&self) -> Vec<Message> {
+        let mut queue = self.queue();
+        queue.bytes = 0;
+        queue.messages.drain(..).collect()
+    }
+
+    /// Whether no message waits.
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.queue().messages.is_empty()
     }
 
     /// The queue, locked (its counts are valid after any panic).
@@ -787,6 +826,8 @@ pub struct Peers {
     pub abdicating: Arc<std::sync::atomic::AtomicBool>,
     /// The group's primary as this replica last saw it, for the node shell.
     pub primary_seen: Arc<PrimarySeen>,
+    /// Time, and the waits for peers' messages ([`WallClock`] in the server).
+    pub clock: Arc<dyn Clock>,
 }
 
 /// The primary a group's replica last saw (in status normal; none during a view change or
@@ -1201,8 +1242,10 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             unsynced: Vec::new(),
             stopped: None,
             reopen: None,
+            next_tick: peers
+                .as_ref()
+                .map_or_else(Instant::now, |peers| peers.clock.now()),
             peers,
-            next_tick: Instant::now(),
             transfer_wanted: false,
             transfer: None,
             transfer_turn: 0,
@@ -1329,11 +1372,11 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             return Ok(Instant::now() + Duration::from_secs(3600));
         };
         self.check_not_stopped()?;
-        for message in peers.inbox.take_until(Instant::now()) {
+        for message in peers.inbox.take_now() {
             self.deliver(message);
         }
-        self.tick_if_due(Instant::now(), peers.tick);
-        self.continue_transfer(Instant::now());
+        self.tick_if_due(peers.clock.now(), peers.tick);
+        self.continue_transfer(peers.clock.now());
         if let Err(error) = self.pump() {
             // A write the journal undid reopens the group from its files (its replica must
             // not keep an op in memory that was never written); anything else stopped it.
@@ -1668,7 +1711,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 // request the replica dropped (a view just starting, say) is handed to it
                 // again every few ticks with the same number: the client table answers a
                 // duplicate from its stored reply, never applying it twice.
-                let deadline = Instant::now() + peers.request_timeout;
+                let deadline = peers.clock.now() + peers.request_timeout;
                 let mut ticks_since_resend = 0u32;
                 loop {
                     if let Err(error) = self.pump() {
@@ -1689,14 +1732,14 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                     if lanes.iter().all(|&lane| self.lanes[lane].reply.is_some()) {
                         break;
                     }
-                    let now = Instant::now();
+                    let now = peers.clock.now();
                     if now >= deadline {
                         break;
                     }
                     // What arrived comes before the ticks due: several ticks taken at once
                     // (after a slow barrier, say) must not time out prepares whose
                     // acknowledgements are waiting here.
-                    let arrived = peers.inbox.take_until(now);
+                    let arrived = peers.inbox.take_now();
                     if !arrived.is_empty() {
                         for message in arrived {
                             self.deliver(message);
@@ -1715,7 +1758,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                         }
                         continue;
                     }
-                    for message in peers.inbox.take_until(self.next_tick.min(deadline)) {
+                    for message in peers.clock.take_until(&peers.inbox, self.next_tick.min(deadline)) {
                         self.deliver(message);
                     }
                 }
@@ -1783,6 +1826,13 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         lane.session = 0;
         lane.request = 0;
         lane.reply = None;
+    }
+
+    /// The time by the group's clock (wall time without peers).
+    fn now(&self) -> Instant {
+        self.peers
+            .as_ref()
+            .map_or_else(Instant::now, |peers| peers.clock.now())
     }
 
     /// Tick the replica if its tick is due at `now` (a group with peers ticks by wall time,
@@ -2489,6 +2539,7 @@ mod tests {
                 transfer_pace: Arc::new(TransferPace::new(64 << 20)),
                 abdicating: Arc::default(),
                 primary_seen: Arc::default(),
+                clock: Arc::new(WallClock),
             }
         }
 

@@ -593,6 +593,7 @@ mod tests {
             transfer_pace: replicas.transfer_pace(),
             abdicating: replicas.abdicating(),
             primary_seen: Arc::default(),
+            clock: Arc::new(crate::node::WallClock),
         }
     }
 

@@ -146,7 +146,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         let Some(peers) = self.peers.clone() else {
             return;
         };
-        let now = Instant::now();
+        let now = self.now();
         self.continue_transfer(now);
         if self.transfer.is_some() || self.install_pending.is_some() || peers.replica_count < 2 {
             return;
@@ -371,7 +371,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             peer = transfer.peer,
             checkpoint_op = op,
             bytes = transfer.bytes_done,
-            took_ms = transfer.started.elapsed().as_millis() as u64,
+            took_ms = self.now().saturating_duration_since(transfer.started).as_millis() as u64,
             "state transfer complete: the checkpoint and the log up to it are verified; the log goes live once the superblock names the checkpoint"
         );
     }
@@ -474,6 +474,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     /// log) or stage the offered log (a journal that moves it).
     fn on_checkpoint_offer(&mut self, message: &Message) {
         let header = &message.header;
+        let now = self.now();
         let Some(transfer) = &mut self.transfer else {
             return;
         };
@@ -481,7 +482,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         {
             return;
         }
-        transfer.heard_at = Instant::now();
+        transfer.heard_at = now;
         let (above_op, commit_max, peer) = (transfer.above_op, transfer.commit_max, transfer.peer);
         let dir = self.files.dir.display().to_string();
         let refuse = |group: &mut Self, reason: String| {
@@ -540,7 +541,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                     transfer.bytes_total = bytes_total;
                 }
                 tracing::info!(%dir, peer, checkpoint_op = header.op, bytes_total, "a peer offered its checkpoint and log; fetching the log");
-                self.continue_transfer(Instant::now());
+                self.continue_transfer(self.now());
             }
             Err(reason) => refuse(self, reason),
         }
@@ -581,6 +582,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
     /// The peer sent a chunk: stage it, then ask for the next.
     fn on_chunk(&mut self, message: Message) {
         let header = message.header;
+        let now = self.now();
         let Some(transfer) = &mut self.transfer else {
             return;
         };
@@ -597,7 +599,6 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         {
             return;
         }
-        let now = Instant::now();
         transfer.asked = None;
         transfer.heard_at = now;
         let chunk = TransferChunk {
