@@ -1692,6 +1692,8 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             self.replica.on_message(message);
         }
         let mut failure = None;
+        // Lanes whose request the log of a later view proved dropped: never resent.
+        let mut lost = [false; LANES];
         match self.peers.clone() {
             None => {
                 for _ in 0..REQUEST_TICKS_MAX {
@@ -1729,7 +1731,25 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                             self.lanes[lane].reply = Some(reply.clone());
                         }
                     }
-                    if lanes.iter().all(|&lane| self.lanes[lane].reply.is_some()) {
+                    // A request that a view change dropped can never commit: only this
+                    // replica is handed it, a backup drops requests, and it is not resent
+                    // once found lost. So it is answered as not taken now (the client may
+                    // send it again, to the new primary), not as unknown at the timeout.
+                    if self.replica.status() == Status::Normal && !self.replica.is_primary() {
+                        for &lane in &lanes {
+                            let Lane { client, request, .. } = self.lanes[lane];
+                            if self.lanes[lane].reply.is_none()
+                                && !lost[lane]
+                                && self.log_holds_request(client, request) == Some(false)
+                            {
+                                lost[lane] = true;
+                            }
+                        }
+                    }
+                    if lanes
+                        .iter()
+                        .all(|&lane| lost[lane] || self.lanes[lane].reply.is_some())
+                    {
                         break;
                     }
                     let now = peers.clock.now();
@@ -1751,7 +1771,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                         if ticks_since_resend >= REQUEST_RESEND_TICKS {
                             ticks_since_resend = 0;
                             for (lane, request) in &sent {
-                                if self.lanes[*lane].reply.is_none() {
+                                if self.lanes[*lane].reply.is_none() && !lost[*lane] {
                                     self.replica.on_message(request.clone());
                                 }
                             }
@@ -1766,20 +1786,38 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         }
         let mut replies: Vec<Option<Message>> =
             lanes.iter().map(|&lane| self.lanes[lane].reply.take()).collect();
+        let lost: Vec<bool> = lanes.iter().map(|&lane| lost[lane]).collect();
+        let dropped = |dir: &Path| {
+            GroupError::NotTaken {
+            dir: dir.to_path_buf(),
+            reason: "a view change dropped its op (the log of the view that followed does not hold it): it was never applied, and never will be".into(),
+        }
+        };
+        // A lane whose request was dropped starts over as a new client: the core admits
+        // only the number after a client's last.
+        for (&lane, &lost) in lanes.iter().zip(&lost) {
+            if lost {
+                self.renew_lane(lane);
+            }
+        }
         let error = match failure {
             Some(error) => self.after_failed_write(error),
-            None if replies.iter().all(Option::is_some) => {
+            None if replies
+                .iter()
+                .zip(&lost)
+                .all(|(reply, &lost)| reply.is_some() || lost) =>
+            {
                 return replies
                     .into_iter()
-                    .map(|reply| Ok(reply.expect("checked")))
+                    .map(|reply| reply.ok_or_else(|| dropped(&self.files.dir)))
                     .collect();
             }
             None if self.peers.is_some() => {
                 // A lane whose request may still be in a pipeline cannot take the next
                 // number (the core admits only the one after its last): it starts over as a
                 // new client, and registers before its next request.
-                for &lane in &lanes {
-                    if self.lanes[lane].reply.is_none() {
+                for (&lane, &lost) in lanes.iter().zip(&lost) {
+                    if self.lanes[lane].reply.is_none() && !lost {
                         self.renew_lane(lane);
                     }
                 }
@@ -1799,16 +1837,37 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 }
             }
         };
-        // The first lane without a reply gets the error itself, the others its like.
+        // The first lane without a reply gets the error itself, the others its like (a
+        // lane whose request was dropped: not taken).
         let like = error.like(&self.files.dir);
         let mut error = Some(error);
         replies
             .iter_mut()
-            .map(|reply| match reply.take() {
+            .zip(lost)
+            .map(|(reply, lost)| match reply.take() {
                 Some(reply) => Ok(reply),
+                None if lost => Err(dropped(&self.files.dir)),
                 None => Err(error.take().unwrap_or_else(|| like.like(&self.files.dir))),
             })
             .collect()
+    }
+
+    /// Whether this replica's log holds `client`'s request `request` among the ops it has
+    /// not applied (one it applied is in the client table): `None` when it cannot tell (a
+    /// header missing, or more ops than it looks through).
+    fn log_holds_request(&self, client: u128, request: u64) -> Option<bool> {
+        const OPS_LOOKED_THROUGH_MAX: u64 = 4096;
+        let (commit, op) = (self.replica.commit_min(), self.replica.op());
+        if op - commit > OPS_LOOKED_THROUGH_MAX {
+            return None;
+        }
+        for op in commit + 1..=op {
+            let header = self.replica.log_header(op)?;
+            if header.client == client && header.request == request {
+                return Some(true);
+            }
+        }
+        Some(false)
     }
 
     /// Give `lane` a client id never used before, with no session.
@@ -2791,6 +2850,90 @@ mod tests {
             assert!(expected.contains(&"before".to_string()) && expected.contains(&"after".to_string()));
             if nodes[0].with(|group| group.takes_requests()) {
                 assert!(expected.contains(&"maybe".to_string()), "{expected:?}");
+            }
+            for node in nodes {
+                node.crash();
+            }
+        }
+
+        /// A primary cut off from its backups prepares a request that the view its backups
+        /// elect meanwhile never sees. Once it hears the new view, its log no longer holds the
+        /// request: it is answered not taken (the client may send it to the new primary),
+        /// not left unknown until its timeout, and no replica ever applies it.
+        #[test]
+        fn a_request_a_view_change_dropped_is_not_taken() {
+            let temp = tempfile::tempdir().expect("tempdir");
+            let net = Net::new(MetadataMachine::body_verifies);
+            let nodes: Vec<Node<MetadataMachine, RingJournal>> = (0..3u8)
+                .map(|replica| {
+                    let mut peers = peers(&net, replica);
+                    // Far beyond the view change: an unknown outcome would take this long.
+                    peers.request_timeout = Duration::from_secs(120);
+                    let group = LocalGroup::open_with_peers(
+                        &temp.path().join(format!("replica-{replica}")),
+                        GROUP,
+                        &(MetadataMachine::body_verifies as BodyRule),
+                        MetadataMachine::default,
+                        Some(peers),
+                    )
+                    .expect("open");
+                    Node::start(group, net.inboxes[usize::from(replica)].clone())
+                })
+                .collect();
+            let create = |node: &Node<MetadataMachine, RingJournal>, name: &str| {
+                let op = MetadataOp::CreateStream {
+                    name: name.to_string(),
+                    created_at_us: 1,
+                };
+                node.with(|group| group.submit(OPERATION_METADATA, &op.encode()))
+            };
+            // View 0: replica 0 is the primary of a freshly formatted group.
+            eventually("replica 0 primary", || {
+                nodes[0].with(|group| group.takes_requests())
+            });
+            create(&nodes[0], "before").expect("committed");
+            net.set_down(0, true);
+            let dropped = std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    // The backups elect a primary of their own; then the cut heals.
+                    eventually("a new primary", || {
+                        nodes[1..]
+                            .iter()
+                            .any(|node| node.with(|group| group.takes_requests()))
+                    });
+                    net.set_down(0, false);
+                });
+                create(&nodes[0], "dropped")
+            });
+            match dropped {
+                Err(GroupError::NotTaken { reason, .. }) => {
+                    assert!(reason.contains("view change dropped"), "{reason}")
+                }
+                other => panic!("not answered as not taken: {other:?}"),
+            }
+            let names = |node: &Node<MetadataMachine, RingJournal>| {
+                node.with(|group| {
+                    let mut names: Vec<String> = group
+                        .state_machine()
+                        .state
+                        .streams
+                        .values()
+                        .map(|stream| stream.name.clone())
+                        .collect();
+                    names.sort();
+                    names
+                })
+            };
+            // Sent again to the new primary, it commits once, everywhere.
+            let taker = nodes
+                .iter()
+                .find(|node| node.with(|group| group.takes_requests()))
+                .expect("a primary");
+            create(taker, "dropped").expect("committed by the new primary");
+            for node in &nodes {
+                eventually("every replica applies the same ops", || {
+                    names(node) == vec!["before".to_string(), "dropped".to_string()]
+                });
             }
             for node in nodes {
                 node.crash();

@@ -883,6 +883,15 @@ impl<S: StateMachine> Replica<S> {
             .map(|entry| &entry.reply)
     }
 
+    /// The header this replica's log holds at op `op` (committed or not), if its journal
+    /// still has the slot. In status normal a backup's log is its view's.
+    pub fn log_header(&self, op: u64) -> Option<Header> {
+        if op == 0 || op > self.op {
+            return None;
+        }
+        self.slot(op).and_then(|slot| slot.header)
+    }
+
     /// The header of committed op `op`, if this replica still holds it.
     pub fn committed_header(&self, op: u64) -> Option<Header> {
         if op == 0 || op > self.commit_min {

@@ -232,6 +232,8 @@ impl Transport for SimTransport {
 struct Sent {
     ids: Vec<u128>,
     offsets: Option<Vec<u64>>,
+    /// Answered not taken: it must never be stored.
+    not_taken: bool,
 }
 
 struct Run {
@@ -441,6 +443,10 @@ impl Run {
         };
         let mut refused = false;
         for ((_, _, ids), result) in appends.into_iter().zip(results) {
+            let not_taken = matches!(
+                result,
+                Err(PartitionError::Group(super::GroupError::NotTaken { .. }))
+            );
             let offsets = match result {
                 Ok(offsets) => {
                     self.count("appends acknowledged");
@@ -448,6 +454,11 @@ impl Run {
                     Some(offsets)
                 }
                 Err(PartitionError::Group(error)) => {
+                    if let super::GroupError::NotTaken { reason, .. } = &error
+                        && reason.starts_with("a view change dropped")
+                    {
+                        self.count("appends dropped by a view change");
+                    }
                     self.count(match error {
                         super::GroupError::NotTaken { .. } => {
                             refused = true;
@@ -460,7 +471,11 @@ impl Run {
                 }
                 Err(error) => panic!("seed {}: an append failed: {error}", self.seed),
             };
-            self.sent.push(Sent { ids, offsets });
+            self.sent.push(Sent {
+                ids,
+                offsets,
+                not_taken,
+            });
         }
         if refused {
             // A client told to go elsewhere looks the leader up again, which takes a while.
@@ -667,6 +682,15 @@ impl Run {
         }
         let mut minted: HashMap<u64, u128> = HashMap::new();
         for sent in &self.sent {
+            if sent.not_taken {
+                for id in &sent.ids {
+                    assert!(
+                        !stored.contains_key(id),
+                        "seed {}: message {id} was answered not taken, and stored",
+                        self.seed
+                    );
+                }
+            }
             let Some(offsets) = &sent.offsets else {
                 continue;
             };
