@@ -15,7 +15,7 @@
 //! - delete: metadata first, directories second. A crash in between leaves an orphan directory,
 //!   removed at boot, so deleted data never comes back.
 
-use crate::node::{GroupError, Inbox, LocalGroup, Peers, PrimarySeen};
+use crate::node::{Fate, GroupError, Inbox, LocalGroup, Peers, PrimarySeen, Ticket};
 use crate::partition::{
     OpenError, PartitionData, PartitionIds, PartitionPeers, PartitionState, lock, remove_dir,
 };
@@ -284,6 +284,40 @@ pub struct Catalog {
     /// With peers: partitions made for metadata ops whose outcome was unknown (no quorum
     /// reply in time). Adopted if the op commits; removed once it cannot.
     staged_unknown: Vec<Staged>,
+    /// With peers: metadata changes answered 57, by the SDK request that asked for them
+    /// (client id, request id), with their tickets and when they were answered.
+    unknown_changes: BTreeMap<(u128, u64), (Ticket, std::time::Instant)>,
+}
+
+/// How long a metadata change answered 57 stays recognisable: the SDK replays a 57 for at
+/// most 30 s.
+const UNKNOWN_CHANGE_KEPT: Duration = Duration::from_secs(60);
+/// Most metadata changes answered 57 kept at once (the oldest goes first).
+const UNKNOWN_CHANGES_MAX: usize = 1024;
+
+thread_local! {
+    /// The SDK request (its client id and request id) this thread handles now.
+    static CLIENT_REQUEST: std::cell::Cell<Option<(u128, u64)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Run `handle` as the handling of the SDK request with client id and request id
+/// `client_request` (TCP: the frame header's; `None` where a request has no identity, as over
+/// HTTP). A metadata change whose outcome is unknown is then answered 57, and the client's
+/// replay of the same request is recognised ([`Catalog::commit`]): answered from the
+/// outcome, never applied twice.
+pub fn handling_client_request<T>(client_request: Option<(u128, u64)>, handle: impl FnOnce() -> T) -> T {
+    struct Reset(Option<(u128, u64)>);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            CLIENT_REQUEST.with(|current| current.set(self.0));
+        }
+    }
+    let _reset = Reset(CLIENT_REQUEST.with(|current| current.replace(client_request)));
+    handle()
+}
+
+fn client_request() -> Option<(u128, u64)> {
+    CLIENT_REQUEST.with(std::cell::Cell::get)
 }
 
 pub fn metadata_path(data_dir: &Path) -> PathBuf {
@@ -595,6 +629,7 @@ impl Catalog {
             reflected_op,
             pending,
             staged_unknown: Vec::new(),
+            unknown_changes: BTreeMap::new(),
         };
         // With peers the metadata comes up at its checkpoint, possibly below ops this node
         // applied before it stopped: a directory it does not name yet may be a partition it
@@ -874,6 +909,11 @@ impl Catalog {
     /// nothing of it was kept, and the client may send it again to the primary); ops the
     /// group commits meanwhile from an earlier primary are reflected first.
     pub fn commit(&mut self, op: &MetadataOp) -> Result<Applied, u32> {
+        if self.seat.is_some()
+            && let Some(replayed) = self.replayed_change(op)
+        {
+            return replayed;
+        }
         if self.seat.is_some() {
             // Decided on the whole committed state: a new primary first commits what earlier
             // views prepared (the catalog reflects it, below), so no op applies before this
@@ -916,9 +956,28 @@ impl Catalog {
                 // The op may still commit (in another view, with this node's staged replicas
                 // taking part): they stay, adopted when it applies (`reconcile`), removed
                 // once a caught-up primary's log shows it never will.
-                tracing::warn!(%error, op = ?op_name(op), "metadata change got no reply from a quorum in time: it may or may not be applied; answered with an error");
                 self.staged_unknown.extend(staged);
-                return Err(codes::ERROR);
+                let ticket = self.group.take_unknown_tickets().pop();
+                let (Some(client_request), Some(ticket)) = (client_request(), ticket) else {
+                    tracing::warn!(%error, op = ?op_name(op), "metadata change got no reply from a quorum in time: it may or may not be applied; answered with an error");
+                    return Err(codes::ERROR);
+                };
+                tracing::warn!(%error, op = ?op_name(op), "metadata change got no reply from a quorum in time: it may or may not be applied; answered 57 (the client sends the same request again, and is answered with the change's outcome once it is known, never applying it twice)");
+                let now = std::time::Instant::now();
+                self.unknown_changes
+                    .retain(|_, (_, answered)| now.duration_since(*answered) < UNKNOWN_CHANGE_KEPT);
+                while self.unknown_changes.len() >= UNKNOWN_CHANGES_MAX {
+                    let oldest = self
+                        .unknown_changes
+                        .iter()
+                        .min_by_key(|(_, (_, answered))| *answered)
+                        .map(|(key, _)| *key);
+                    if let Some(oldest) = oldest {
+                        self.unknown_changes.remove(&oldest);
+                    }
+                }
+                self.unknown_changes.insert(client_request, (ticket, now));
+                return Err(codes::TRANSIENT_NOT_COMMITTED);
             }
             Err(error) => {
                 // New partitions' files stay: if the entry did reach the disk, the next start
@@ -973,6 +1032,36 @@ impl Catalog {
                 debug_assert!(false, "undecodable metadata reply");
                 self.finish(&applied.effects, staged);
                 Ok(applied)
+            }
+        }
+    }
+
+    /// The SDK's replay of a metadata change answered 57 ([`handling_client_request`]):
+    /// answered from the change's fate (its outcome once applied; 57 again while unknown),
+    /// or `None` to apply it now (it was dropped and never applies, or it is no replay).
+    fn replayed_change(&mut self, op: &MetadataOp) -> Option<Result<Applied, u32>> {
+        let client_request = client_request()?;
+        let (ticket, _) = self.unknown_changes.get(&client_request)?;
+        match self.group.fate(ticket) {
+            Fate::Unknown => Some(Err(codes::TRANSIENT_NOT_COMMITTED)),
+            Fate::Dropped => {
+                tracing::info!(op = ?op_name(op), "a metadata change answered 57 was never applied (a view change dropped it): the client's replay applies it now");
+                self.unknown_changes.remove(&client_request);
+                None
+            }
+            Fate::Applied(reply) => {
+                self.unknown_changes.remove(&client_request);
+                // Its effects are reflected as any op this node did not wait for.
+                self.reconcile();
+                let outcome = match MetadataMachine::decode_reply(&reply) {
+                    Ok(outcome) => outcome,
+                    Err(error) => {
+                        tracing::error!(%error, op = ?op_name(op), "the metadata log's reply to a change answered 57 does not decode (a bug); the change is applied, and its replay answered with an error");
+                        Err(codes::ERROR)
+                    }
+                };
+                tracing::info!(op = ?op_name(op), refused = outcome.as_ref().err(), "a metadata change answered 57 was applied: the client's replay is answered with its outcome");
+                Some(outcome)
             }
         }
     }

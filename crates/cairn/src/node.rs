@@ -899,6 +899,8 @@ pub struct LocalGroup<S: StateMachine, J: GroupJournal = RingJournal> {
     /// The replica's view and status when last noted (`note_view`); `None` until the first
     /// pump, so a reopened replica publishes its own at once.
     seen_view: Option<(u32, Status)>,
+    /// The requests the last round left unknown ([`LocalGroup::take_unknown_tickets`]).
+    unknown_tickets: Vec<Ticket>,
 }
 
 /// How a group reopens itself from its files; `true` after its files were set aside (a
@@ -915,6 +917,26 @@ const _: () = assert!(LANES <= Shape::PARTITION.pipeline_prepares_max);
 const _: () = assert!(LANES <= Shape::METADATA.pipeline_prepares_max);
 const _: () = assert!(LANES <= Shape::PARTITION.clients_max / 2);
 const _: () = assert!(LANES <= Shape::METADATA.clients_max / 2);
+
+/// A request whose outcome was unknown when its wait ended ([`LocalGroup::fate`] tells it
+/// later): its lane's client id and number, never used again, and an op below every op it
+/// could have been prepared at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ticket {
+    client: u128,
+    request: u64,
+    op_floor: u64,
+}
+
+/// What became of a request whose outcome was unknown ([`LocalGroup::fate`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// Committed and applied: the state machine's reply.
+    Applied(Vec<u8>),
+    /// Never applied, and never will be.
+    Dropped,
+    Unknown,
+}
 
 /// One lane: a client id, its session (0 before it registered) and its last request number.
 struct Lane {
@@ -1253,6 +1275,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             superblock_blank: false,
             incarnation: rand::random(),
             seen_view: None,
+            unknown_tickets: Vec::new(),
         }
     }
 
@@ -1684,13 +1707,20 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         let lanes: Vec<usize> = calls.iter().map(|(lane, _)| *lane).collect();
         // With peers each request is kept to hand it again (a clone shares the body).
         let mut sent: Vec<(usize, Message)> = Vec::new();
+        // Per lane, an op below every op its request could have been prepared at (a
+        // prepare takes the op after the replica's last, each time it is handed over).
+        let mut op_floor = [u64::MAX; LANES];
+        let mut registers = [false; LANES];
         for (lane, message) in calls {
             self.lanes[lane].reply = None;
+            registers[lane] = message.header.operation == OPERATION_REGISTER;
             if self.peers.is_some() {
                 sent.push((lane, message.clone()));
             }
+            op_floor[lane] = op_floor[lane].min(self.replica.op());
             self.replica.on_message(message);
         }
+        self.unknown_tickets.clear();
         let mut failure = None;
         // Lanes whose request the log of a later view proved dropped: never resent.
         let mut lost = [false; LANES];
@@ -1772,6 +1802,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                             ticks_since_resend = 0;
                             for (lane, request) in &sent {
                                 if self.lanes[*lane].reply.is_none() && !lost[*lane] {
+                                    op_floor[*lane] = op_floor[*lane].min(self.replica.op());
                                     self.replica.on_message(request.clone());
                                 }
                             }
@@ -1816,8 +1847,18 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 // A lane whose request may still be in a pipeline cannot take the next
                 // number (the core admits only the one after its last): it starts over as a
                 // new client, and registers before its next request.
+                // Its request is kept as a ticket, for the caller to learn its fate later
+                // ([`LocalGroup::fate`]): it is never handed to the replica again.
                 for (&lane, &lost) in lanes.iter().zip(&lost) {
                     if self.lanes[lane].reply.is_none() && !lost {
+                        let Lane { client, request, .. } = self.lanes[lane];
+                        if !registers[lane] {
+                            self.unknown_tickets.push(Ticket {
+                                client,
+                                request,
+                                op_floor: op_floor[lane],
+                            });
+                        }
                         self.renew_lane(lane);
                     }
                 }
@@ -1850,6 +1891,46 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 None => Err(error.take().unwrap_or_else(|| like.like(&self.files.dir))),
             })
             .collect()
+    }
+
+    /// The tickets of the requests the last round left unknown (`OutcomeUnknown`), in lane
+    /// order, taken.
+    pub fn take_unknown_tickets(&mut self) -> Vec<Ticket> {
+        std::mem::take(&mut self.unknown_tickets)
+    }
+
+    /// What became of a request whose outcome was unknown: applied (the reply the state
+    /// machine gave, as the client table holds it), dropped (it never applied and never
+    /// will: no view's log holds it, and nothing hands it to a replica again), or still
+    /// unknown. Dropped is told only by a replica in status normal whose log is its view's
+    /// and holds every op from the ticket's floor: a backup, or a primary that applied its
+    /// whole log (what it has not prepared it never will).
+    pub fn fate(&self, ticket: &Ticket) -> Fate {
+        const OPS_LOOKED_THROUGH_MAX: u64 = 4096;
+        if let Some(reply) = self.replica.committed_reply(ticket.client, ticket.request) {
+            return Fate::Applied(reply.body.to_vec());
+        }
+        if self.replica.status() != Status::Normal
+            || (self.replica.is_primary() && self.replica.commit_min() < self.replica.op())
+        {
+            return Fate::Unknown;
+        }
+        let op = self.replica.op();
+        if op.saturating_sub(ticket.op_floor) > OPS_LOOKED_THROUGH_MAX {
+            return Fate::Unknown;
+        }
+        for op in ticket.op_floor + 1..=op {
+            match self.replica.log_header(op) {
+                // Applied with its reply gone from the client table (evicted), or prepared
+                // and not applied yet: not dropped.
+                Some(header) if header.client == ticket.client && header.request == ticket.request => {
+                    return Fate::Unknown;
+                }
+                Some(_) => {}
+                None => return Fate::Unknown,
+            }
+        }
+        Fate::Dropped
     }
 
     /// Whether this replica's log holds `client`'s request `request` among the ops it has

@@ -181,8 +181,13 @@ impl Connection {
             "request"
         );
         let server = self.server.clone();
+        // The SDK replays a request answered 57 with the same client id and request id: a
+        // metadata change is recognised by them (`catalog::handling_client_request`).
+        let client_request = (header.client != 0).then_some((header.client, header.request));
         let joined = tokio::task::spawn_blocking(move || {
-            let reply = server.handle(&mut session, command);
+            let reply = crate::catalog::handling_client_request(client_request, || {
+                server.handle(&mut session, command)
+            });
             (reply, session)
         })
         .await;

@@ -1410,6 +1410,91 @@ async fn a_leader_stopped_for_ten_seconds_acknowledges_nothing_lost_and_rejoins(
     stop_and_compare_segments(&nodes, servers, client, (stream, topic)).await;
 }
 
+/// A metadata change whose quorum does not answer within the server's 10 s request timeout
+/// (both followers SIGSTOPped) is answered 57; the SDK replays it on the same connection,
+/// and once the followers are continued the replay is answered with the change's outcome.
+/// The application sees the stream created, and it exists once on every node: never
+/// applied twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metadata_change_of_unknown_outcome_is_answered_once_known_never_applied_twice() {
+    let dir = temp_dir();
+    let nodes = write_configs(dir.path());
+    let mut servers = start_running(&nodes);
+    let admin = cluster_client(nodes[0].tcp).await;
+    let leader = node_index(&leader_of(&admin, 3).await);
+    let followers: Vec<libc::pid_t> = (0..3)
+        .filter(|&index| index != leader)
+        .map(|index| servers[index].as_ref().expect("running").pid() as libc::pid_t)
+        .collect();
+    let signal = |signal: libc::c_int| {
+        for &pid in &followers {
+            // SAFETY: kill(2) with a signal number on our own child process.
+            assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+        }
+    };
+    // The leader's node stops taking requests once it has heard no quorum for a while
+    // (it abdicates: 58, nothing prepared); a change that arrives after that is not this
+    // test's case, and the attempt is repeated with another name.
+    let mut attempts = 0;
+    let name = loop {
+        attempts += 1;
+        let name = format!("unknown-{attempts}");
+        let client = cluster_client(nodes[leader].tcp).await;
+        signal(libc::SIGSTOP);
+        let create = {
+            let name = name.clone();
+            tokio::spawn(async move { client.create_stream(&name).await })
+        };
+        let log_of_leader = || servers[leader].as_ref().expect("running").logs();
+        let deadline = Instant::now() + WITHIN;
+        let answered_57 = loop {
+            let logs = log_of_leader();
+            if logs.contains("answered 57 (the client sends the same request again") {
+                break true;
+            }
+            if logs.contains("metadata change not taken") || create.is_finished() {
+                break false;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the change was neither answered 57 nor refused within {WITHIN:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        signal(libc::SIGCONT);
+        let created = create.await.expect("join");
+        if answered_57 {
+            let created = created.expect("the SDK's replays got the change's outcome");
+            assert_eq!(created.name, name);
+            break name;
+        }
+        assert!(
+            attempts < 3,
+            "the leader abdicated before every attempt's change arrived"
+        );
+        leader_of(&admin, 3).await;
+    };
+    // Exactly once, on every node (each answers from its own applied metadata).
+    for node in &nodes {
+        let client = cluster_client(node.tcp).await;
+        let deadline = Instant::now() + WITHIN;
+        loop {
+            let streams = client.get_streams().await.expect("streams");
+            let named = streams.iter().filter(|stream| stream.name == name).count();
+            assert!(named <= 1, "the stream was created twice: {streams:?}");
+            if named == 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "a node never applied the change");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    drop(admin);
+    for server in servers.iter_mut() {
+        stop_node(server.take().expect("running"));
+    }
+}
+
 /// Four producers, one partition each, connected to different nodes: the SDK's producer
 /// (`IggyProducer`, its default retries) sends batches of 10 until `stop`. Each batch is
 /// acknowledged or, on an error that reached the application, uncertain (never sent again by
