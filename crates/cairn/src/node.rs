@@ -1594,6 +1594,15 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                         self.lanes[*lane].session = reply.header.op;
                     }
                     Ok(_) => {}
+                    // The request itself was never handed to the replica: not taken.
+                    Err(GroupError::OutcomeUnknown { dir, reason }) => {
+                        results[*lane] = Some(Err(GroupError::NotTaken {
+                            dir,
+                            reason: format!(
+                                "its lane's registration got no reply in time, so it was not sent ({reason})"
+                            ),
+                        }))
+                    }
                     Err(error) => results[*lane] = Some(Err(error)),
                 }
             }

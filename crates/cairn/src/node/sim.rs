@@ -234,6 +234,10 @@ struct Sent {
     offsets: Option<Vec<u64>>,
     /// Answered not taken: it must never be stored.
     not_taken: bool,
+    /// Its outcome was unknown: what the group kept to tell its fate later.
+    ticket: Option<super::Ticket>,
+    /// The first fate a replica told of it while the run went on (dropped: never stored).
+    told_dropped: bool,
 }
 
 struct Run {
@@ -400,12 +404,30 @@ impl Run {
             }
             81..86 => lock(&self.world.net).cut = [[false; REPLICAS]; REPLICAS],
             86..89 => self.trim(),
+            89..92 => self.ask_fates(),
             _ => {
                 let ms = self.rng.range_inclusive(1, 30);
                 self.advance(ms);
             }
         }
         self.shell_upkeep();
+    }
+
+    /// Ask a running replica the fate of every append of unknown outcome not yet told
+    /// dropped, as a client's replay would; one told dropped must never be stored.
+    fn ask_fates(&mut self) {
+        let replica = self.rng.below(REPLICAS as u64) as usize;
+        let mut sent = std::mem::take(&mut self.sent);
+        for sent in sent.iter_mut().filter(|sent| !sent.told_dropped) {
+            let Some(ticket) = &sent.ticket else {
+                continue;
+            };
+            if self.with(replica, |group| group.fate(ticket)) == Some(super::Fate::Dropped) {
+                self.count("unknown appends told dropped during the run");
+                sent.told_dropped = true;
+            }
+        }
+        self.sent = sent;
     }
 
     /// Let `ms` of virtual time pass.
@@ -438,15 +460,25 @@ impl Run {
             .iter()
             .map(|(timestamp, batches)| (*timestamp, &batches[..]))
             .collect();
-        let Some(results) = self.with(replica, |group| group.append_copies(&borrowed)) else {
+        let Some((results, tickets)) = self.with(replica, |group| {
+            let results = group.append_copies(&borrowed);
+            (results, group.take_unknown_tickets())
+        }) else {
             return;
         };
+        // One ticket per append of unknown outcome, in order.
+        let mut tickets = tickets.into_iter();
         let mut refused = false;
         for ((_, _, ids), result) in appends.into_iter().zip(results) {
             let not_taken = matches!(
                 result,
                 Err(PartitionError::Group(super::GroupError::NotTaken { .. }))
             );
+            let ticket = matches!(
+                result,
+                Err(PartitionError::Group(super::GroupError::OutcomeUnknown { .. }))
+            )
+            .then(|| tickets.next().expect("a ticket per append of unknown outcome"));
             let offsets = match result {
                 Ok(offsets) => {
                     self.count("appends acknowledged");
@@ -475,6 +507,8 @@ impl Run {
                 ids,
                 offsets,
                 not_taken,
+                ticket,
+                told_dropped: false,
             });
         }
         if refused {
@@ -680,13 +714,56 @@ impl Run {
                 );
             }
         }
+        // The fate of every append of unknown outcome, as the replicas tell it now, matches
+        // the log: applied at the offsets its reply gives, or dropped and stored nowhere.
+        let mut fates: BTreeMap<&'static str, u64> = BTreeMap::new();
+        for (index, sent) in self.sent.iter().enumerate() {
+            let Some(ticket) = &sent.ticket else {
+                continue;
+            };
+            let fate = self.with(index % REPLICAS, |group| group.fate(ticket));
+            match fate.expect("running") {
+                super::Fate::Applied(reply) => {
+                    *fates.entry("unknown appends found applied").or_default() += 1;
+                    let offsets =
+                        cairn_machine::partition::decode_append_reply(&reply).unwrap_or_else(|status| {
+                            panic!("seed {}: an applied append refused ({status})", self.seed)
+                        });
+                    for (index, id) in sent.ids.iter().enumerate() {
+                        let offset = offsets[0] + index as u64;
+                        if offset >= start_offset {
+                            assert_eq!(
+                                by_offset.get(&offset),
+                                Some(id),
+                                "seed {}: an append told applied is not served at its offsets",
+                                self.seed
+                            );
+                        }
+                    }
+                }
+                super::Fate::Dropped => {
+                    *fates.entry("unknown appends found dropped").or_default() += 1;
+                    for id in &sent.ids {
+                        assert!(
+                            !stored.contains_key(id),
+                            "seed {}: message {id} was told dropped, and is stored",
+                            self.seed
+                        );
+                    }
+                }
+                super::Fate::Unknown => *fates.entry("unknown appends still unknown").or_default() += 1,
+            }
+        }
+        for (what, count) in fates {
+            *self.counts.entry(what).or_default() += count;
+        }
         let mut minted: HashMap<u64, u128> = HashMap::new();
         for sent in &self.sent {
-            if sent.not_taken {
+            if sent.not_taken || sent.told_dropped {
                 for id in &sent.ids {
                     assert!(
                         !stored.contains_key(id),
-                        "seed {}: message {id} was answered not taken, and stored",
+                        "seed {}: message {id} was answered not taken or told dropped, and stored",
                         self.seed
                     );
                 }
