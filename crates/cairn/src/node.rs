@@ -678,6 +678,20 @@ pub trait Clock: Send + Sync {
     fn take_until(&self, inbox: &Inbox, until: Instant) -> Vec<Message>;
 }
 
+/// `message` as the replica network carries it from replica `from` of `cluster`: encoded,
+/// and checked as the bus's receiver checks its bytes, so nothing sealed for this process
+/// only passes (tests' and the simulator's networks).
+#[cfg(test)]
+pub(crate) fn as_carried(cluster: u128, from: u8, prepare_rule: BodyRule, message: Message) -> Message {
+    let check = cairn_bus::MessageCheck::new(cluster, from, 64 << 20, Arc::new(move |_| prepare_rule));
+    let header = check
+        .header(&cairn_bus::frame::encode_header(&message))
+        .expect("a header the replica network takes");
+    check
+        .body(header, message.body)
+        .expect("a body the replica network takes")
+}
+
 /// The server's clock: wall time, and waits on the inbox.
 pub struct WallClock;
 
@@ -2617,7 +2631,6 @@ mod tests {
     /// shell a cluster node runs for each group.
     mod peers {
         use super::*;
-        use cairn_bus::MessageCheck;
         use cairn_machine::partition::PartitionMachine;
         use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -2654,16 +2667,7 @@ mod tests {
 
         impl Transport for NetTransport {
             fn send(&self, to: u8, message: Message) {
-                // The bytes the replica network would carry, checked as its receiver checks
-                // them (so nothing sealed for this process only passes).
-                let rule = self.net.prepare_rule;
-                let check = MessageCheck::new(CLUSTER, self.from, 64 << 20, Arc::new(move |_| rule));
-                let header = check
-                    .header(&cairn_bus::frame::encode_header(&message))
-                    .expect("a header the replica network takes");
-                let message = check
-                    .body(header, message.body)
-                    .expect("a body the replica network takes");
+                let message = as_carried(CLUSTER, self.from, self.net.prepare_rule, message);
                 let down = self.net.down.lock().expect("lock");
                 if !down[usize::from(self.from)] && !down[usize::from(to)] {
                     let _ = self.net.inboxes[usize::from(to)].push(message);
@@ -2854,6 +2858,59 @@ mod tests {
             }
         }
 
+        /// Three metadata replicas in `dir` over `net`, each served by a worker, whose
+        /// requests wait `request_timeout` for their quorum.
+        fn metadata_nodes(
+            dir: &Path,
+            net: &Arc<Net>,
+            request_timeout: Duration,
+        ) -> Vec<Node<MetadataMachine, RingJournal>> {
+            (0..3u8)
+                .map(|replica| {
+                    let peers = Peers {
+                        request_timeout,
+                        ..peers(net, replica)
+                    };
+                    let group = LocalGroup::open_with_peers(
+                        &dir.join(format!("replica-{replica}")),
+                        GROUP,
+                        &(MetadataMachine::body_verifies as BodyRule),
+                        MetadataMachine::default,
+                        Some(peers),
+                    )
+                    .expect("open");
+                    Node::start(group, net.inboxes[usize::from(replica)].clone())
+                })
+                .collect()
+        }
+
+        /// Create stream `name` through `node`'s replica.
+        fn create_stream(
+            node: &Node<MetadataMachine, RingJournal>,
+            name: &str,
+        ) -> Result<Vec<u8>, GroupError> {
+            let op = MetadataOp::CreateStream {
+                name: name.to_string(),
+                created_at_us: 1,
+            };
+            node.with(|group| group.submit(OPERATION_METADATA, &op.encode()))
+        }
+
+        /// The names of the streams `node`'s replica applied, sorted.
+        fn stream_names(node: &Node<MetadataMachine, RingJournal>) -> Vec<String> {
+            node.with(|group| {
+                let mut names: Vec<String> = group
+                    .state_machine()
+                    .state
+                    .streams
+                    .values()
+                    .map(|stream| stream.name.clone())
+                    .collect();
+                names.sort();
+                names
+            })
+        }
+
         /// A request whose quorum is cut off gets `OutcomeUnknown` after its timeout, and
         /// the group does not stop: once the network heals, later requests commit (the lane
         /// that timed out starts over as a new client), and the request whose outcome was
@@ -2863,30 +2920,10 @@ mod tests {
         fn a_request_without_a_quorum_has_an_unknown_outcome_and_the_group_goes_on() {
             let temp = tempfile::tempdir().expect("tempdir");
             let net = Net::new(MetadataMachine::body_verifies);
-            let nodes: Vec<Node<MetadataMachine, RingJournal>> = (0..3u8)
-                .map(|replica| {
-                    let mut peers = peers(&net, replica);
-                    // Shorter than a backup's view-change timeout (50 ticks of 10 ms), so
-                    // the primary usually keeps its view through the cut.
-                    peers.request_timeout = Duration::from_millis(200);
-                    let group = LocalGroup::open_with_peers(
-                        &temp.path().join(format!("replica-{replica}")),
-                        GROUP,
-                        &(MetadataMachine::body_verifies as BodyRule),
-                        MetadataMachine::default,
-                        Some(peers),
-                    )
-                    .expect("open");
-                    Node::start(group, net.inboxes[usize::from(replica)].clone())
-                })
-                .collect();
-            let create = |node: &Node<MetadataMachine, RingJournal>, name: &str| {
-                let op = MetadataOp::CreateStream {
-                    name: name.to_string(),
-                    created_at_us: 1,
-                };
-                node.with(|group| group.submit(OPERATION_METADATA, &op.encode()))
-            };
+            // Shorter than a backup's view-change timeout (50 ticks of 10 ms), so the
+            // primary usually keeps its view through the cut.
+            let nodes = metadata_nodes(temp.path(), &net, Duration::from_millis(200));
+            let create = create_stream;
             create(&nodes[0], "before").expect("committed");
             net.set_down(1, true);
             net.set_down(2, true);
@@ -2920,19 +2957,7 @@ mod tests {
                 );
                 std::thread::sleep(Duration::from_millis(10));
             }
-            let names = |node: &Node<MetadataMachine, RingJournal>| {
-                node.with(|group| {
-                    let mut names: Vec<String> = group
-                        .state_machine()
-                        .state
-                        .streams
-                        .values()
-                        .map(|stream| stream.name.clone())
-                        .collect();
-                    names.sort();
-                    names
-                })
-            };
+            let names = stream_names;
             let expected = names(&nodes[0]);
             for node in &nodes {
                 eventually("every replica applies the same ops", || names(node) == expected);
@@ -2954,29 +2979,9 @@ mod tests {
         fn a_request_a_view_change_dropped_is_not_taken() {
             let temp = tempfile::tempdir().expect("tempdir");
             let net = Net::new(MetadataMachine::body_verifies);
-            let nodes: Vec<Node<MetadataMachine, RingJournal>> = (0..3u8)
-                .map(|replica| {
-                    let mut peers = peers(&net, replica);
-                    // Far beyond the view change: an unknown outcome would take this long.
-                    peers.request_timeout = Duration::from_secs(120);
-                    let group = LocalGroup::open_with_peers(
-                        &temp.path().join(format!("replica-{replica}")),
-                        GROUP,
-                        &(MetadataMachine::body_verifies as BodyRule),
-                        MetadataMachine::default,
-                        Some(peers),
-                    )
-                    .expect("open");
-                    Node::start(group, net.inboxes[usize::from(replica)].clone())
-                })
-                .collect();
-            let create = |node: &Node<MetadataMachine, RingJournal>, name: &str| {
-                let op = MetadataOp::CreateStream {
-                    name: name.to_string(),
-                    created_at_us: 1,
-                };
-                node.with(|group| group.submit(OPERATION_METADATA, &op.encode()))
-            };
+            // Far beyond the view change: an unknown outcome would take this long.
+            let nodes = metadata_nodes(temp.path(), &net, Duration::from_secs(120));
+            let create = create_stream;
             // View 0: replica 0 is the primary of a freshly formatted group.
             eventually("replica 0 primary", || {
                 nodes[0].with(|group| group.takes_requests())
@@ -3001,19 +3006,7 @@ mod tests {
                 }
                 other => panic!("not answered as not taken: {other:?}"),
             }
-            let names = |node: &Node<MetadataMachine, RingJournal>| {
-                node.with(|group| {
-                    let mut names: Vec<String> = group
-                        .state_machine()
-                        .state
-                        .streams
-                        .values()
-                        .map(|stream| stream.name.clone())
-                        .collect();
-                    names.sort();
-                    names
-                })
-            };
+            let names = stream_names;
             // Sent again to the new primary, it commits once, everywhere.
             let taker = nodes
                 .iter()

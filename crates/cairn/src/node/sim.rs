@@ -25,7 +25,6 @@
 use super::{Clock, Inbox, LocalGroup, Peers, TransferPace, Transport};
 use crate::partition_group::{self, JournalOptions, LogJournal, LogParams, PartitionError};
 use crate::test_support::client_batch_from;
-use cairn_bus::MessageCheck;
 use cairn_machine::partition::PartitionMachine;
 use cairn_storage::sim_disk::SimRng;
 use cairn_vsr::header::Message;
@@ -96,18 +95,7 @@ impl World {
     /// A message on the replica network: checked as the bus's receiver checks its bytes,
     /// then lost or delivered after a latency, as the seed says.
     fn send(&self, from: usize, to: usize, message: Message) {
-        let check = MessageCheck::new(
-            CLUSTER,
-            from as u8,
-            64 << 20,
-            Arc::new(|_| PartitionMachine::body_verifies),
-        );
-        let header = check
-            .header(&cairn_bus::frame::encode_header(&message))
-            .expect("a header the replica network takes");
-        let message = check
-            .body(header, message.body)
-            .expect("a body the replica network takes");
+        let message = super::as_carried(CLUSTER, from as u8, PartitionMachine::body_verifies, message);
         let now_us = self.now_us.load(Ordering::Acquire);
         let mut net = lock(&self.net);
         net.sent += 1;
