@@ -284,6 +284,9 @@ pub struct Catalog {
     /// With peers: partitions made for metadata ops whose outcome was unknown (no quorum
     /// reply in time). Adopted if the op commits; removed once it cannot.
     staged_unknown: Vec<Staged>,
+    /// The stored offsets of consumer groups deleted by ops this catalog applied, to delete
+    /// outside its lock ([`Catalog::take_offsets_of_deleted_groups`]).
+    offsets_of_deleted_groups: Vec<(Arc<Partition>, u32)>,
     /// With peers: metadata changes answered 57, by the SDK request that asked for them
     /// (client id, request id), with their tickets and when they were answered.
     unknown_changes: BTreeMap<(u128, u64), (Ticket, std::time::Instant)>,
@@ -318,6 +321,24 @@ pub fn handling_client_request<T>(client_request: Option<(u128, u64)>, handle: i
 
 fn client_request() -> Option<(u128, u64)> {
     CLIENT_REQUEST.with(std::cell::Cell::get)
+}
+
+/// Delete the stored offsets of deleted consumer groups, each partition under its own lock
+/// (never the catalog's: a delete waits for the partition's quorum). Only a partition
+/// holding the group's offset is verified (`serving`) and written; an offset that cannot be
+/// deleted stays on disk, inert (group ids are never reused).
+pub fn delete_group_offsets(offsets: Vec<(Arc<Partition>, u32)>) {
+    for (partition, group_id) in offsets {
+        let owner = Owner::Group(group_id);
+        let mut state = lock(&partition.state);
+        if matches!(&*state, PartitionState::Serving(data) if data.stored_offset(&owner).is_some())
+            && let Ok(data) = crate::partition::serving(&mut state)
+            && let Err(status) = data.delete_offset(&owner)
+            && status != codes::CONSUMER_OFFSET_NOT_FOUND
+        {
+            tracing::warn!(status, partition_dir = %partition.dir.display(), group_id, "cannot delete a deleted group's stored offset; it stays on disk, inert (group ids are never reused)");
+        }
+    }
 }
 
 pub fn metadata_path(data_dir: &Path) -> PathBuf {
@@ -630,6 +651,7 @@ impl Catalog {
             pending,
             staged_unknown: Vec::new(),
             unknown_changes: BTreeMap::new(),
+            offsets_of_deleted_groups: Vec::new(),
         };
         // With peers the metadata comes up at its checkpoint, possibly below ops this node
         // applied before it stopped: a directory it does not name yet may be a partition it
@@ -1237,23 +1259,25 @@ impl Catalog {
                         continue;
                     };
                     lock(&runtime.members).remove(&group_id);
-                    let owner = Owner::Group(group_id);
-                    for partition in &runtime.partitions {
-                        let mut state = lock(&partition.state);
-                        // Only a partition holding the group's offset is verified (`serving`)
-                        // and written.
-                        if matches!(&*state, PartitionState::Serving(data) if data.stored_offset(&owner).is_some())
-                            && let Ok(data) = crate::partition::serving(&mut state)
-                            && let Err(status) = data.delete_offset(&owner)
-                            && status != codes::CONSUMER_OFFSET_NOT_FOUND
-                        {
-                            tracing::warn!(status, partition_dir = %partition.dir.display(), group_id, "cannot delete a deleted group's stored offset; it stays on disk, inert (group ids are never reused)");
-                        }
-                    }
+                    // Deleting an offset is a partition op that waits for its quorum: done
+                    // once the catalog's lock is released (`delete_group_offsets`), never
+                    // under it.
+                    self.offsets_of_deleted_groups.extend(
+                        runtime
+                            .partitions
+                            .iter()
+                            .map(|partition| (partition.clone(), group_id)),
+                    );
                 }
             }
         }
         debug_assert!(staged.next().is_none(), "every staged partition was published");
+    }
+
+    /// The stored offsets of consumer groups deleted since the last call, for
+    /// [`delete_group_offsets`] once the catalog's lock is released.
+    pub fn take_offsets_of_deleted_groups(&mut self) -> Vec<(Arc<Partition>, u32)> {
+        std::mem::take(&mut self.offsets_of_deleted_groups)
     }
 
     // ---- lookups ----

@@ -677,15 +677,19 @@ impl Server {
                 Ok(Typed::Group(created))
             }
             Command::DeleteConsumerGroup { stream, topic, group } => {
-                let mut catalog = self.write();
-                let topic = find_topic(&catalog, &stream, &topic)?;
-                let (stream_id, topic_id, group_id) =
-                    (topic.stream_id, topic.doc.id, topic.doc.find_group(&group)?.id);
-                catalog.commit(&MetadataOp::DeleteGroup {
-                    stream_id,
-                    topic_id,
-                    group_id,
-                })?;
+                let offsets = {
+                    let mut catalog = self.write();
+                    let topic = find_topic(&catalog, &stream, &topic)?;
+                    let (stream_id, topic_id, group_id) =
+                        (topic.stream_id, topic.doc.id, topic.doc.find_group(&group)?.id);
+                    catalog.commit(&MetadataOp::DeleteGroup {
+                        stream_id,
+                        topic_id,
+                        group_id,
+                    })?;
+                    catalog.take_offsets_of_deleted_groups()
+                };
+                crate::catalog::delete_group_offsets(offsets);
                 Ok(Typed::Empty)
             }
             Command::JoinConsumerGroup { stream, topic, group } => {
