@@ -323,6 +323,11 @@ fn client_request() -> Option<(u128, u64)> {
     CLIENT_REQUEST.with(std::cell::Cell::get)
 }
 
+/// Whether this thread handles an SDK request with an identity now.
+pub fn handling_a_client_request() -> bool {
+    client_request().is_some()
+}
+
 /// Delete the stored offsets of deleted consumer groups, each partition under its own lock
 /// (never the catalog's: a delete waits for the partition's quorum). Only a partition
 /// holding the group's offset is verified (`serving`) and written; an offset that cannot be
@@ -1083,6 +1088,43 @@ impl Catalog {
                     }
                 };
                 tracing::info!(op = ?op_name(op), refused = outcome.as_ref().err(), "a metadata change answered 57 was applied: the client's replay is answered with its outcome");
+                Some(outcome)
+            }
+        }
+    }
+
+    /// Whether the request this thread handles replays a change answered 57.
+    pub fn awaits_replay(&self) -> bool {
+        client_request().is_some_and(|client_request| self.unknown_changes.contains_key(&client_request))
+    }
+
+    /// After a handler refused the SDK's replay of a change answered 57 before reaching
+    /// [`Catalog::commit`] (a lookup its own effect broke): the change's outcome once it
+    /// applied (`Ok` for a success), 57 while unknown, `None` when there is no such change
+    /// or it never applied (the refusal stands).
+    pub fn settle_replayed_change(&mut self) -> Option<Result<(), u32>> {
+        let client_request = client_request()?;
+        let (ticket, _) = self.unknown_changes.get(&client_request)?;
+        match self.group.fate(ticket) {
+            Fate::Unknown => Some(Err(codes::TRANSIENT_NOT_COMMITTED)),
+            Fate::Dropped => {
+                self.unknown_changes.remove(&client_request);
+                None
+            }
+            Fate::Applied(reply) => {
+                self.unknown_changes.remove(&client_request);
+                self.reconcile();
+                let outcome = match MetadataMachine::decode_reply(&reply) {
+                    Ok(outcome) => outcome.map(|_| ()),
+                    Err(error) => {
+                        tracing::error!(%error, "the metadata log's reply to a change answered 57 does not decode (a bug); the change is applied, and its replay answered with an error");
+                        Err(codes::ERROR)
+                    }
+                };
+                tracing::info!(
+                    refused = outcome.err(),
+                    "a metadata change answered 57 was applied: the client's replay is answered with its outcome"
+                );
                 Some(outcome)
             }
         }

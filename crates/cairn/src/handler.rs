@@ -308,6 +308,24 @@ impl Server {
         }
     }
 
+    /// A refusal of the SDK's replay of a metadata change answered 57 whose change has since
+    /// applied (its own effect made the handler's lookup fail: a delete's stream is gone, a
+    /// rename's old name): answered with the change's outcome instead, an empty success
+    /// (every change whose lookup its own effect can break replies with nothing).
+    pub fn settle_replayed_change(&self, handled: Handled) -> Handled {
+        if !matches!(handled, Handled::Done(Err(_)))
+            || !crate::catalog::handling_a_client_request()
+            || !self.read().awaits_replay()
+        {
+            return handled;
+        }
+        match self.write().settle_replayed_change() {
+            Some(Ok(())) => Handled::Done(Ok(Typed::Empty)),
+            Some(Err(status)) => Handled::Done(Err(status)),
+            None => handled,
+        }
+    }
+
     /// Apply one command for `session`. A send comes back as [`Handled::Send`] for the shell
     /// to complete; everything else is done.
     pub fn handle(&self, session: &mut Session, command: Command) -> Handled {

@@ -933,13 +933,19 @@ const _: () = assert!(LANES <= Shape::PARTITION.clients_max / 2);
 const _: () = assert!(LANES <= Shape::METADATA.clients_max / 2);
 
 /// A request whose outcome was unknown when its wait ended ([`LocalGroup::fate`] tells it
-/// later): its lane's client id and number, never used again, and an op below every op it
-/// could have been prepared at.
+/// later): its lane's client id and number, never used again, and the ops it could have
+/// been prepared at (a prepare keeps its op through every view change).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ticket {
     client: u128,
     request: u64,
+    /// Below every op it could have been prepared at.
     op_floor: u64,
+    /// The highest op it could have been prepared at.
+    op_ceiling: u64,
+    /// The incarnation of the group that issued it: only that one's log tells its fate (a
+    /// group reopened from its files may have lost the prepare its peers hold).
+    incarnation: u128,
 }
 
 /// What became of a request whose outcome was unknown ([`LocalGroup::fate`]).
@@ -1733,6 +1739,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         // Per lane, an op below every op its request could have been prepared at (a
         // prepare takes the op after the replica's last, each time it is handed over).
         let mut op_floor = [u64::MAX; LANES];
+        let mut op_ceiling = [0u64; LANES];
         let mut registers = [false; LANES];
         for (lane, message) in calls {
             self.lanes[lane].reply = None;
@@ -1741,6 +1748,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 sent.push((lane, message.clone()));
             }
             op_floor[lane] = op_floor[lane].min(self.replica.op());
+            op_ceiling[lane] = op_ceiling[lane].max(self.replica.op() + 1);
             self.replica.on_message(message);
         }
         self.unknown_tickets.clear();
@@ -1793,7 +1801,8 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                             let Lane { client, request, .. } = self.lanes[lane];
                             if self.lanes[lane].reply.is_none()
                                 && !lost[lane]
-                                && self.log_holds_request(client, request) == Some(false)
+                                && self.request_fate(client, request, (op_floor[lane], op_ceiling[lane]))
+                                    == Fate::Dropped
                             {
                                 lost[lane] = true;
                             }
@@ -1826,6 +1835,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                             for (lane, request) in &sent {
                                 if self.lanes[*lane].reply.is_none() && !lost[*lane] {
                                     op_floor[*lane] = op_floor[*lane].min(self.replica.op());
+                                    op_ceiling[*lane] = op_ceiling[*lane].max(self.replica.op() + 1);
                                     self.replica.on_message(request.clone());
                                 }
                             }
@@ -1880,6 +1890,8 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                                 client,
                                 request,
                                 op_floor: op_floor[lane],
+                                op_ceiling: op_ceiling[lane],
+                                incarnation: self.incarnation,
                             });
                         }
                         self.renew_lane(lane);
@@ -1924,54 +1936,63 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
 
     /// What became of a request whose outcome was unknown: applied (the reply the state
     /// machine gave, as the client table holds it), dropped (it never applied and never
-    /// will: no view's log holds it, and nothing hands it to a replica again), or still
-    /// unknown. Dropped is told only by a replica in status normal whose log is its view's
-    /// and holds every op from the ticket's floor: a backup, or a primary that applied its
-    /// whole log (what it has not prepared it never will).
+    /// will), or still unknown. Only the incarnation that issued the ticket tells more than
+    /// applied: another replica's log may lag behind the op the request was prepared at.
     pub fn fate(&self, ticket: &Ticket) -> Fate {
+        match self.request_fate(
+            ticket.client,
+            ticket.request,
+            (ticket.op_floor, ticket.op_ceiling),
+        ) {
+            Fate::Dropped if ticket.incarnation != self.incarnation => Fate::Unknown,
+            fate => fate,
+        }
+    }
+
+    /// [`LocalGroup::fate`] of `client`'s request `request`, which could only have been
+    /// prepared at an op above `op_floor` and at most `op_ceiling`, and is never handed to
+    /// the replica again. Dropped when, at each of those ops, this replica (in status
+    /// normal) holds another request:
+    /// - an op it applied holds another request in every view (committed ops are final),
+    ///   whatever the number of replicas;
+    /// - an op it has not applied (or one beyond its log, which this replica prepared the
+    ///   request within) counts only in a group of at most three replicas, where its view's
+    ///   log decides: the first view whose log dropped the request had no replica holding it
+    ///   in its quorum (any two of three meet any quorum), so this replica, which prepared
+    ///   it, held it alone, and its log no longer does. With more replicas a minority that
+    ///   holds it and missed the view could bring it back in a later view.
+    fn request_fate(&self, client: u128, request: u64, (op_floor, op_ceiling): (u64, u64)) -> Fate {
         const OPS_LOOKED_THROUGH_MAX: u64 = 4096;
-        if let Some(reply) = self.replica.committed_reply(ticket.client, ticket.request) {
+        if let Some(reply) = self.replica.committed_reply(client, request) {
             return Fate::Applied(reply.body.to_vec());
         }
         if self.replica.status() != Status::Normal
-            || (self.replica.is_primary() && self.replica.commit_min() < self.replica.op())
+            || op_ceiling.saturating_sub(op_floor) > OPS_LOOKED_THROUGH_MAX
         {
             return Fate::Unknown;
         }
-        let op = self.replica.op();
-        if op.saturating_sub(ticket.op_floor) > OPS_LOOKED_THROUGH_MAX {
+        // Another request at `op` (a missing header, or this one with its reply gone from the
+        // client table, tells nothing).
+        let another = |header: Option<Header>| {
+            header.is_some_and(|header| header.client != client || header.request != request)
+        };
+        let commit = self.replica.commit_min();
+        if !(op_floor + 1..=op_ceiling.min(commit)).all(|op| another(self.replica.committed_header(op))) {
             return Fate::Unknown;
         }
-        for op in ticket.op_floor + 1..=op {
-            match self.replica.log_header(op) {
-                // Applied with its reply gone from the client table (evicted), or prepared
-                // and not applied yet: not dropped.
-                Some(header) if header.client == ticket.client && header.request == ticket.request => {
-                    return Fate::Unknown;
-                }
-                Some(_) => {}
-                None => return Fate::Unknown,
-            }
+        if commit >= op_ceiling {
+            return Fate::Dropped;
         }
-        Fate::Dropped
-    }
-
-    /// Whether this replica's log holds `client`'s request `request` among the ops it has
-    /// not applied (one it applied is in the client table): `None` when it cannot tell (a
-    /// header missing, or more ops than it looks through).
-    fn log_holds_request(&self, client: u128, request: u64) -> Option<bool> {
-        const OPS_LOOKED_THROUGH_MAX: u64 = 4096;
-        let (commit, op) = (self.replica.commit_min(), self.replica.op());
-        if op - commit > OPS_LOOKED_THROUGH_MAX {
-            return None;
+        let replica_count = self.peers.as_ref().map_or(1, |peers| peers.replica_count);
+        if replica_count > 3 {
+            return Fate::Unknown;
         }
-        for op in commit + 1..=op {
-            let header = self.replica.log_header(op)?;
-            if header.client == client && header.request == request {
-                return Some(true);
-            }
+        let log_end = op_ceiling.min(self.replica.op());
+        if (commit.max(op_floor) + 1..=log_end).all(|op| another(self.replica.log_header(op))) {
+            Fate::Dropped
+        } else {
+            Fate::Unknown
         }
-        Some(false)
     }
 
     /// Give `lane` a client id never used before, with no session.

@@ -186,7 +186,8 @@ impl Connection {
         let client_request = (header.client != 0).then_some((header.client, header.request));
         let joined = tokio::task::spawn_blocking(move || {
             let reply = crate::catalog::handling_client_request(client_request, || {
-                server.handle(&mut session, command)
+                let handled = server.handle(&mut session, command);
+                server.settle_replayed_change(handled)
             });
             (reply, session)
         })

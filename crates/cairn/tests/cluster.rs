@@ -1414,14 +1414,95 @@ async fn a_leader_stopped_for_ten_seconds_acknowledges_nothing_lost_and_rejoins(
 /// (both followers SIGSTOPped) is answered 57; the SDK replays it on the same connection,
 /// and once the followers are continued the replay is answered with the change's outcome.
 /// The application sees the stream created, and it exists once on every node: never
-/// applied twice.
+/// applied twice. The same for the stream's delete, whose replay cannot find the stream its
+/// own change removed: answered with the delete's success all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_metadata_change_of_unknown_outcome_is_answered_once_known_never_applied_twice() {
     let dir = temp_dir();
     let nodes = write_configs(dir.path());
     let mut servers = start_running(&nodes);
     let admin = cluster_client(nodes[0].tcp).await;
-    let leader = node_index(&leader_of(&admin, 3).await);
+    // The leader's node stops taking requests once it has heard no quorum for a while
+    // (it abdicates: 58, nothing prepared); a change that arrives after that is not this
+    // test's case, and the attempt is repeated (with another name). The followers may elect
+    // another leader once continued: each attempt asks which node leads.
+    let mut attempts = 0;
+    let name = loop {
+        attempts += 1;
+        let leader = node_index(&leader_of(&admin, 3).await);
+        let name = format!("unknown-{attempts}");
+        let create = {
+            let name = name.clone();
+            move |client: IggyClient| tokio::spawn(async move { client.create_stream(&name).await })
+        };
+        if let Some(created) = answered_57_then(&nodes, &servers, leader, "create_stream", create).await {
+            let created = created.expect("the SDK's replays got the change's outcome");
+            assert_eq!(created.name, name);
+            break name;
+        }
+        assert!(
+            attempts < 3,
+            "the leader abdicated before every attempt's change arrived"
+        );
+    };
+    // Exactly once, on every node (each answers from its own applied metadata).
+    let streams_named = |client: IggyClient, name: String| async move {
+        let streams = client.get_streams().await.expect("streams");
+        streams.iter().filter(|stream| stream.name == name).count()
+    };
+    for node in &nodes {
+        let deadline = Instant::now() + WITHIN;
+        loop {
+            let named = streams_named(cluster_client(node.tcp).await, name.clone()).await;
+            assert!(named <= 1, "the stream was created twice");
+            if named == 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "a node never applied the change");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let leader = node_index(&leader_of(&admin, 3).await);
+        let delete = {
+            let name = name.clone();
+            move |client: IggyClient| tokio::spawn(async move { client.delete_stream(&id_name(&name)).await })
+        };
+        if let Some(deleted) = answered_57_then(&nodes, &servers, leader, "delete_stream", delete).await {
+            deleted.expect("the replay of a delete that applied is answered with its success");
+            break;
+        }
+        assert!(
+            attempts < 3,
+            "the leader abdicated before every attempt's change arrived"
+        );
+    }
+    for node in &nodes {
+        let deadline = Instant::now() + WITHIN;
+        while streams_named(cluster_client(node.tcp).await, name.clone()).await != 0 {
+            assert!(Instant::now() < deadline, "a node never applied the delete");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    drop(admin);
+    for server in servers.iter_mut() {
+        stop_node(server.take().expect("running"));
+    }
+}
+
+/// SIGSTOP the followers of `leader`, start `change` on an SDK client of the leader, wait
+/// until the leader's log says it answered a change of `op` 57, SIGCONT the followers and
+/// return the change's result; `None` when the leader refused it instead (it abdicated
+/// before the change arrived).
+async fn answered_57_then<T: Send + 'static>(
+    nodes: &[Node],
+    servers: &[Option<TestServer>],
+    leader: usize,
+    op: &str,
+    change: impl FnOnce(IggyClient) -> tokio::task::JoinHandle<Result<T, IggyError>>,
+) -> Option<Result<T, IggyError>> {
     let followers: Vec<libc::pid_t> = (0..3)
         .filter(|&index| index != leader)
         .map(|index| servers[index].as_ref().expect("running").pid() as libc::pid_t)
@@ -1432,67 +1513,55 @@ async fn a_metadata_change_of_unknown_outcome_is_answered_once_known_never_appli
             assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
         }
     };
-    // The leader's node stops taking requests once it has heard no quorum for a while
-    // (it abdicates: 58, nothing prepared); a change that arrives after that is not this
-    // test's case, and the attempt is repeated with another name.
-    let mut attempts = 0;
-    let name = loop {
-        attempts += 1;
-        let name = format!("unknown-{attempts}");
-        let client = cluster_client(nodes[leader].tcp).await;
-        signal(libc::SIGSTOP);
-        let create = {
-            let name = name.clone();
-            tokio::spawn(async move { client.create_stream(&name).await })
-        };
-        let log_of_leader = || servers[leader].as_ref().expect("running").logs();
-        let deadline = Instant::now() + WITHIN;
-        let answered_57 = loop {
-            let logs = log_of_leader();
-            if logs.contains("answered 57 (the client sends the same request again") {
-                break true;
-            }
-            if logs.contains("metadata change not taken") || create.is_finished() {
-                break false;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the change was neither answered 57 nor refused within {WITHIN:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        signal(libc::SIGCONT);
-        let created = create.await.expect("join");
-        if answered_57 {
-            let created = created.expect("the SDK's replays got the change's outcome");
-            assert_eq!(created.name, name);
-            break name;
+    let answered_57 = |logs: &str| {
+        logs.lines()
+            .filter(|line| {
+                line.contains("answered 57 (the client sends the same request again") && line.contains(op)
+            })
+            .count()
+    };
+    let not_taken = |logs: &str| {
+        logs.lines()
+            .filter(|line| line.contains("metadata change not taken") && line.contains(op))
+            .count()
+    };
+    // A change first, with every node running: the leader's metadata lane is registered
+    // (a lane whose change went unknown starts over, and a registration that gets no
+    // quorum reply is answered 58: the change itself was never sent).
+    let client = cluster_client(nodes[leader].tcp).await;
+    let warm = format!("warm-{}", now_micros());
+    client
+        .create_stream(&warm)
+        .await
+        .expect("a change with every node running");
+    client
+        .delete_stream(&id_name(&warm))
+        .await
+        .expect("a change with every node running");
+    let logs_of_leader = || servers[leader].as_ref().expect("running").logs();
+    let before = logs_of_leader();
+    let (answered_before, not_taken_before) = (answered_57(&before), not_taken(&before));
+    signal(libc::SIGSTOP);
+    let running = change(client);
+    // Refused (58), the SDK retries for 30 s before it gives the error back.
+    let deadline = Instant::now() + 2 * WITHIN;
+    let answered = loop {
+        let logs = logs_of_leader();
+        if answered_57(&logs) > answered_before {
+            break true;
+        }
+        if not_taken(&logs) > not_taken_before || running.is_finished() {
+            break false;
         }
         assert!(
-            attempts < 3,
-            "the leader abdicated before every attempt's change arrived"
+            Instant::now() < deadline,
+            "the change was neither answered 57 nor refused in time"
         );
-        leader_of(&admin, 3).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    // Exactly once, on every node (each answers from its own applied metadata).
-    for node in &nodes {
-        let client = cluster_client(node.tcp).await;
-        let deadline = Instant::now() + WITHIN;
-        loop {
-            let streams = client.get_streams().await.expect("streams");
-            let named = streams.iter().filter(|stream| stream.name == name).count();
-            assert!(named <= 1, "the stream was created twice: {streams:?}");
-            if named == 1 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "a node never applied the change");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    drop(admin);
-    for server in servers.iter_mut() {
-        stop_node(server.take().expect("running"));
-    }
+    signal(libc::SIGCONT);
+    let result = running.await.expect("join");
+    answered.then_some(result)
 }
 
 /// Four producers, one partition each, connected to different nodes: the SDK's producer

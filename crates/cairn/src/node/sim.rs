@@ -237,8 +237,9 @@ struct Sent {
     offsets: Option<Vec<u64>>,
     /// Answered not taken: it must never be stored.
     not_taken: bool,
-    /// Its outcome was unknown: what the group kept to tell its fate later.
-    ticket: Option<Ticket>,
+    /// Its outcome was unknown: what the group kept to tell its fate later, and the replica
+    /// that issued it (the one that tells it, while not restarted).
+    ticket: Option<(Ticket, usize)>,
     /// The first fate a replica told of it while the run went on (dropped: never stored).
     told_dropped: bool,
 }
@@ -568,12 +569,11 @@ impl PartitionRun {
     /// Ask a running replica the fate of every append of unknown outcome not yet told
     /// dropped, as a client's replay would; one told dropped must never be stored.
     fn ask_fates(&mut self) {
-        let replica = self.cluster.rng.below(REPLICAS as u64) as usize;
         for sent in self.sent.iter_mut().filter(|sent| !sent.told_dropped) {
-            let Some(ticket) = &sent.ticket else {
+            let Some((ticket, issuer)) = &sent.ticket else {
                 continue;
             };
-            if self.cluster.with(replica, |group| group.fate(ticket)) == Some(Fate::Dropped) {
+            if self.cluster.with(*issuer, |group| group.fate(ticket)) == Some(Fate::Dropped) {
                 sent.told_dropped = true;
                 *self
                     .cluster
@@ -624,7 +624,12 @@ impl PartitionRun {
                 result,
                 Err(PartitionError::Group(GroupError::OutcomeUnknown { .. }))
             )
-            .then(|| tickets.next().expect("a ticket per append of unknown outcome"));
+            .then(|| {
+                (
+                    tickets.next().expect("a ticket per append of unknown outcome"),
+                    replica,
+                )
+            });
             let offsets = match result {
                 Ok(offsets) => {
                     cluster.count("appends acknowledged");
@@ -770,11 +775,11 @@ impl PartitionRun {
         }
         // The fate of every append of unknown outcome, as the replicas tell it now, matches
         // the log: applied at the offsets its reply gives, or dropped and stored nowhere.
-        for (index, sent) in self.sent.iter().enumerate() {
-            let Some(ticket) = &sent.ticket else {
+        for sent in &self.sent {
+            let Some((ticket, issuer)) = &sent.ticket else {
                 continue;
             };
-            let fate = self.cluster.with(index % REPLICAS, |group| group.fate(ticket));
+            let fate = self.cluster.with(*issuer, |group| group.fate(ticket));
             let what = match fate.expect("running") {
                 Fate::Applied(reply) => {
                     let offsets = cairn_machine::partition::decode_append_reply(&reply)
@@ -866,8 +871,9 @@ struct Change {
     acknowledged: bool,
     /// Answered not taken: it must never be applied.
     not_taken: bool,
-    /// Its outcome was unknown: what the group kept to tell its fate later.
-    ticket: Option<Ticket>,
+    /// Its outcome was unknown: what the group kept to tell its fate later, and the replica
+    /// that issued it (the one that tells it, while not restarted).
+    ticket: Option<(Ticket, usize)>,
     /// A replica told it dropped while the run went on: it must never be applied.
     told_dropped: bool,
 }
@@ -927,7 +933,7 @@ impl MetadataRun {
             Err(error) => {
                 change.not_taken = matches!(error, GroupError::NotTaken { .. });
                 if matches!(error, GroupError::OutcomeUnknown { .. }) {
-                    change.ticket = tickets.into_iter().next();
+                    change.ticket = tickets.into_iter().next().map(|ticket| (ticket, replica));
                     assert!(
                         change.ticket.is_some(),
                         "a ticket for a change of unknown outcome"
@@ -945,12 +951,11 @@ impl MetadataRun {
 
     /// [`PartitionRun::ask_fates`] for the changes.
     fn ask_fates(&mut self) {
-        let replica = self.cluster.rng.below(REPLICAS as u64) as usize;
         for change in self.changes.iter_mut().filter(|change| !change.told_dropped) {
-            let Some(ticket) = &change.ticket else {
+            let Some((ticket, issuer)) = &change.ticket else {
                 continue;
             };
-            if self.cluster.with(replica, |group| group.fate(ticket)) == Some(Fate::Dropped) {
+            if self.cluster.with(*issuer, |group| group.fate(ticket)) == Some(Fate::Dropped) {
                 change.told_dropped = true;
                 *self
                     .cluster
@@ -1049,7 +1054,7 @@ impl Workload for MetadataRun {
         if let Some((name, count)) = names.iter().find(|(_, count)| **count > 1) {
             panic!("seed {seed}: stream {name} created {count} times");
         }
-        for (index, change) in self.changes.iter().enumerate() {
+        for change in &self.changes {
             let present = names.contains_key(&change.name);
             let name = &change.name;
             if change.acknowledged {
@@ -1061,12 +1066,12 @@ impl Workload for MetadataRun {
                     "seed {seed}: stream {name} was answered not taken or told dropped, and applied"
                 );
             }
-            let Some(ticket) = &change.ticket else {
+            let Some((ticket, issuer)) = &change.ticket else {
                 continue;
             };
             let what = match self
                 .cluster
-                .with(index % REPLICAS, |group| group.fate(ticket))
+                .with(*issuer, |group| group.fate(ticket))
                 .expect("running")
             {
                 Fate::Applied(_) => {
