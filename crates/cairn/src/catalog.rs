@@ -1067,30 +1067,11 @@ impl Catalog {
     /// answered from the change's fate (its outcome once applied; 57 again while unknown),
     /// or `None` to apply it now (it was dropped and never applies, or it is no replay).
     fn replayed_change(&mut self, op: &MetadataOp) -> Option<Result<Applied, u32>> {
-        let client_request = client_request()?;
-        let (ticket, _) = self.unknown_changes.get(&client_request)?;
-        match self.group.fate(ticket) {
-            Fate::Unknown => Some(Err(codes::TRANSIENT_NOT_COMMITTED)),
-            Fate::Dropped => {
-                tracing::info!(op = ?op_name(op), "a metadata change answered 57 was never applied (a view change dropped it): the client's replay applies it now");
-                self.unknown_changes.remove(&client_request);
-                None
-            }
-            Fate::Applied(reply) => {
-                self.unknown_changes.remove(&client_request);
-                // Its effects are reflected as any op this node did not wait for.
-                self.reconcile();
-                let outcome = match MetadataMachine::decode_reply(&reply) {
-                    Ok(outcome) => outcome,
-                    Err(error) => {
-                        tracing::error!(%error, op = ?op_name(op), "the metadata log's reply to a change answered 57 does not decode (a bug); the change is applied, and its replay answered with an error");
-                        Err(codes::ERROR)
-                    }
-                };
-                tracing::info!(op = ?op_name(op), refused = outcome.as_ref().err(), "a metadata change answered 57 was applied: the client's replay is answered with its outcome");
-                Some(outcome)
-            }
+        let outcome = self.replay_fate()?;
+        if outcome.is_none() {
+            tracing::info!(op = ?op_name(op), "a metadata change answered 57 was never applied (a view change dropped it): the client's replay applies it now");
         }
+        outcome
     }
 
     /// Whether the request this thread handles replays a change answered 57.
@@ -1103,29 +1084,37 @@ impl Catalog {
     /// applied (`Ok` for a success), 57 while unknown, `None` when there is no such change
     /// or it never applied (the refusal stands).
     pub fn settle_replayed_change(&mut self) -> Option<Result<(), u32>> {
+        self.replay_fate()?.map(|outcome| outcome.map(|_| ()))
+    }
+
+    /// The fate of the change answered 57 that this thread's request replays: `None` when
+    /// it replays none; `Some(None)` when it was dropped (forgotten: the replay is a new
+    /// request now); its outcome once applied (forgotten too, its effects reflected as those
+    /// of any op this node did not wait for); 57 while unknown.
+    fn replay_fate(&mut self) -> Option<Option<Result<Applied, u32>>> {
         let client_request = client_request()?;
         let (ticket, _) = self.unknown_changes.get(&client_request)?;
         match self.group.fate(ticket) {
-            Fate::Unknown => Some(Err(codes::TRANSIENT_NOT_COMMITTED)),
+            Fate::Unknown => Some(Some(Err(codes::TRANSIENT_NOT_COMMITTED))),
             Fate::Dropped => {
                 self.unknown_changes.remove(&client_request);
-                None
+                Some(None)
             }
             Fate::Applied(reply) => {
                 self.unknown_changes.remove(&client_request);
                 self.reconcile();
                 let outcome = match MetadataMachine::decode_reply(&reply) {
-                    Ok(outcome) => outcome.map(|_| ()),
+                    Ok(outcome) => outcome,
                     Err(error) => {
                         tracing::error!(%error, "the metadata log's reply to a change answered 57 does not decode (a bug); the change is applied, and its replay answered with an error");
                         Err(codes::ERROR)
                     }
                 };
                 tracing::info!(
-                    refused = outcome.err(),
+                    refused = outcome.as_ref().err(),
                     "a metadata change answered 57 was applied: the client's replay is answered with its outcome"
                 );
-                Some(outcome)
+                Some(Some(outcome))
             }
         }
     }
