@@ -936,12 +936,10 @@ impl Catalog {
     /// nothing of it was kept, and the client may send it again to the primary); ops the
     /// group commits meanwhile from an earlier primary are reflected first.
     pub fn commit(&mut self, op: &MetadataOp) -> Result<Applied, u32> {
-        if self.seat.is_some()
-            && let Some(replayed) = self.replayed_change(op)
-        {
-            return replayed;
-        }
         if self.seat.is_some() {
+            if let Some(replayed) = self.replayed_change(op) {
+                return replayed;
+            }
             // Decided on the whole committed state: a new primary first commits what earlier
             // views prepared (the catalog reflects it, below), so no op applies before this
             // one, and a directory this op would create that exists holds nothing committed.

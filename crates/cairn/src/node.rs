@@ -958,6 +958,9 @@ pub enum Fate {
     Unknown,
 }
 
+/// Why a request a view change dropped is not taken ([`LocalGroup::fate`]'s rule).
+pub const DROPPED_BY_A_VIEW_CHANGE: &str = "a view change dropped its op (the log of the view that followed does not hold it): it was never applied, and never will be";
+
 /// One lane: a client id, its session (0 before it registered) and its last request number.
 struct Lane {
     client: u128,
@@ -1736,10 +1739,8 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         let lanes: Vec<usize> = calls.iter().map(|(lane, _)| *lane).collect();
         // With peers each request is kept to hand it again (a clone shares the body).
         let mut sent: Vec<(usize, Message)> = Vec::new();
-        // Per lane, an op below every op its request could have been prepared at (a
-        // prepare takes the op after the replica's last, each time it is handed over).
-        let mut op_floor = [u64::MAX; LANES];
-        let mut op_ceiling = [0u64; LANES];
+        // Per lane, the ops its request could have been prepared at (`hand_over`).
+        let mut ops = [(u64::MAX, 0u64); LANES];
         let mut registers = [false; LANES];
         for (lane, message) in calls {
             self.lanes[lane].reply = None;
@@ -1747,9 +1748,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
             if self.peers.is_some() {
                 sent.push((lane, message.clone()));
             }
-            op_floor[lane] = op_floor[lane].min(self.replica.op());
-            op_ceiling[lane] = op_ceiling[lane].max(self.replica.op() + 1);
-            self.replica.on_message(message);
+            self.hand_over(message, &mut ops[lane]);
         }
         self.unknown_tickets.clear();
         let mut failure = None;
@@ -1801,8 +1800,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                             let Lane { client, request, .. } = self.lanes[lane];
                             if self.lanes[lane].reply.is_none()
                                 && !lost[lane]
-                                && self.request_fate(client, request, (op_floor[lane], op_ceiling[lane]))
-                                    == Fate::Dropped
+                                && self.request_fate(client, request, ops[lane]) == Fate::Dropped
                             {
                                 lost[lane] = true;
                             }
@@ -1834,9 +1832,7 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                             ticks_since_resend = 0;
                             for (lane, request) in &sent {
                                 if self.lanes[*lane].reply.is_none() && !lost[*lane] {
-                                    op_floor[*lane] = op_floor[*lane].min(self.replica.op());
-                                    op_ceiling[*lane] = op_ceiling[*lane].max(self.replica.op() + 1);
-                                    self.replica.on_message(request.clone());
+                                    self.hand_over(request.clone(), &mut ops[*lane]);
                                 }
                             }
                         }
@@ -1851,11 +1847,9 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
         let mut replies: Vec<Option<Message>> =
             lanes.iter().map(|&lane| self.lanes[lane].reply.take()).collect();
         let lost: Vec<bool> = lanes.iter().map(|&lane| lost[lane]).collect();
-        let dropped = |dir: &Path| {
-            GroupError::NotTaken {
+        let dropped = |dir: &Path| GroupError::NotTaken {
             dir: dir.to_path_buf(),
-            reason: "a view change dropped its op (the log of the view that followed does not hold it): it was never applied, and never will be".into(),
-        }
+            reason: DROPPED_BY_A_VIEW_CHANGE.into(),
         };
         // A lane whose request was dropped starts over as a new client: the core admits
         // only the number after a client's last.
@@ -1889,8 +1883,8 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                             self.unknown_tickets.push(Ticket {
                                 client,
                                 request,
-                                op_floor: op_floor[lane],
-                                op_ceiling: op_ceiling[lane],
+                                op_floor: ops[lane].0,
+                                op_ceiling: ops[lane].1,
                                 incarnation: self.incarnation,
                             });
                         }
@@ -1926,6 +1920,15 @@ impl<S: StateMachine, J: GroupJournal> LocalGroup<S, J> {
                 None => Err(error.take().unwrap_or_else(|| like.like(&self.files.dir))),
             })
             .collect()
+    }
+
+    /// Hand a lane's request to the replica, widening `(op_floor, op_ceiling)`, the ops it
+    /// could have been prepared at: a prepare takes the op after the replica's last, so
+    /// every hand-over goes through here.
+    fn hand_over(&mut self, request: Message, (op_floor, op_ceiling): &mut (u64, u64)) {
+        *op_floor = (*op_floor).min(self.replica.op());
+        *op_ceiling = (*op_ceiling).max(self.replica.op() + 1);
+        self.replica.on_message(request);
     }
 
     /// The tickets of the requests the last round left unknown (`OutcomeUnknown`), in lane

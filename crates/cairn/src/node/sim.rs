@@ -846,7 +846,7 @@ fn count_refusal<S: StateMachine + Send + 'static, J: GroupJournal + Send + 'sta
     what: &'static str,
 ) {
     let kind = match error {
-        GroupError::NotTaken { reason, .. } if reason.starts_with("a view change dropped") => {
+        GroupError::NotTaken { reason, .. } if reason == super::DROPPED_BY_A_VIEW_CHANGE => {
             "dropped by a view change"
         }
         GroupError::NotTaken { .. } => "not taken",
