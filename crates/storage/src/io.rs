@@ -101,6 +101,12 @@ pub trait WriteFile: Send + Sync + fmt::Debug {
         Ok(())
     }
 
+    /// Tell the OS that the cached pages of the range will not be read soon
+    /// (`posix_fadvise(POSIX_FADV_DONTNEED)`): clean pages are dropped from the page cache,
+    /// dirty ones are left. Advice only: it changes no byte of the file, and a failure
+    /// changes nothing either, so there is nothing to report. The default does nothing.
+    fn release_cache(&mut self, _position_bytes: u64, _len_bytes: u64) {}
+
     /// Write `parts` back to back from `position_bytes`, as if concatenated. The default
     /// writes them one by one; the real file uses one vectored write (`pwritev`).
     fn write_all_vectored_at(&mut self, position_bytes: u64, parts: &[&[u8]]) -> Result<(), StorageError> {
@@ -341,6 +347,10 @@ impl WriteFile for RealFile {
         .map_err(|e| io_error(&self.path, e))
     }
 
+    fn release_cache(&mut self, position_bytes: u64, len_bytes: u64) {
+        release_cached_range(&self.file, position_bytes, len_bytes);
+    }
+
     fn sync_data(&mut self) -> Result<(), StorageError> {
         self.file.sync_data().map_err(|e| io_error(&self.path, e))
     }
@@ -352,6 +362,21 @@ pub fn parent_dir(path: &Path) -> &Path {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
     }
+}
+
+/// `posix_fadvise(POSIX_FADV_DONTNEED)` on the range (see [`WriteFile::release_cache`]);
+/// public so that the bench's ceilings release the page cache as the journal does.
+pub fn release_cached_range(file: &File, position_bytes: u64, len_bytes: u64) {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (
+        libc::off_t::try_from(position_bytes),
+        libc::off_t::try_from(len_bytes),
+    ) else {
+        return;
+    };
+    // SAFETY: a plain syscall on a descriptor owned by `file`; no memory is passed. Its
+    // result is advice taken or not, never a change to the file's bytes.
+    let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), offset, len, libc::POSIX_FADV_DONTNEED) };
 }
 
 /// One `sync_file_range` call on the range.

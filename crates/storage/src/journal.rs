@@ -130,6 +130,15 @@ pub const PREFIX_SUMMARY_GROWTH_PER_BYTE: u64 = 16;
 /// The most bytes one state-transfer chunk carries ([`JournalLog::read_segment_range`]).
 pub const TRANSFER_CHUNK_BYTES_MAX: u64 = 8 * 1024 * 1024;
 
+/// The clean bytes just below the end of the segment being written that stay in the page
+/// cache (see `JournalLog::release_cache`): a consumer reading close behind the producers
+/// reads them from memory.
+pub const CACHE_KEPT_BEHIND_BYTES: u64 = 8 * 1024 * 1024;
+
+/// The page cache of a segment is released in steps of at least this many bytes (one
+/// `posix_fadvise` per step).
+pub const CACHE_RELEASE_STEP_BYTES: u64 = 4 * 1024 * 1024;
+
 /// How far writeback of the active segment was started and waited for (pacing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Writeback {
@@ -464,6 +473,9 @@ pub struct JournalLog {
     resume_floor: u64,
     /// Writeback pacing of the active segment (`relaxed` mode); another segment's is stale.
     writeback: Option<Writeback>,
+    /// The active segment's bytes whose page cache was released, by the segment's first
+    /// op; another segment's is stale.
+    cache_released: Option<(u64, u64)>,
 }
 
 /// What [`JournalLog::inspect_on`] found, writing nothing.
@@ -577,6 +589,7 @@ impl JournalLog {
             unsynced_acknowledged: false,
             resume_floor: 0,
             writeback: None,
+            cache_released: None,
         })
     }
 
@@ -900,6 +913,7 @@ impl JournalLog {
                 0
             },
             writeback: None,
+            cache_released: None,
         };
         journal.check_invariants();
         journal
@@ -1505,7 +1519,35 @@ impl JournalLog {
             started_bytes: written,
             waited_bytes: started,
         });
+        // The wait covered everything below `started`: those bytes are on the device.
+        self.release_cache(started);
         Ok(())
+    }
+
+    /// Release the page cache of the active segment's bytes below `clean_len_bytes` (bytes
+    /// on the device: after a barrier, or a finished writeback) except the last
+    /// [`CACHE_KEPT_BEHIND_BYTES`]. Polls of older bytes read them from the device.
+    ///
+    /// Why: a page the cache takes for a write is a page of memory the process touches for
+    /// the first time, which on a virtual machine whose host reclaims free guest memory (free
+    /// page reporting) costs a host fault per page; on this project's machine it made the
+    /// copy into the page cache most of a node's CPU. Released pages are reused by the next
+    /// writes, so a partition's writes keep cycling through the same few megabytes. Advice
+    /// only: no byte of the file changes, whatever the OS does with it.
+    fn release_cache(&mut self, clean_len_bytes: u64) {
+        let active = *self.segments.last().expect("one segment");
+        let released = match self.cache_released {
+            Some((segment_first_op, bytes)) if segment_first_op == active.first_op() => {
+                bytes.min(active.len_bytes)
+            }
+            _ => 0,
+        };
+        let release_to = clean_len_bytes.saturating_sub(CACHE_KEPT_BEHIND_BYTES);
+        if release_to < released.saturating_add(CACHE_RELEASE_STEP_BYTES) {
+            return;
+        }
+        self.active_file().release_cache(released, release_to - released);
+        self.cache_released = Some((active.first_op(), release_to));
     }
 
     /// Make every op written so far durable: one fdatasync of the active segment, then the
@@ -1522,6 +1564,7 @@ impl JournalLog {
             return Err(error);
         }
         self.fdatasyncs += 1;
+        self.release_cache(segment.len_bytes);
         if let Err(error) = self.publish(frontier) {
             self.stopped = Some(format!("publishing the frontier failed: {error}"));
             return Err(error);
@@ -1802,6 +1845,7 @@ impl JournalLog {
         }
         *self.segments.last_mut().expect("the cut segment") = cut_segment;
         self.writeback = None;
+        self.cache_released = None;
         self.chain = extent.chain_before;
         self.ops.split_off(&extent.op);
         self.check_invariants();
@@ -2110,6 +2154,7 @@ impl JournalLog {
             return Err(error);
         }
         self.fdatasyncs += 1;
+        self.release_cache(active.len_bytes);
         if let Err(error) = self.publish(frontier_at(&active, self.chain)) {
             self.stopped = Some(format!(
                 "publishing the frontier of a sealed segment failed: {error}"

@@ -96,6 +96,11 @@ pub struct SimStats {
     pub rename_count: u64,
     pub remove_count: u64,
     pub crash_count: u64,
+    /// Bytes whose page cache the caller released (`WriteFile::release_cache`).
+    pub cache_released_bytes: u64,
+    /// Releases that covered bytes not yet made stable by a barrier: advice the OS would
+    /// ignore for those pages, and a sign the caller lost track of what is durable.
+    pub cache_released_unstable: u64,
 }
 
 /// The power-loss disk. Clones share one state (hand one clone to the engine as
@@ -728,6 +733,28 @@ impl ReadFile for SimFile {
 }
 
 impl WriteFile for SimFile {
+    fn release_cache(&mut self, position_bytes: u64, len_bytes: u64) {
+        // Advice only: no fault tick, no change to any byte.
+        let mut state = self.shared.lock().expect("sim disk lock poisoned");
+        if state.epoch != self.epoch {
+            return;
+        }
+        let end = position_bytes.saturating_add(len_bytes);
+        let unstable = state.inodes.get(&self.inode).is_some_and(|inode| {
+            inode.pending.iter().any(|op| match op {
+                DataOp::Write {
+                    position_bytes: at,
+                    bytes,
+                } => *at < end && at.saturating_add(bytes.len() as u64) > position_bytes,
+                DataOp::SetLen { .. } => false,
+            })
+        });
+        state.stats.cache_released_bytes += len_bytes;
+        if unstable {
+            state.stats.cache_released_unstable += 1;
+        }
+    }
+
     fn write_all_at(&mut self, position_bytes: u64, bytes: &[u8]) -> Result<(), StorageError> {
         let (mut state, cut) = self.begin()?;
         let full = state.write_failures_left > 0;

@@ -28,7 +28,7 @@ mod common;
 
 use cairn_storage::StorageError;
 use cairn_storage::io::RealDisk;
-use cairn_storage::journal::{JournalConfig, JournalLog};
+use cairn_storage::journal::{CACHE_KEPT_BEHIND_BYTES, JournalConfig, JournalLog};
 use cairn_storage::read::ReadPart;
 use cairn_storage::record::Chain;
 use cairn_storage::sim_disk::{SimDisk, SimRng};
@@ -1632,4 +1632,86 @@ fn assert_index_as_read(disk: &SimDisk, dir: &Path, journal: &JournalLog, contex
         (journal.segments(), journal.batch_count(), journal.chain()),
         "{context}: the segments and batches the summaries gave are the ones a read finds"
     );
+}
+
+/// The page cache of bytes a barrier made stable is released behind the end of the segment
+/// being written, keeping the last `CACHE_KEPT_BEHIND_BYTES`; bytes no barrier covered are
+/// never released; a sealed segment's synced bytes are released the same way; every op reads
+/// back unchanged.
+#[test]
+fn synced_bytes_behind_the_kept_window_leave_the_page_cache() {
+    const MIB: u64 = 1 << 20;
+    const { assert!(CACHE_KEPT_BEHIND_BYTES >= MIB && CACHE_KEPT_BEHIND_BYTES <= 64 * MIB) };
+    let ops_in_window = CACHE_KEPT_BEHIND_BYTES / MIB;
+    // Segments of twice the window plus a bit, so that the test also crosses a seal.
+    let (disk, dir, mut journal) = created(2 * CACHE_KEPT_BEHIND_BYTES + 3 * MIB);
+    let written = |op: u64| Written {
+        view: 1,
+        op_payload: (0..MIB)
+            .map(|index| (op as u8).wrapping_mul(7).wrapping_add(index as u8))
+            .collect(),
+        batches: Vec::new(),
+        skip_to: None,
+    };
+    let segment_len = |journal: &JournalLog| journal.segments().last().expect("a segment").size_bytes;
+    for op in 1..=ops_in_window {
+        write(&mut journal, op, &written(op)).expect("write");
+        journal.sync().expect("sync");
+    }
+    assert_eq!(
+        disk.stats().cache_released_bytes,
+        0,
+        "all of it is within the kept window"
+    );
+    let mut op = ops_in_window;
+    while disk.stats().cache_released_bytes == 0 {
+        op += 1;
+        assert!(
+            op < 4 * ops_in_window,
+            "released once grown by the window and a step"
+        );
+        write(&mut journal, op, &written(op)).expect("write");
+        // Written but not synced: nothing of it may be released.
+        assert_eq!(disk.stats().cache_released_bytes, 0);
+        journal.sync().expect("sync");
+    }
+    let released = disk.stats().cache_released_bytes;
+    assert!(
+        released <= segment_len(&journal) - CACHE_KEPT_BEHIND_BYTES,
+        "{released}"
+    );
+    // On until a seal, and past it into the next segment.
+    let segments_before = journal.segments().len();
+    while journal.segments().len() == segments_before
+        || segment_len(&journal) < CACHE_KEPT_BEHIND_BYTES + 6 * MIB
+    {
+        op += 1;
+        assert!(
+            op < 16 * ops_in_window,
+            "the segment is sealed and the next one grows"
+        );
+        write(&mut journal, op, &written(op)).expect("write");
+        journal.sync().expect("sync");
+    }
+    let stats = disk.stats();
+    let sealed_len = journal.segments()[journal.segments().len() - 2].size_bytes;
+    assert!(
+        stats.cache_released_bytes > released + (sealed_len - released - CACHE_KEPT_BEHIND_BYTES) / 2,
+        "the sealed segment's synced bytes and the new one's were released too: {stats:?}"
+    );
+    assert!(
+        stats.cache_released_bytes
+            <= sealed_len - CACHE_KEPT_BEHIND_BYTES + segment_len(&journal) - CACHE_KEPT_BEHIND_BYTES,
+        "{stats:?}"
+    );
+    assert_eq!(
+        stats.cache_released_unstable, 0,
+        "only bytes a barrier covered: {stats:?}"
+    );
+    for op in 1..=op {
+        assert!(holds(&journal, op, &written(op)).expect("read"), "op {op}");
+    }
+    drop(journal);
+    let journal = open_sized(&disk, &dir, 2 * CACHE_KEPT_BEHIND_BYTES + 3 * MIB).expect("reopen");
+    assert_eq!(journal.last_op(), op);
 }

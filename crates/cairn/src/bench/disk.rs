@@ -6,7 +6,9 @@
 //! by `fdatasync`: the barrier a durable send needs, at the same size and concurrency, minus
 //! everything else (network, validation, record framing, the frontier publication). Run in
 //! the same session as a durable shape, it tells how much of the gap to a target is the
-//! device's. `--rate-limit` paces each writer like a producer. `--durability relaxed` leaves
+//! device's. After each barrier a writer releases the page cache of its synced bytes behind
+//! the last few megabytes, as the storage journal does for a segment, so the writes cost
+//! what the server's cost. `--rate-limit` paces each writer like a producer. `--durability relaxed` leaves
 //! the fdatasync out (buffered writes only). Files go in a fresh directory under
 //! `--server-data-parent` (default: the temp dir), removed afterwards.
 //!
@@ -18,6 +20,7 @@ use super::report::Report;
 use super::stats::{Kind, Sample};
 use super::workload::DurabilityLabel;
 use super::workload::{BenchArgs, Pacer};
+use cairn_storage::journal;
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -91,6 +94,19 @@ struct WriterPlan {
     seed: u8,
 }
 
+/// After a barrier made the first `synced_bytes` of `file` stable, release their page cache
+/// as the storage journal does for a segment (keeping the last
+/// [`journal::CACHE_KEPT_BEHIND_BYTES`], in steps of at least
+/// [`journal::CACHE_RELEASE_STEP_BYTES`]), so that a ceiling costs what the server's writes
+/// cost. `released` is how far it has released so far.
+pub(super) fn release_cache_behind(file: &std::fs::File, synced_bytes: u64, released: &mut u64) {
+    let release_to = synced_bytes.saturating_sub(journal::CACHE_KEPT_BEHIND_BYTES);
+    if release_to >= released.saturating_add(journal::CACHE_RELEASE_STEP_BYTES) {
+        cairn_storage::io::release_cached_range(file, *released, release_to - *released);
+        *released = release_to;
+    }
+}
+
 /// One writer: `blocks` × (pwrite of `block_bytes` at the end + fdatasync), each timed.
 fn write_blocks(plan: &WriterPlan, start: &Barrier, epoch: Instant) -> Result<Vec<Sample>, String> {
     let opened = OpenOptions::new()
@@ -112,6 +128,7 @@ fn write_blocks(plan: &WriterPlan, start: &Barrier, epoch: Instant) -> Result<Ve
     let file = opened?;
     let writer_start = Instant::now();
     let mut position = 0u64;
+    let mut released = 0u64;
     for _ in 0..plan.blocks {
         if let Some(pacer) = pacer.as_mut() {
             pacer.sleep_until_due(writer_start, plan.block_bytes as u64);
@@ -122,6 +139,9 @@ fn write_blocks(plan: &WriterPlan, start: &Barrier, epoch: Instant) -> Result<Ve
             .map_err(|e| format!("writing {}: {e}", plan.path.display()))?;
         let latency = began.elapsed();
         position += plan.block_bytes as u64;
+        if plan.sync {
+            release_cache_behind(&file, position, &mut released);
+        }
         samples.push(Sample {
             kind: Kind::Send,
             start_us: u64::try_from(began.duration_since(epoch).as_micros()).unwrap_or(u64::MAX),

@@ -9,7 +9,8 @@
 //!   from one reused buffer; the server side reads it into one reused buffer, appends it to
 //!   its own file and answers one byte. With `--durability durable` it first runs the two
 //!   barriers of Cairn's durability contract: `fdatasync` of the data, then an in-place 4 KiB
-//!   write of the frontier into a second file and its `fdatasync`.
+//!   write of the frontier into a second file and its `fdatasync` (and then releases the page
+//!   cache of the synced data behind the last few megabytes, as the journal does).
 //! - **serve-ceiling** (one pair per `--consumers`): the client asks with one byte and reads
 //!   the block into one reused buffer; the server side reads the block from its file in
 //!   64 KiB pieces and checks its XXH3 (Cairn verifies every record it serves), then sends it
@@ -259,6 +260,7 @@ fn store_blocks(plan: &PairPlan, mut stream: TcpStream, start: &Barrier) -> Thre
     let (data, frontier) = opened?;
     let cpu_before = thread_cpu_seconds()?;
     let mut position = 0u64;
+    let mut released = 0u64;
     for _ in 0..plan.blocks {
         stream
             .read_exact(&mut block)
@@ -274,6 +276,7 @@ fn store_blocks(plan: &PairPlan, mut stream: TcpStream, start: &Barrier) -> Thre
                 .write_all_at(&slot, 0)
                 .and_then(|()| frontier.sync_data())
                 .map_err(|e| format!("writing {}: {e}", plan.frontier_path.display()))?;
+            super::disk::release_cache_behind(&data, position, &mut released);
         }
         stream
             .write_all(&[1])
