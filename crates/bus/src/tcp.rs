@@ -792,9 +792,17 @@ async fn read_loop(
         else {
             return ConnectionEnd::InboundClosed;
         };
-        let mut body = BytesMut::zeroed(header.body_len());
-        if let Err(error) = reader.read_exact(&mut body).await {
-            return error.into();
+        // Read into spare capacity: no zero-fill of up to a prepare's worth of memory that
+        // is about to be overwritten.
+        let body_len = header.body_len();
+        let mut body = BytesMut::with_capacity(body_len);
+        let mut limited = (&mut reader).take(body_len as u64);
+        while body.len() < body_len {
+            match limited.read_buf(&mut body).await {
+                Ok(0) => return std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into(),
+                Ok(_) => {}
+                Err(error) => return error.into(),
+            }
         }
         let message = match check.body(header, body.freeze()) {
             Ok(message) => message,
