@@ -27,6 +27,7 @@ use cairn_vsr::constants::HEADER_SIZE;
 use cairn_vsr::header::{Command, Message};
 use std::collections::HashMap;
 use std::collections::VecDeque;
+use std::io::IoSlice;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -854,11 +855,17 @@ async fn write_loop(
             continue;
         };
         let header = encode_header(&message);
-        if let Err(error) = writer.write_all(&header).await {
-            return error.into();
-        }
-        if let Err(error) = writer.write_all(&message.body).await {
-            return error.into();
+        // One vectored write for header and body: a body larger than the buffer goes out
+        // with its header in one system call (and one wake-up of the reader), a small
+        // message is gathered in the buffer with its neighbours.
+        let mut parts = [IoSlice::new(&header), IoSlice::new(&message.body)];
+        let mut unwritten = &mut parts[..];
+        while !unwritten.is_empty() {
+            match writer.write_vectored(unwritten).await {
+                Ok(0) => return std::io::Error::from(std::io::ErrorKind::WriteZero).into(),
+                Ok(written) => IoSlice::advance_slices(&mut unwritten, written),
+                Err(error) => return error.into(),
+            }
         }
         unflushed_messages += 1;
         unflushed_bytes += u64::from(message.header.size);

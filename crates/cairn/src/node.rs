@@ -721,6 +721,20 @@ struct InboxQueue {
     bytes: usize,
     /// Messages dropped because the inbox was full.
     dropped: u64,
+    /// Threads waiting in [`Inbox::take_until`] (only the group's holder waits there).
+    waiting: usize,
+}
+
+/// What [`Inbox::push`] did with a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pushed {
+    /// Queued; nobody waits for it, so whoever serves the group must be told.
+    Queued,
+    /// Queued while the group's holder waits in [`Inbox::take_until`]: it is woken and takes
+    /// this message with whatever else waits, so nobody else needs telling.
+    ToWaiter,
+    /// The inbox was full: dropped (and counted).
+    Dropped,
 }
 
 /// Most messages one group's inbox holds.
@@ -729,18 +743,22 @@ pub const INBOX_MESSAGES_MAX: usize = 1024;
 pub const INBOX_BYTES_MAX: usize = 4 * Shape::PARTITION.message_size_max;
 
 impl Inbox {
-    /// Queue `message`; `false` when the inbox was full and it was dropped.
-    pub fn push(&self, message: Message) -> bool {
+    /// Queue `message` (dropped when the inbox is full), waking a waiting holder.
+    pub fn push(&self, message: Message) -> Pushed {
         let mut queue = self.queue();
         let size = message.header.size as usize;
         if queue.messages.len() >= INBOX_MESSAGES_MAX || queue.bytes + size > INBOX_BYTES_MAX {
             queue.dropped += 1;
-            return false;
+            return Pushed::Dropped;
         }
         queue.bytes += size;
         queue.messages.push_back(message);
+        // A notify is a system call even with nobody waiting: only when someone is.
+        if queue.waiting == 0 {
+            return Pushed::Queued;
+        }
         self.arrived.notify_all();
-        true
+        Pushed::ToWaiter
     }
 
     /// Messages dropped so far because the inbox was full.
@@ -769,6 +787,12 @@ impl Inbox {
         queue.messages.drain(..).collect()
     }
 
+    /// Threads waiting in [`Inbox::take_until`] now.
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
+        self.queue().waiting
+    }
+
     /// Whether no message waits.
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
@@ -790,10 +814,12 @@ impl Inbox {
             if now >= until {
                 break;
             }
+            queue.waiting += 1;
             queue = match self.arrived.wait_timeout(queue, until - now) {
                 Ok((queue, _)) => queue,
                 Err(poisoned) => poisoned.into_inner().0,
             };
+            queue.waiting -= 1;
         }
         queue
     }
@@ -3101,9 +3127,9 @@ mod tests {
                 Message::new(header, Bytes::new())
             };
             for op in 0..INBOX_MESSAGES_MAX as u64 {
-                assert!(inbox.push(message(op)));
+                assert_eq!(inbox.push(message(op)), Pushed::Queued);
             }
-            assert!(!inbox.push(message(u64::MAX)));
+            assert_eq!(inbox.push(message(u64::MAX)), Pushed::Dropped);
             assert_eq!(inbox.dropped(), 1);
             let taken = inbox.take_until(Instant::now());
             assert_eq!(taken.len(), INBOX_MESSAGES_MAX);
@@ -3113,7 +3139,33 @@ mod tests {
                     .enumerate()
                     .all(|(op, message)| message.header.op == op as u64)
             );
-            assert!(inbox.push(message(7)), "room again once taken");
+            assert_eq!(inbox.push(message(7)), Pushed::Queued, "room again once taken");
+        }
+
+        /// A message pushed while the group's holder waits for its inbox is the holder's:
+        /// `push` says so (so no worker is woken for it) and the waiting holder takes it.
+        #[test]
+        fn a_message_for_a_waiting_holder_is_handed_to_it() {
+            let inbox = Arc::new(Inbox::default());
+            let mut header = Header::new(Command::Commit, CLUSTER);
+            header.op = 42;
+            assert_eq!(inbox.push(Message::new(header, Bytes::new())), Pushed::Queued);
+            assert_eq!(inbox.take_now().len(), 1);
+            let holder = {
+                let inbox = inbox.clone();
+                std::thread::spawn(move || inbox.take_until(Instant::now() + Duration::from_secs(60)))
+            };
+            while inbox.waiting() == 0 {
+                std::thread::yield_now();
+            }
+            assert_eq!(inbox.push(Message::new(header, Bytes::new())), Pushed::ToWaiter);
+            let taken = holder.join().expect("the holder");
+            assert_eq!(
+                taken.iter().map(|message| message.header.op).collect::<Vec<_>>(),
+                [42]
+            );
+            assert_eq!(inbox.waiting(), 0);
+            assert_eq!(inbox.push(Message::new(header, Bytes::new())), Pushed::Queued);
         }
 
         /// A replica with peers whose directory lost its group is not formatted afresh (it

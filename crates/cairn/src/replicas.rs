@@ -31,7 +31,7 @@
 //! takes it), so a busy group costs one slot in the queue however many messages it gets.
 
 use crate::forward::Forwarder;
-use crate::node::{GroupJournal, Inbox, LocalGroup, TransferPace, Transport};
+use crate::node::{GroupJournal, Inbox, LocalGroup, Pushed, TransferPace, Transport};
 use crate::partition::{PartitionState, lock};
 use cairn_bus::{Bus, Received};
 use cairn_vsr::header::{Command, Message};
@@ -179,6 +179,13 @@ struct Entry {
     scheduled: AtomicBool,
 }
 
+/// Groups waiting for a worker, and the workers waiting for a group.
+#[derive(Default)]
+struct RunQueue {
+    entries: VecDeque<Arc<Entry>>,
+    idle_workers: usize,
+}
+
 /// The groups with peers on this node.
 pub struct Replicas {
     bus: Arc<Bus>,
@@ -186,7 +193,7 @@ pub struct Replicas {
     /// `Commit` heartbeats gathered since the last tick, by peer.
     heartbeats: Arc<Mutex<BTreeMap<u8, Vec<u8>>>>,
     groups: RwLock<HashMap<u64, Arc<Entry>>>,
-    run_queue: Mutex<VecDeque<Arc<Entry>>>,
+    run_queue: Mutex<RunQueue>,
     runnable: Condvar,
     stopping: AtomicBool,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
@@ -218,7 +225,7 @@ impl Replicas {
             cluster,
             heartbeats: Arc::default(),
             groups: RwLock::new(HashMap::new()),
-            run_queue: Mutex::new(VecDeque::new()),
+            run_queue: Mutex::new(RunQueue::default()),
             runnable: Condvar::new(),
             stopping: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
@@ -401,8 +408,12 @@ impl Replicas {
 
     /// Stop the workers and the ticker (the bus is the caller's to shut down).
     pub fn stop(&self) {
-        self.stopping.store(true, Ordering::Release);
-        self.runnable.notify_all();
+        {
+            // Under the queue's lock: a worker between its check and its wait cannot miss it.
+            let _queue = lock(&self.run_queue);
+            self.stopping.store(true, Ordering::Release);
+            self.runnable.notify_all();
+        }
         for thread in std::mem::take(&mut *lock(&self.threads)) {
             let _ = thread.join();
         }
@@ -425,16 +436,23 @@ impl Replicas {
         let entry = read(&self.groups).get(&message.header.group).cloned();
         if let Some(entry) = entry {
             // A full inbox drops the message (counted there): the group is behind, and VSR
-            // repeats what it needs.
-            let _ = entry.inbox.push(message);
-            self.schedule(&entry);
+            // repeats what it needs. One its holder waits for is the holder's to take: a
+            // worker woken for it would find the group's lock taken.
+            match entry.inbox.push(message) {
+                Pushed::Queued | Pushed::Dropped => self.schedule(&entry),
+                Pushed::ToWaiter => {}
+            }
         }
     }
 
     fn schedule(&self, entry: &Arc<Entry>) {
         if !entry.scheduled.swap(true, Ordering::AcqRel) {
-            lock(&self.run_queue).push_back(entry.clone());
-            self.runnable.notify_one();
+            let mut queue = lock(&self.run_queue);
+            queue.entries.push_back(entry.clone());
+            // A notify is a system call even with nobody waiting: only when a worker is.
+            if queue.idle_workers > 0 {
+                self.runnable.notify_one();
+            }
         }
     }
 
@@ -453,13 +471,15 @@ impl Replicas {
                     if self.stopping.load(Ordering::Acquire) {
                         return;
                     }
-                    if let Some(entry) = queue.pop_front() {
+                    if let Some(entry) = queue.entries.pop_front() {
                         break entry;
                     }
+                    queue.idle_workers += 1;
                     queue = match self.runnable.wait(queue) {
                         Ok(queue) => queue,
                         Err(poisoned) => poisoned.into_inner(),
                     };
+                    queue.idle_workers -= 1;
                 }
             };
             // Cleared first: a message that arrives while the group is served schedules it
