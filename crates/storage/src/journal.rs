@@ -137,7 +137,17 @@ pub const CACHE_KEPT_BEHIND_BYTES: u64 = 8 * 1024 * 1024;
 
 /// The page cache of a segment is released in steps of at least this many bytes (one
 /// `posix_fadvise` per step).
-pub const CACHE_RELEASE_STEP_BYTES: u64 = 4 * 1024 * 1024;
+const CACHE_RELEASE_STEP_BYTES: u64 = 4 * 1024 * 1024;
+
+/// The range of a file whose page cache to release now, as `(position, len)`, when its first
+/// `clean_len_bytes` are on the device and its first `released_bytes` were released before:
+/// all but the last [`CACHE_KEPT_BEHIND_BYTES`], once that is a step more. The journal's rule
+/// for a segment, public so that the bench's ceilings follow the same one.
+pub fn cache_release_range(released_bytes: u64, clean_len_bytes: u64) -> Option<(u64, u64)> {
+    let release_to = clean_len_bytes.saturating_sub(CACHE_KEPT_BEHIND_BYTES);
+    (release_to >= released_bytes.saturating_add(CACHE_RELEASE_STEP_BYTES))
+        .then(|| (released_bytes, release_to - released_bytes))
+}
 
 /// How far writeback of the active segment was started and waited for (pacing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1542,12 +1552,10 @@ impl JournalLog {
             }
             _ => 0,
         };
-        let release_to = clean_len_bytes.saturating_sub(CACHE_KEPT_BEHIND_BYTES);
-        if release_to < released.saturating_add(CACHE_RELEASE_STEP_BYTES) {
-            return;
+        if let Some((position_bytes, len_bytes)) = cache_release_range(released, clean_len_bytes) {
+            self.active_file().release_cache(position_bytes, len_bytes);
+            self.cache_released = Some((active.first_op(), position_bytes + len_bytes));
         }
-        self.active_file().release_cache(released, release_to - released);
-        self.cache_released = Some((active.first_op(), release_to));
     }
 
     /// Make every op written so far durable: one fdatasync of the active segment, then the

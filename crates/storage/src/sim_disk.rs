@@ -98,8 +98,9 @@ pub struct SimStats {
     pub crash_count: u64,
     /// Bytes whose page cache the caller released (`WriteFile::release_cache`).
     pub cache_released_bytes: u64,
-    /// Releases that covered bytes not yet made stable by a barrier: advice the OS would
-    /// ignore for those pages, and a sign the caller lost track of what is durable.
+    /// Releases that covered bytes not yet made stable by a barrier. In a durable journal a
+    /// sign it lost track of what is durable; in `relaxed` mode a release follows a finished
+    /// writeback instead, which this disk does not model, so there they count too.
     pub cache_released_unstable: u64,
 }
 

@@ -95,15 +95,12 @@ struct WriterPlan {
 }
 
 /// After a barrier made the first `synced_bytes` of `file` stable, release their page cache
-/// as the storage journal does for a segment (keeping the last
-/// [`journal::CACHE_KEPT_BEHIND_BYTES`], in steps of at least
-/// [`journal::CACHE_RELEASE_STEP_BYTES`]), so that a ceiling costs what the server's writes
-/// cost. `released` is how far it has released so far.
+/// by the storage journal's rule for a segment ([`journal::cache_release_range`]), so that a
+/// ceiling costs what the server's writes cost. `released` is how far it has released so far.
 pub(super) fn release_cache_behind(file: &std::fs::File, synced_bytes: u64, released: &mut u64) {
-    let release_to = synced_bytes.saturating_sub(journal::CACHE_KEPT_BEHIND_BYTES);
-    if release_to >= released.saturating_add(journal::CACHE_RELEASE_STEP_BYTES) {
-        cairn_storage::io::release_cached_range(file, *released, release_to - *released);
-        *released = release_to;
+    if let Some((position_bytes, len_bytes)) = journal::cache_release_range(*released, synced_bytes) {
+        cairn_storage::io::release_cached_range(file, position_bytes, len_bytes);
+        *released = position_bytes + len_bytes;
     }
 }
 
